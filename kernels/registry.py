@@ -1,0 +1,47 @@
+"""The kernel families aotc builds and loads: one `spec` module each, read by build and runtime alike."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+from .variants import KernelSpec
+
+FAMILY_SPECS = (
+    "aotc.kernels.decode.spec",
+    "aotc.kernels.prefix_prefill.spec",
+)
+
+
+@lru_cache(maxsize=None)
+def all_specs() -> dict[str, KernelSpec]:
+    """Every declared kernel by name. Families whose spec module is absent are skipped."""
+    out: dict[str, KernelSpec] = {}
+    for module_name in FAMILY_SPECS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                continue
+            raise
+        for spec in module.KERNELS:
+            if spec.name in out:
+                raise ValueError(f"kernel name {spec.name!r} declared twice")
+            out[spec.name] = spec
+    return out
+
+
+def get_spec(name: str) -> KernelSpec:
+    specs = all_specs()
+    if name not in specs:
+        raise KeyError(f"no kernel named {name!r}; declared: {', '.join(sorted(specs))}")
+    return specs[name]
+
+
+def spec_folder(spec: KernelSpec) -> Path:
+    """The family folder holding the kernel's sources."""
+    if spec.folder:
+        return Path(spec.folder)
+    # find_spec imports the parent packages only, never the Triton source itself.
+    return Path(importlib.util.find_spec(spec.module).origin).parent

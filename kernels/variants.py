@@ -1,0 +1,181 @@
+"""Variant declarations shared by the build (aotc.aot) and the runtime (aotc.loader).
+
+A kernel family's `spec.py` declares each Triton kernel once as a `KernelSpec`: its runtime
+parameters in order (with the 16-byte/divisible-by-16 assumptions of the specialized binary),
+its constexpr parameters, the variants to build and the launch config per target. A
+`VariantKey` names one binary: kernel, constexpr axes and specialization level. Keys are
+typed values with a canonical string that round-trips (`VariantKey.parse(str(k)) == k`).
+
+Stdlib only: the build and the loader import this without torch or triton.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+# Specialization levels. ALIGNED: every `Arg(aligned=True)` pointer is 16-byte aligned and
+# every `Arg(aligned=True)` int is divisible by 16 (Triton's `tt.divisibility = 16`).
+# GENERIC: no assumption, so any call runs.
+ALIGNED = "aligned"
+GENERIC = "generic"
+LEVELS = (ALIGNED, GENERIC)
+
+ARG_KINDS = ("ptr", "i32", "fp32")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One runtime (non-constexpr) kernel parameter, in declaration order.
+
+    `aligned`: for a pointer, the ALIGNED binary assumes data_ptr % 16 == 0; for an i32,
+    it assumes value % 16 == 0 (strides of rows that hold whole 16-byte vectors). Ints that
+    are not `aligned` are never value-specialized: the kernel lists them in
+    `do_not_specialize`, so one binary serves every length, batch or stride.
+    `dtype`: for a pointer, the axis whose value names its element type (e.g. "kv"), or a
+    fixed Triton element type after "=" (e.g. "=i32", "=fp32").
+    """
+
+    name: str
+    kind: str
+    aligned: bool = False
+    dtype: str = ""
+
+    def __post_init__(self):
+        if self.kind not in ARG_KINDS:
+            raise ValueError(f"Arg {self.name}: kind must be one of {ARG_KINDS}, got {self.kind!r}")
+        if self.kind == "ptr" and not self.dtype:
+            raise ValueError(f"Arg {self.name}: a pointer needs dtype ('=i32' or an axis name)")
+        if self.kind == "fp32" and self.aligned:
+            raise ValueError(f"Arg {self.name}: a float cannot be divisibility-specialized")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    num_warps: int
+    num_stages: int
+    num_ctas: int = 1
+
+
+_KEY_RE = re.compile(r"^(?P<kernel>[A-Za-z_][A-Za-z0-9_]*)\((?P<axes>[^)]*)\)@(?P<level>[a-z]+)$")
+_AXIS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _axis_value(text: str) -> int | str:
+    return int(text) if re.fullmatch(r"-?[0-9]+", text) else text
+
+
+@dataclass(frozen=True)
+class VariantKey:
+    """Names one binary: `kernel(axis=value,...)@level`, axes sorted by name."""
+
+    kernel: str
+    axes: tuple[tuple[str, int | str], ...]
+    level: str = ALIGNED
+
+    @staticmethod
+    def make(kernel: str, axes: Mapping[str, int | str], level: str = ALIGNED) -> "VariantKey":
+        for name, value in axes.items():
+            if not _AXIS_RE.match(name):
+                raise ValueError(f"axis name {name!r} is not an identifier")
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise TypeError(f"axis {name}: value must be int or str, got {type(value).__name__}")
+            if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_.]+", value):
+                raise ValueError(f"axis {name}: value {value!r} has characters a key cannot hold")
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        return VariantKey(kernel, tuple(sorted(axes.items())), level)
+
+    @staticmethod
+    def parse(text: str) -> "VariantKey":
+        m = _KEY_RE.match(text.strip())
+        if not m:
+            raise ValueError(f"not a variant key: {text!r} (expected kernel(axis=value,...)@level)")
+        axes = {}
+        if m["axes"]:
+            for part in m["axes"].split(","):
+                name, sep, value = part.partition("=")
+                if not sep:
+                    raise ValueError(f"not a variant key: {text!r} (axis {part!r} has no '=')")
+                axes[name] = _axis_value(value)
+        return VariantKey.make(m["kernel"], axes, m["level"])
+
+    def __str__(self) -> str:
+        return f"{self.kernel}({','.join(f'{k}={v}' for k, v in self.axes)})@{self.level}"
+
+    @property
+    def axis_dict(self) -> dict[str, int | str]:
+        return dict(self.axes)
+
+    def with_level(self, level: str) -> "VariantKey":
+        return VariantKey.make(self.kernel, self.axis_dict, level)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything needed to compile and launch one `@triton.jit` kernel, as data.
+
+    `constexprs(axes)` maps a variant's axes to the values of every constexpr parameter.
+    `variants()` yields the axes dicts to build. `launch(axes, arch)` gives num_warps and
+    num_stages for a target (arch as an int, e.g. 90). `sources` lists files (relative to
+    the spec's folder) whose bytes feed the provenance hash.
+    """
+
+    name: str
+    module: str
+    function: str
+    args: tuple[Arg, ...]
+    constexpr_names: tuple[str, ...]
+    constexprs: Callable[[Mapping[str, int | str]], dict[str, int | str | bool | float]]
+    variants: Callable[[], Iterable[Mapping[str, int | str]]]
+    launch: Callable[[Mapping[str, int | str], int], LaunchConfig]
+    sources: tuple[str, ...] = ("kernel.py",)
+    folder: str = ""
+    arg_index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: duplicate argument names")
+        self.arg_index.update({n: i for i, n in enumerate(names)})
+
+    def keys(self) -> list[VariantKey]:
+        """Every declared binary: each variant at both specialization levels."""
+        out = []
+        for axes in self.variants():
+            for level in LEVELS:
+                out.append(VariantKey.make(self.name, axes, level))
+        return out
+
+    def signature(self, axes: Mapping[str, int | str]) -> dict[str, str]:
+        """Triton signature (runtime params then constexprs) for a variant's axes."""
+        sig = {}
+        for a in self.args:
+            if a.kind == "ptr":
+                dt = a.dtype[1:] if a.dtype.startswith("=") else TRITON_DTYPES[str(axes[a.dtype])]
+                sig[a.name] = "*" + dt
+            else:
+                sig[a.name] = a.kind
+        for name in self.constexpr_names:
+            sig[name] = "constexpr"
+        return sig
+
+    def divisible_args(self, level: str) -> tuple[str, ...]:
+        """Names of the params that carry `tt.divisibility = 16` at this level."""
+        if level == GENERIC:
+            return ()
+        return tuple(a.name for a in self.args if a.aligned)
+
+
+# Element types as Triton spells them in a signature, by the names the axes use.
+TRITON_DTYPES = {
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "fp32": "fp32",
+    "int8": "i8",
+    "uint8": "u8",
+    "int4": "i8",  # two 4-bit values per byte, read as int8
+    "fp8_e4m3": "fp8e4nv",
+    "fp8_e5m2": "fp8e5",
+    "i32": "i32",
+}

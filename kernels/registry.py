@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,11 +15,25 @@ FAMILY_SPECS = (
 )
 
 
-@lru_cache(maxsize=None)
+# Extra families (e.g. a user's own kernels, or the test suite's tiny kernel): comma-separated
+# spec module names. Build workers and the loader read the same variable.
+ENV_EXTRA = "AOTC_EXTRA_SPECS"
+
+
+def family_modules() -> tuple[str, ...]:
+    extra = tuple(m.strip() for m in os.environ.get(ENV_EXTRA, "").split(",") if m.strip())
+    return FAMILY_SPECS + extra
+
+
 def all_specs() -> dict[str, KernelSpec]:
     """Every declared kernel by name. Families whose spec module is absent are skipped."""
+    return _load(family_modules())
+
+
+@lru_cache(maxsize=None)
+def _load(modules: tuple[str, ...]) -> dict[str, KernelSpec]:
     out: dict[str, KernelSpec] = {}
-    for module_name in FAMILY_SPECS:
+    for module_name in modules:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:

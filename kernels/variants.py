@@ -132,12 +132,18 @@ class KernelSpec:
     sources: tuple[str, ...] = ("kernel.py",)
     folder: str = ""
     arg_index: dict = field(default_factory=dict, compare=False, repr=False)
+    first_ptr: int = field(default=-1, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate argument names")
         self.arg_index.update({n: i for i, n in enumerate(names)})
+        ptrs = [i for i, a in enumerate(self.args) if a.kind == "ptr"]
+        if not ptrs:
+            raise ValueError(f"{self.name}: a kernel needs at least one pointer argument")
+        # The first pointer's tensor tells the op's device.
+        object.__setattr__(self, "first_ptr", ptrs[0])
 
     def keys(self) -> list[VariantKey]:
         """Every declared binary: each variant at both specialization levels."""

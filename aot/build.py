@@ -1,0 +1,272 @@
+"""`aotc build`: enumerate variants, compile them in worker processes, write binaries + manifest.
+
+Incremental: each compiled variant leaves a record in `<target>/.records/<build hash>.json`
+(the hash covers the key, the kernel's sources, the launch config, the Triton and aotc
+versions), so an unchanged variant is never compiled twice and an interrupted build resumes.
+Atomic: binaries and records are written to a temporary name then renamed; the manifest is
+written last, under a file lock, merged with what another build may have written meanwhile.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from filelock import FileLock
+
+from aotc.kernels.registry import all_specs, spec_folder
+from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
+from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
+
+from .triton_compat import triton_version
+
+AOTC_VERSION = "0.1.0"
+# Bump when the compile path changes in a way the other hash inputs do not show.
+COMPILE_RECIPE = 1
+
+
+@dataclass
+class Job:
+    target: Target
+    spec_name: str
+    key: str
+    build_hash: str
+
+
+@dataclass
+class BuildReport:
+    compiled: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # "target key" -> compiler message
+    seconds: float = 0.0
+    manifests: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+_source_hashes: dict[str, str] = {}
+
+
+def source_hash(spec: KernelSpec) -> str:
+    """sha256 over the kernel's declared source files (and the variant types they rely on)."""
+    if spec.name not in _source_hashes:
+        folder = spec_folder(spec)
+        h = hashlib.sha256()
+        for rel in sorted(spec.sources):
+            h.update(rel.encode() + b"\0" + (folder / rel).read_bytes() + b"\0")
+        _source_hashes[spec.name] = h.hexdigest()
+    return _source_hashes[spec.name]
+
+
+def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -> str:
+    axes = key.axis_dict
+    cfg = spec.launch(axes, target.arch)
+    doc = {
+        "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
+        "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
+        "constexprs": {k: repr(v) for k, v in sorted(spec.constexprs(axes).items())},
+        "divisible": spec.divisible_args(key.level), "launch": asdict(cfg),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def plan_keys(kernels: Iterable[str] | None, misses: list[tuple[VariantKey, str | None]] | None,
+              target: Target) -> list[tuple[KernelSpec, VariantKey]]:
+    specs = all_specs()
+    wanted = set(kernels) if kernels else None
+    if wanted:
+        unknown = wanted - set(specs)
+        if unknown:
+            raise ValueError(f"unknown kernel(s) {sorted(unknown)}; declared: {sorted(specs)}")
+    out: dict[str, tuple[KernelSpec, VariantKey]] = {}
+    for name, spec in sorted(specs.items()):
+        if wanted is None or name in wanted:
+            for key in spec.keys():
+                out[str(key)] = (spec, key)
+    for key, miss_target in misses or ():
+        if miss_target not in (None, target.name):
+            continue
+        if key.kernel not in specs:
+            raise ValueError(f"miss log names unknown kernel {key.kernel!r}")
+        for level in ("aligned", GENERIC):
+            k = key.with_level(level)
+            out[str(k)] = (specs[key.kernel], k)
+    return list(out.values())
+
+
+def _record_path(target_dir: Path, bhash: str) -> Path:
+    return target_dir / ".records" / f"{bhash}.json"
+
+
+def _reusable(target_dir: Path, bhash: str) -> Entry | None:
+    try:
+        entry = Entry(**json.loads(_record_path(target_dir, bhash).read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+    binary = target_dir / entry.path
+    return entry if binary.is_file() and binary.stat().st_size == entry.size else None
+
+
+def _init_worker() -> None:
+    # The build compiles real kernels even when the parent runs under the interpreter.
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash: str) -> dict:
+    """Runs in a worker: compile one variant, write its binary and record, return the entry."""
+    from aotc.kernels.registry import get_spec
+
+    from .triton_compat import compile_variant
+
+    spec = get_spec(spec_name)
+    key = VariantKey.parse(key_text)
+    out = compile_variant(spec, key, arch)
+    digest = hashlib.sha256(out.cubin).hexdigest()
+    rel = f"bin/{digest}.cubin"
+    target_dir = Path(target_dir)
+    binary = target_dir / rel
+    if not (binary.is_file() and binary.stat().st_size == len(out.cubin)):
+        atomic_write(binary, out.cubin)
+    md = out.metadata
+    entry = Entry(
+        kernel=spec.name, key=str(key), path=rel, sha256=digest, size=len(out.cubin), symbol=out.symbol,
+        params=out.params, param_names=out.param_names, divisible=list(spec.divisible_args(key.level)),
+        num_warps=md["num_warps"], num_stages=md["num_stages"], num_ctas=md["num_ctas"],
+        cluster_dims=md["cluster_dims"], shared=md["shared"],
+        global_scratch_size=md["global_scratch_size"], global_scratch_align=md["global_scratch_align"],
+        profile_scratch_size=md["profile_scratch_size"], profile_scratch_align=md["profile_scratch_align"],
+        launch_cooperative_grid=md["launch_cooperative_grid"], launch_pdl=md["launch_pdl"],
+        constexprs={k: v for k, v in spec.constexprs(key.axis_dict).items()},
+        provenance={"source_sha256": source_hash(spec), "build_hash": bhash, "triton_hash": out.triton_hash,
+                    "triton_version": triton_version()},
+    )
+    atomic_write(_record_path(target_dir, bhash), json.dumps(asdict(entry), sort_keys=True).encode())
+    return asdict(entry)
+
+
+def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry], triton: str,
+                    replace_keys: set[str]) -> Path:
+    """Merge with the manifest on disk (another build may have written it) and replace it."""
+    with FileLock(str(target_dir / ".lock")):
+        merged: dict[str, Entry] = {}
+        try:
+            old = read_manifest(target_dir, expect_target=target.name)
+            if old.triton_version == triton:
+                merged = {k: e for k, e in old.by_key().items()
+                          if k not in replace_keys and (target_dir / e.path).is_file()}
+        except ManifestError:
+            pass
+        merged.update(entries)
+        manifest = Manifest(target, AOTC_VERSION, triton, list(merged.values()))
+        path = target_dir / MANIFEST_NAME
+        atomic_write(path, manifest.to_json().encode())
+    return path
+
+
+def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[str] | None = None,
+          jobs: int | None = None, misses: list[tuple[VariantKey, str | None]] | None = None,
+          progress: bool = True, echo=print) -> BuildReport:
+    started = time.perf_counter()
+    report = BuildReport()
+    triton = triton_version()
+    out_dir = Path(out_dir)
+    plans = []
+    for arch in archs:
+        target = Target.from_name(arch)
+        target_dir = out_dir / target.name
+        target_dir.mkdir(parents=True, exist_ok=True)
+        entries: dict[str, Entry] = {}
+        todo: list[Job] = []
+        for spec, key in plan_keys(kernels, misses, target):
+            bhash = build_hash(spec, key, target, triton)
+            found = _reusable(target_dir, bhash)
+            if found is not None:
+                entries[str(key)] = found
+                report.reused.append(f"{target.name} {key}")
+            else:
+                todo.append(Job(target, spec.name, str(key), bhash))
+        plans.append((target, target_dir, entries, todo))
+
+    all_jobs = [(t, d, job) for t, d, _, todo in plans for job in todo]
+    if all_jobs:
+        _run_jobs(all_jobs, plans, report, jobs, progress, echo)
+    for target, target_dir, entries, todo in plans:
+        planned = set(entries) | {j.key for j in todo}
+        report.manifests.append(_write_manifest(target, target_dir, entries, triton, planned))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _run_jobs(all_jobs, plans, report, jobs, progress, echo) -> None:
+    entries_by_target = {t.name: entries for t, _, entries, _ in plans}
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(all_jobs)))
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
+        futures = {pool.submit(compile_job, job.spec_name, job.key, target.arch, str(target_dir), job.build_hash):
+                   (target, job) for target, target_dir, job in all_jobs}
+        bar = _progress(len(futures), progress)
+        for fut in as_completed(futures):
+            target, job = futures[fut]
+            try:
+                entry = Entry(**fut.result())
+                entries_by_target[target.name][job.key] = entry
+                report.compiled.append(f"{target.name} {job.key}")
+            except Exception as e:  # noqa: BLE001 - any compiler error is reported by key
+                report.failed[f"{target.name} {job.key}"] = f"{type(e).__name__}: {e}"
+            bar.update(1)
+        bar.close()
+
+
+class _progress:
+    """A one-line progress bar on stderr (no dependency beyond the standard library)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled and total > 0
+        self.start = time.perf_counter()
+        self._draw()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * self.done // max(1, self.total)
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\rcompiling [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                         f"{elapsed:5.0f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")

@@ -1,0 +1,72 @@
+"""`aotc list` and `aotc verify`: read an artifacts folder and check every binary against its manifest."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from aotc.loader.manifest import MANIFEST_NAME, ManifestError, read_manifest, verify_files
+
+from .elf import ElfError, cubin_info
+
+
+def target_dirs(root: str | Path) -> list[Path]:
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if (p / MANIFEST_NAME).is_file()) if root.is_dir() else []
+
+
+def summarize(root: str | Path) -> dict:
+    out = {}
+    for folder in target_dirs(root):
+        try:
+            m = read_manifest(folder)
+        except ManifestError as e:
+            out[folder.name] = {"error": str(e)}
+            continue
+        kernels: dict[str, dict] = {}
+        seen_paths: set[str] = set()
+        for e in m.entries:
+            k = kernels.setdefault(e.kernel, {"variants": 0, "binaries": 0, "bytes": 0, "_paths": set()})
+            k["binaries"] += 1
+            if e.path not in k["_paths"]:
+                k["_paths"].add(e.path)
+                k["bytes"] += e.size
+            seen_paths.add(e.path)
+        for kernel, k in kernels.items():
+            # A variant is a key's axes; its binaries are the specialization levels.
+            k["variants"] = len({e.key.rsplit("@", 1)[0] for e in m.entries if e.kernel == kernel})
+            del k["_paths"]
+        out[folder.name] = {
+            "arch": m.target.arch, "backend": m.target.backend, "binaries": len(m.entries),
+            "files": len(seen_paths), "bytes": sum(k["bytes"] for k in kernels.values()),
+            "triton_version": m.triton_version, "aotc_version": m.aotc_version, "kernels": kernels,
+        }
+    return out
+
+
+def verify(root: str | Path) -> tuple[list[str], int]:
+    """(problems, entries checked): sha256 and size of every file, ELF machine/SM, symbol."""
+    problems, checked = [], 0
+    folders = target_dirs(root)
+    if not folders:
+        return [f"{root}: no <target>/{MANIFEST_NAME} found"], 0
+    for folder in folders:
+        try:
+            m = read_manifest(folder)
+        except ManifestError as e:
+            problems.append(str(e))
+            continue
+        problems += [f"{folder.name}: {p}" for p in verify_files(folder, m)]
+        for e in m.entries:
+            checked += 1
+            path = folder / e.path
+            if not path.is_file():
+                continue
+            try:
+                sm, symbols = cubin_info(path.read_bytes())
+            except ElfError as err:
+                problems.append(f"{folder.name}: {e.key}: {e.path}: {err}")
+                continue
+            if sm != m.target.arch:
+                problems.append(f"{folder.name}: {e.key}: {e.path} is for sm{sm}, manifest target is sm{m.target.arch}")
+            if e.symbol not in symbols:
+                problems.append(f"{folder.name}: {e.key}: {e.path} does not define symbol {e.symbol}")
+    return problems, checked

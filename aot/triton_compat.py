@@ -1,0 +1,99 @@
+"""Every call into Triton's compiler internals (they move between minor versions): Triton 3.6.
+
+`compile_variant` turns (KernelSpec, VariantKey, arch) into a cubin plus the launch metadata
+the manifest records, building the same ASTSource that Triton's JIT builds for a call whose
+arguments match the key's specialization, so the bytes are the JIT's bytes.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+from aotc.kernels.variants import KernelSpec, VariantKey
+
+SUPPORTED_TRITON = ("3.6.",)
+
+
+def triton_version() -> str:
+    """Read from package metadata: the incremental no-op build never imports triton."""
+    return importlib.metadata.version("triton")
+
+
+@dataclass
+class Compiled:
+    cubin: bytes
+    symbol: str
+    params: list[str]
+    param_names: list[str]
+    metadata: dict
+    triton_hash: str
+
+
+def check_consistency(spec: KernelSpec, fn) -> None:
+    """The spec's argument list must be the kernel's, and its specialization switches must match."""
+    runtime = [p for p in fn.params if not p.is_constexpr]
+    names = [p.name for p in runtime]
+    if names != [a.name for a in spec.args]:
+        raise ValueError(f"{spec.name}: spec args {[a.name for a in spec.args]} != kernel params {names}")
+    constexprs = sorted(p.name for p in fn.params if p.is_constexpr)
+    if constexprs != sorted(spec.constexpr_names):
+        raise ValueError(f"{spec.name}: spec constexprs {sorted(spec.constexpr_names)} != kernel's {constexprs}")
+    for p, a in zip(runtime, spec.args):
+        if a.kind == "ptr" and p.do_not_specialize_on_alignment == a.aligned:
+            raise ValueError(f"{spec.name}.{a.name}: pointer declared aligned={a.aligned} but the kernel's "
+                             f"do_not_specialize_on_alignment says {p.do_not_specialize_on_alignment}")
+        if a.kind == "i32" and p.do_not_specialize == a.aligned:
+            raise ValueError(f"{spec.name}.{a.name}: int declared aligned={a.aligned} but the kernel's "
+                             f"do_not_specialize says {p.do_not_specialize}")
+
+
+def jit_function(spec: KernelSpec):
+    import importlib
+
+    fn = getattr(importlib.import_module(spec.module), spec.function)
+    if not hasattr(fn, "params") or not hasattr(fn, "arg_names"):
+        raise TypeError(f"{spec.module}.{spec.function} is not a @triton.jit function "
+                        "(is TRITON_INTERPRET set in the build process?)")
+    return fn
+
+
+def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not triton.__version__.startswith(SUPPORTED_TRITON):
+        raise RuntimeError(f"aotc builds with Triton {SUPPORTED_TRITON[0]}x; found {triton.__version__}")
+    fn = jit_function(spec)
+    check_consistency(spec, fn)
+    axes = key.axis_dict
+    sig_by_name = spec.signature(axes)
+    # The JIT orders the signature by the function's parameters; so do we.
+    signature = {name: sig_by_name[name] for name in fn.arg_names}
+    constexprs = spec.constexprs(axes)
+    missing = set(spec.constexpr_names) - set(constexprs)
+    if missing:
+        raise ValueError(f"{key}: spec.constexprs gave no value for {sorted(missing)}")
+    divisible = spec.divisible_args(key.level)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    cfg = spec.launch(axes, arch)
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                    attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                                     "num_ctas": cfg.num_ctas})
+    md = kernel.metadata
+    params = [sig_by_name[a.name] for a in spec.args] + ["*i8", "*i8"]
+    names = [a.name for a in spec.args] + ["global_scratch", "profile_scratch"]
+    metadata = {
+        "num_warps": md.num_warps, "num_stages": md.num_stages, "num_ctas": md.num_ctas,
+        "cluster_dims": list(getattr(md, "cluster_dims", (1, 1, 1))), "shared": md.shared,
+        "global_scratch_size": md.global_scratch_size, "global_scratch_align": md.global_scratch_align,
+        "profile_scratch_size": md.profile_scratch_size, "profile_scratch_align": md.profile_scratch_align,
+        "launch_cooperative_grid": bool(md.launch_cooperative_grid), "launch_pdl": bool(md.launch_pdl),
+        "tensordesc": bool(md.tensordesc_meta),
+    }
+    if metadata["tensordesc"]:
+        raise ValueError(f"{key}: kernels with tensor descriptors need host-side TMA descriptors, "
+                         "which the aotc launcher does not build")
+    return Compiled(kernel.asm["cubin"], md.name, params, names, metadata, md.hash)

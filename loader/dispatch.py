@@ -1,0 +1,175 @@
+"""Choosing the binary for a call and launching it: AOT first, then the JIT fallback.
+
+`resolve` is the pure rule (manifest entries + argument values -> choice + why each candidate
+was rejected); tests run it on manifest data with no GPU. `run_kernel` is the hot path the
+public ops call: per (kernel, axes, device) it keeps a `Selection` holding the loaded binaries,
+then per call reads pointers, checks the ALIGNED binary's assumptions and launches on the
+current torch stream.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey
+
+from . import artifacts, cuda_driver, fallback
+from .launch import Launchable
+from .manifest import Entry
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+@dataclass
+class Resolution:
+    level: str | None  # ALIGNED, GENERIC, or None for a miss
+    entry: Entry | None
+    rejected: dict[str, str] = field(default_factory=dict)  # level -> reason
+
+
+def check_assumptions(spec: KernelSpec, entry: Entry, values: Sequence) -> str | None:
+    """Why `values` (pointers as ints) break the binary's specialization, or None if they fit."""
+    for name in entry.divisible:
+        v = values[spec.arg_index[name]]
+        if v % 16:
+            what = "data_ptr" if spec.args[spec.arg_index[name]].kind == "ptr" else "value"
+            return f"{name}: {what} {v} is not divisible by 16"
+    for a, v in zip(spec.args, values):
+        if a.kind == "i32" and not INT32_MIN <= v <= INT32_MAX:
+            return f"{a.name}: {v} does not fit in int32"
+    return None
+
+
+def resolve(spec: KernelSpec, axes: Mapping, entries: Mapping[str, Entry], values: Sequence) -> Resolution:
+    """The most specialized built binary whose assumptions `values` satisfy."""
+    res = Resolution(None, None)
+    for level in (ALIGNED, GENERIC):
+        key = str(VariantKey.make(spec.name, axes, level))
+        entry = entries.get(key)
+        if entry is None:
+            res.rejected[level] = f"{key} is not built"
+            continue
+        why = check_assumptions(spec, entry, values)
+        if why is None:
+            res.level, res.entry = level, entry
+            return res
+        res.rejected[level] = why
+    return res
+
+
+class Selection:
+    """The binaries of one (kernel, axes) on one device, ready to launch."""
+
+    def __init__(self, spec: KernelSpec, axes: Mapping, device: int, target, capability):
+        self.spec = spec
+        self.axes = dict(axes)
+        self.device = device
+        self.target = target
+        self.arch = capability[0] * 10 + capability[1]
+        self.ptr_idx = tuple(i for i, a in enumerate(spec.args) if a.kind == "ptr")
+        entries = target.entries if target is not None else {}
+        self.entries = {level: entries.get(str(VariantKey.make(spec.name, axes, level))) for level in (ALIGNED, GENERIC)}
+        self.loaded: dict[str, Launchable] = {}
+        aligned = self.entries[ALIGNED]
+        self.aligned_idx = tuple(spec.arg_index[n] for n in aligned.divisible) if aligned else ()
+        self.lock = threading.Lock()
+
+    def _launchable(self, level: str) -> Launchable:
+        got = self.loaded.get(level)
+        if got is None:
+            with self.lock:  # one thread loads; the others wait and reuse it
+                got = self.loaded.get(level)
+                if got is None:
+                    entry = self.entries[level]
+                    image = self.target.read_binary(entry)  # sha256-checked before any load
+                    function = cuda_driver.driver().load_function(self.device, image, entry.symbol, entry.shared)
+                    got = self.loaded[level] = Launchable(entry, function, self.device)
+        return got
+
+    def launch(self, grid, args: Sequence, stream: int) -> None:
+        values = list(args)
+        for i in self.ptr_idx:
+            values[i] = values[i].data_ptr()
+        level = GENERIC
+        if self.entries[ALIGNED] is not None:
+            level = ALIGNED
+            for i in self.aligned_idx:
+                if values[i] & 15:
+                    level = GENERIC
+                    break
+        if self.entries[level] is None:
+            self.miss(grid, args, "no binary for this key")
+            return
+        self._launchable(level).launch(grid, values, stream)
+
+    def miss(self, grid, args, reason: str) -> None:
+        key = VariantKey.make(self.spec.name, self.axes, GENERIC)
+        target = self.target.name if self.target is not None else f"sm{self.arch}"
+        if self.target is None:
+            reason = f"no artifacts for this device in {artifacts.current_source()}"
+        fallback.record_miss(key, target, reason)
+        fallback.run_jit(self.spec, self.axes, grid, args, self.arch)
+
+
+_selections: dict[tuple, Selection] = {}
+_selections_lock = threading.Lock()
+_capabilities: dict[int, tuple[int, int]] = {}
+
+
+def _selection(spec: KernelSpec, axes: Mapping, device: int) -> Selection:
+    import torch
+
+    cap = _capabilities.get(device)
+    if cap is None:
+        cap = _capabilities[device] = torch.cuda.get_device_capability(device)
+    with _selections_lock:
+        sel = _selections.get((spec.name, tuple(axes.items()), device))
+        if sel is None:
+            sel = Selection(spec, axes, device, artifacts.load_target(cap), cap)
+            _selections[(spec.name, tuple(axes.items()), device)] = sel
+    return sel
+
+
+def reset() -> None:
+    """Forget loaded selections (after `set_artifacts`, or in tests)."""
+    with _selections_lock:
+        _selections.clear()
+
+
+_get_stream = None
+
+
+def run_kernel(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence) -> None:
+    """Launch `spec`'s variant for `axes` over `grid` with `args` (in `spec.args` order).
+
+    CUDA tensors: the built binary (ALIGNED when the call meets its assumptions, else
+    GENERIC), on the current stream of the tensors' device; a key that was not built runs
+    through the Triton JIT (see fallback.py). CPU tensors: Triton's interpreter when
+    TRITON_INTERPRET=1, else a ValueError.
+    """
+    global _get_stream
+    first = args[spec.first_ptr]
+    if first.is_cuda:
+        device = first.get_device()
+        sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
+        if _get_stream is None:
+            import torch
+
+            _get_stream = (torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice)
+        if _get_stream[1]() == device:
+            sel.launch(grid, args, _get_stream[0](device))
+        else:
+            # Tensors on another GPU than torch's current one: launch in their device's context.
+            drv = cuda_driver.driver()
+            drv.check("cuCtxPushCurrent", drv.cuCtxPushCurrent_v2(drv.primary_context(device)))
+            try:
+                sel.launch(grid, args, _get_stream[0](device))
+            finally:
+                drv.check("cuCtxPopCurrent", drv.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p())))
+    elif fallback.interpreting():
+        fallback.run_jit(spec, axes, grid, args, arch=90)
+    else:
+        raise ValueError(f"{spec.name}: tensors are on {first.device}; aotc kernels run on CUDA devices "
+                         f"(or on the CPU under TRITON_INTERPRET=1 for reference runs)")

@@ -1,0 +1,167 @@
+"""The artifact manifest: its schema, reading it safely, and checking files against it.
+
+`DIR/<target>/manifest.json` lists every binary of one target with what the loader needs to
+launch it. JSON only, never pickle. The build (aotc.aot) writes it through `Manifest.to_json`;
+the loader, `aotc verify` and the hub code read it through `read_manifest`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+# Bumped whenever the way a binary is launched changes (parameter list, scratch pointers...).
+# Triton 3.6: declared runtime args, then the global and profile scratch pointers.
+LAUNCH_ABI = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, malformed or built for something this loader cannot run."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # folder name, e.g. "sm90"
+    backend: str  # "cuda"
+    arch: int  # 90
+    warp_size: int = 32
+
+    @staticmethod
+    def from_name(name: str) -> "Target":
+        if not (name.startswith("sm") and name[2:].isdigit()):
+            raise ValueError(f"unknown target {name!r}: expected smNN, e.g. sm80 or sm90")
+        return Target(name, "cuda", int(name[2:]), 32)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One binary and everything needed to launch it."""
+
+    kernel: str
+    key: str  # VariantKey string
+    path: str  # relative to the target folder
+    sha256: str
+    size: int
+    symbol: str
+    params: list  # Triton types of the cubin's params in order, scratch pointers included
+    param_names: list
+    divisible: list  # param names compiled with tt.divisibility=16
+    num_warps: int
+    num_stages: int
+    num_ctas: int
+    cluster_dims: list
+    shared: int
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+    launch_cooperative_grid: bool
+    launch_pdl: bool
+    constexprs: dict
+    provenance: dict = field(default_factory=dict)  # source hash, build hash, Triton's own hash
+
+
+@dataclass
+class Manifest:
+    target: Target
+    aotc_version: str
+    triton_version: str
+    entries: list[Entry]
+    schema_version: int = SCHEMA_VERSION
+    launch_abi: int = LAUNCH_ABI
+
+    def to_json(self) -> str:
+        doc = {
+            "schema_version": self.schema_version,
+            "launch_abi": self.launch_abi,
+            "target": asdict(self.target),
+            "aotc_version": self.aotc_version,
+            "triton_version": self.triton_version,
+            "entries": [asdict(e) for e in sorted(self.entries, key=lambda e: e.key)],
+        }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    def by_key(self) -> dict[str, Entry]:
+        return {e.key: e for e in self.entries}
+
+
+def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = None) -> Manifest:
+    """Read and check `target_dir/manifest.json`; refuse what this loader cannot launch."""
+    path = Path(target_dir) / MANIFEST_NAME
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"no manifest at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{path}: expected a JSON object")
+    built_by = f"aotc {doc.get('aotc_version', '?')} with Triton {doc.get('triton_version', '?')}"
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{path}: manifest schema {doc.get('schema_version')!r} (written by {built_by}); "
+            f"this loader reads schema {SCHEMA_VERSION}. Rebuild or pull artifacts for this aotc version."
+        )
+    if doc.get("launch_abi") != LAUNCH_ABI:
+        raise ManifestError(
+            f"{path}: launch ABI {doc.get('launch_abi')!r} (built by {built_by}); this loader "
+            f"launches ABI {LAUNCH_ABI}. Rebuild with this aotc version."
+        )
+    try:
+        target = Target(**doc["target"])
+        entries = [Entry(**e) for e in doc["entries"]]
+    except (KeyError, TypeError) as e:
+        raise ManifestError(f"{path}: malformed manifest ({e})") from None
+    if expect_target is not None and target.name != expect_target:
+        raise ManifestError(f"{path}: manifest is for target {target.name}, expected {expect_target}")
+    for e in entries:
+        p = Path(e.path)
+        if p.is_absolute() or ".." in p.parts:
+            raise ManifestError(f"{path}: entry {e.key} has a path outside its folder: {e.path!r}")
+    return Manifest(target, doc.get("aotc_version", "?"), doc.get("triton_version", "?"), entries,
+                    doc["schema_version"], doc["launch_abi"])
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_files(target_dir: str | os.PathLike, manifest: Manifest | None = None) -> list[str]:
+    """One message per missing, truncated or altered file; empty when every file is good."""
+    target_dir = Path(target_dir)
+    if manifest is None:
+        try:
+            manifest = read_manifest(target_dir)
+        except ManifestError as e:
+            return [str(e)]
+    problems = []
+    for path, entries in _group_by_path(manifest.entries).items():
+        keys = ", ".join(e.key for e in entries)
+        file = target_dir / path
+        if not file.is_file():
+            problems.append(f"{keys}: missing file {path}")
+            continue
+        expected = entries[0]
+        size = file.stat().st_size
+        if size != expected.size:
+            problems.append(f"{keys}: {path} has {size} bytes, manifest says {expected.size}")
+            continue
+        digest = sha256_file(file)
+        if digest != expected.sha256:
+            problems.append(f"{keys}: {path} sha256 {digest} != manifest {expected.sha256}")
+    return problems
+
+
+def _group_by_path(entries: list[Entry]) -> dict[str, list[Entry]]:
+    out: dict[str, list[Entry]] = {}
+    for e in entries:
+        out.setdefault(e.path, []).append(e)
+    return out

@@ -1,0 +1,40 @@
+"""Run as a script (without TRITON_INTERPRET): compile a call the way Triton's JIT does — its own
+binder decides the specialization from the argument values — and print the cubin's sha256.
+Only the driver-dependent steps of `JITFunction.run` are left out (there is no GPU here)."""
+import hashlib
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+from aotc.kernels.registry import get_spec
+from aotc.loader.fallback import jit_function
+
+
+def jit_sha(spec_name, axes, args, arch):
+    spec = get_spec(spec_name)
+    fn = jit_function(spec)
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    cfg = spec.launch(axes, arch)
+    kwargs = dict(spec.constexprs(axes), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    kwargs["debug"] = False
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return hashlib.sha256(kernel.asm["cubin"]).hexdigest()
+
+
+if __name__ == "__main__":
+    arch = int(sys.argv[1])
+    base = torch.empty(4096, dtype=torch.float16)
+    assert base.data_ptr() % 16 == 0
+    aligned = [base[:1024], base[1024:2048], base[2048:3072], 64, 40, 3, 0.5]
+    # Every specializable argument misaligned: pointers 2 bytes off, stride 33.
+    generic = [base[1:], base[1025:], base[2049:], 33, 40, 3, 0.5]
+    axes = {"block": 64, "dtype": "fp16"}
+    print(jit_sha("tiny_axpy", axes, aligned, arch), jit_sha("tiny_axpy", axes, generic, arch))

@@ -1,0 +1,52 @@
+import ctypes
+
+import pytest
+
+from aotc.loader import cuda_driver, dispatch
+
+from ..aot.conftest import tiny_artifacts  # noqa: F401  (the session fixture)
+
+
+class FakeTensor:
+    """Just enough of a tensor for the launch path: a device pointer."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class FakeDriver:
+    """Records loads and launches; reads each launch's packed arguments back out of memory."""
+
+    def __init__(self):
+        self.loaded = []  # (device, sha-prefix of image, symbol, shared)
+        self.launches = []  # (function, grid, block, shared, stream, [raw 8-byte slots])
+
+    def load_function(self, device, image, symbol, shared):
+        import hashlib
+
+        self.loaded.append((device, hashlib.sha256(image).hexdigest(), symbol, shared))
+        return 1000 + len(self.loaded)
+
+    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        n = self.n_params
+        pointers = (ctypes.c_void_p * n).from_address(params)
+        slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
+        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, slots))
+        return 0
+
+    def check(self, call, code):
+        if code:
+            raise cuda_driver.CudaError(call, code, "FAKE", "fake failure")
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    fake = FakeDriver()
+    fake.n_params = 9
+    monkeypatch.setattr(cuda_driver, "_driver", fake)
+    dispatch.reset()
+    yield fake
+    dispatch.reset()

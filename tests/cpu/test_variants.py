@@ -1,0 +1,41 @@
+"""Variant keys round-trip and reject what they cannot hold; specs declare both levels per variant."""
+import pytest
+
+from aotc.kernels.registry import all_specs, get_spec
+from aotc.kernels.variants import ALIGNED, GENERIC, Arg, VariantKey
+
+
+def test_keys_round_trip_and_sort_their_axes():
+    k = VariantKey.make("decode", {"kv": "int4", "head_dim": 128, "q": "bf16"}, GENERIC)
+    assert str(k) == "decode(head_dim=128,kv=int4,q=bf16)@generic"
+    assert VariantKey.parse(str(k)) == k and VariantKey.parse(str(k)).axis_dict["head_dim"] == 128
+    assert VariantKey.parse("k()@aligned") == VariantKey.make("k", {}, ALIGNED)
+
+
+@pytest.mark.parametrize("text", ["decode(head_dim=128", "decode(x)@aligned", "decode()@fast", "1x()@aligned"])
+def test_malformed_keys_are_refused(text):
+    with pytest.raises(ValueError):
+        VariantKey.parse(text)
+
+
+def test_values_a_key_cannot_hold_are_refused():
+    with pytest.raises(ValueError):
+        VariantKey.make("k", {"a": "x,y"})
+    with pytest.raises(TypeError):
+        VariantKey.make("k", {"a": True})
+    with pytest.raises(ValueError):
+        Arg("p", "ptr")  # a pointer needs its dtype
+
+
+def test_every_declared_variant_comes_at_both_levels():
+    for spec in all_specs().values():
+        keys = spec.keys()
+        assert len(keys) == 2 * len({k.axes for k in keys}), spec.name
+        assert all(spec.divisible_args(GENERIC) == () for _ in keys)
+
+
+def test_tiny_signature():
+    spec = get_spec("tiny_axpy")
+    assert spec.signature({"dtype": "fp16", "block": 64}) == {
+        "x": "*fp16", "y": "*fp16", "out": "*fp16", "stride_x": "i32", "n": "i32", "rows": "i32", "alpha": "fp32",
+        "BLOCK": "constexpr", "SCALE_Y": "constexpr"}

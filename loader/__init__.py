@@ -1,1 +1,37 @@
-"""aotc package."""
+"""aotc.loader: run the built kernels with no JIT.
+
+    from aotc import loader
+    out = loader.decode(q, k_cache, v_cache, table, seq_lens)
+
+Public ops: `decode`, `store_kv`, `prefix_prefill`. Artifacts come from `set_artifacts(...)`,
+`AOTC_ARTIFACTS` (a folder or `hf://ORG/NAME@REV`), or the `artifacts/` folder beside this
+package. Importing this module imports neither triton, click nor huggingface_hub; the ops are
+imported on first use.
+"""
+from .artifacts import current_source, set_artifacts as _set_artifacts
+
+_OPS = {
+    "decode": "aotc.loader.ops.decode",
+    "store_kv": "aotc.loader.ops.decode",
+    "prefix_prefill": "aotc.loader.ops.prefix_prefill",
+}
+
+__all__ = ["decode", "store_kv", "prefix_prefill", "set_artifacts", "current_source"]
+
+
+def set_artifacts(source) -> None:
+    """Use artifacts from `source` (a folder or `hf://ORG/NAME@REV`); None restores the default."""
+    from . import dispatch
+
+    _set_artifacts(source)
+    dispatch.reset()
+
+
+def __getattr__(name):
+    if name in _OPS:
+        import importlib
+
+        value = getattr(importlib.import_module(_OPS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'aotc.loader' has no attribute {name!r}")

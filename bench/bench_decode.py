@@ -1,0 +1,81 @@
+"""Decode bandwidth: KV bytes (plus scales) read once over kernel time, for bf16, int8 and int4
+caches, next to the device-to-device copy bandwidth measured in the same run; aotc (AOT) and the
+same kernels through Triton's JIT side by side."""
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+
+from aotc import loader
+from harness import Rows, copy_bandwidth, device_time
+
+SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
+    (32, 4096, 32, 8, 128, 16),
+    (64, 4096, 32, 8, 128, 16),
+    (32, 8192, 32, 8, 128, 64),
+    (1, 32768, 32, 8, 128, 16),
+]
+
+
+def make(fmt, batch, ctx, hq, hkv, hd, page, group=64):
+    pages = batch * ctx // page
+    q = torch.randn(batch, hq, hd, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(batch, ctx // page)
+    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    kw, extra = {}, 0
+    if fmt == "bf16":
+        kc = torch.randn(pages, page, hkv, hd, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+    else:
+        width = hd // 2 if fmt == "int4" else hd
+        if fmt == "int4":
+            kc = torch.randint(0, 15, (pages, page, hkv, hd), device="cuda", dtype=torch.int8)
+            kc = (kc[..., 0::2] | (kc[..., 1::2] << 4)).contiguous()
+        else:
+            kc = torch.randint(-127, 128, (pages, page, hkv, width), device="cuda", dtype=torch.int8)
+        vc = kc.clone()
+        ks = (torch.rand(pages, page, hkv, hd // group, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+        vs = ks.clone()
+        kw = dict(k_scale=ks, v_scale=vs, kv_format=fmt)
+        extra = 2 * ks.numel() * ks.element_size()
+    kv_bytes = 2 * kc.numel() * kc.element_size() + extra
+    return (q, kc, vc, table, lens), kw, kv_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = Rows(a.out)
+    copy_bw = copy_bandwidth()
+    rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
+    print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
+    print(f"{'fmt':5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} {'jit GB/s':>9s}")
+    import tempfile
+
+    empty = tempfile.mkdtemp()
+    for fmt in ("bf16", "int8", "int4"):
+        for batch, ctx, hq, hkv, hd, page in SHAPES:
+            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page)
+            out = torch.empty_like(args[0])
+            t_aot = device_time(lambda: loader.decode(*args, **kw, out=out))
+            loader.set_artifacts(empty)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t_jit = device_time(lambda: loader.decode(*args, **kw, out=out))
+            loader.set_artifacts(None)
+            bw_aot, bw_jit = nbytes / t_aot, nbytes / t_jit
+            shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
+            print(f"{fmt:5s} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
+                  f"{t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f}")
+            rows.add("decode", fmt, "aot", shape, "GBps", bw_aot / 1e9)
+            rows.add("decode", fmt, "aot", shape, "pct_of_copy", 100 * bw_aot / copy_bw)
+            rows.add("decode", fmt, "jit", shape, "GBps", bw_jit / 1e9)
+            del args, kw, out
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

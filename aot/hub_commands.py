@@ -39,7 +39,8 @@ def push_artifacts(root: str | Path, repo: str, *, revision: str | None = None, 
     Creates the repo if missing and the branch `revision` if new (from main's head). A pushed target's
     folder on the hub ends up holding exactly the local manifest and the files it lists.
     """
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HfHubHTTPError
 
     root = Path(root)
     branch = revision or "main"
@@ -57,7 +58,21 @@ def push_artifacts(root: str | Path, repo: str, *, revision: str | None = None, 
         files[name] = [MANIFEST_NAME] + sorted({e.path for e in manifest.entries})
         versions.add(f"aotc {manifest.aotc_version}, Triton {manifest.triton_version}")
 
-    api = HfApi(endpoint=hub.hub_endpoint(), token=token)
+    try:
+        return _commit(HfApi(endpoint=hub.hub_endpoint(), token=token), root, repo, branch, files, private,
+                       message or f"aotc artifacts: {', '.join(files)} ({'; '.join(sorted(versions))})")
+    except HfHubHTTPError as e:
+        hint = ""
+        if e.response is not None and e.response.status_code in (401, 403):
+            hint = ("\nPushing needs a token with write access to the repo: huggingface-cli login "
+                    "(hf auth login), or HF_TOKEN.")
+        raise hub.HubError(f"pushing to {repo} branch {branch} failed: {e}{hint}") from e
+
+
+def _commit(api, root: Path, repo: str, branch: str, files: dict[str, list[str]], private: bool | None,
+            message: str) -> tuple[str, dict[str, int]]:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
     api.create_repo(repo, exist_ok=True, private=private)
     if branch != "main":
         api.create_branch(repo, branch=branch, exist_ok=True)
@@ -68,9 +83,7 @@ def push_artifacts(root: str | Path, repo: str, *, revision: str | None = None, 
     operations = [CommitOperationDelete(path_in_repo=p) for p in stale]
     operations += [CommitOperationAdd(path_in_repo=f"{t}/{rel}", path_or_fileobj=str(root / t / rel))
                    for t, rels in files.items() for rel in rels]
-    info = api.create_commit(
-        repo, operations, revision=branch,
-        commit_message=message or f"aotc artifacts: {', '.join(files)} ({'; '.join(sorted(versions))})")
+    info = api.create_commit(repo, operations, revision=branch, commit_message=message)
     return info.oid, {t: len(rels) for t, rels in files.items()}
 
 

@@ -127,7 +127,7 @@ def _fetch_locked(cache: Path, repo: str, revision: str, target: str, allow_down
     if root is not None:
         if (root / target / MANIFEST_NAME).is_file():
             problems = _problems(root, target)
-            if not problems and (offline or not allow_download or _COMMIT.fullmatch(revision)):
+            if (offline or not allow_download or _COMMIT.fullmatch(revision)):
                 return root
         elif _known_absent(cache, repo, root.name, target):
             raise TargetNotFoundError(f"{repo}@{revision} has no {target} artifacts "
@@ -182,8 +182,11 @@ def _download(cache: Path, repo: str, revision: str, target: str, token: str | N
                                         "even after downloading it again")
     manifest = read_manifest(folder, expect_target=target)
     paths = sorted({e.path for e in manifest.entries})
-    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        list(pool.map(lambda p: get(f"{target}/{p}", commit), paths))
+    try:
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            list(pool.map(lambda p: get(f"{target}/{p}", commit), paths))
+    except Exception as e:  # network and HTTP error classes differ between huggingface_hub versions
+        raise HubError(f"downloading the {target} binaries of {repo}@{commit} failed: {e}") from e
     bad = _bad_paths(folder, manifest)
     for path in bad:  # a tampered or truncated cached copy: replace it once
         _refetch(get, f"{target}/{path}", commit, folder / path)

@@ -35,14 +35,14 @@ def run(spec, x, y, out, alpha=0.75, block=64):
 
 
 def test_aot_result_and_levels(tiny):
-    x = torch.randn(5, 300, device="cuda", dtype=torch.float16)
-    y = torch.randn(5, 300, device="cuda", dtype=torch.float16)
+    x = torch.randn(5, 320, device="cuda", dtype=torch.float16)  # row stride 320: divisible by 16
+    y = torch.randn(5, 320, device="cuda", dtype=torch.float16)
     out = torch.full_like(y, float("nan"))
     run(tiny, x, y, out)
     torch.testing.assert_close(out.float(), 0.75 * x.float() + y.float(), atol=2e-3, rtol=2e-3)
     sel = dispatch._selections[("tiny_axpy", (("block", 64), ("dtype", "fp16")), torch.cuda.current_device())]
     assert list(sel.loaded) == ["aligned"]
-    xm = torch.randn(5, 301, device="cuda", dtype=torch.float16)[:, 1:]  # odd stride, misaligned
+    xm = torch.randn(5, 321, device="cuda", dtype=torch.float16)[:, 1:]  # odd stride, misaligned
     out2 = torch.full_like(y, float("nan"))
     run(tiny, xm, y, out2)
     torch.testing.assert_close(out2.float(), 0.75 * xm.float() + y.float(), atol=2e-3, rtol=2e-3)

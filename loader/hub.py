@@ -127,7 +127,7 @@ def _fetch_locked(cache: Path, repo: str, revision: str, target: str, allow_down
     if root is not None:
         if (root / target / MANIFEST_NAME).is_file():
             problems = _problems(root, target)
-            if (offline or not allow_download or _COMMIT.fullmatch(revision)):
+            if not problems and (offline or not allow_download or _COMMIT.fullmatch(revision)):
                 return root
         elif _known_absent(cache, repo, root.name, target):
             raise TargetNotFoundError(f"{repo}@{revision} has no {target} artifacts "

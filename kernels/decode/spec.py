@@ -1,0 +1,187 @@
+"""Variant table and launch geometry of the flash-decoding family (`kernel.py`).
+
+Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
+fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
+scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), plus `cache`,
+the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
+bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`.
+Everything else (page size, window, group size, lengths) is a runtime argument.
+"""
+from __future__ import annotations
+
+from ..variants import Arg, KernelSpec, LaunchConfig
+
+Q_DTYPES = ("fp16", "bf16")
+KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
+INT_FORMATS = ("int8", "int4")
+SCALE_DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIMS = (64, 96, 128, 256)
+MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
+MAX_QUANT_GROUP = 128
+
+KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
+CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
+               "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
+
+BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
+MAX_SPLITS = 64  # bounds the workspace; the merge kernel reads all splits in one tile
+PROGRAMS_PER_SM = 4  # splits are added until the grid fills this many programs per SM
+
+
+def block_d(head_dim: int) -> int:
+    return 1 << (head_dim - 1).bit_length()
+
+
+def block_n(head_dim: int) -> int:
+    return 64 if head_dim <= 128 else 32
+
+
+def split_axes(q: str, kv: str, scale: str, head_dim: int) -> dict:
+    """The split kernel's axes for a call; ValueError if no variant can serve it."""
+    if q not in Q_DTYPES:
+        raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
+    if kv not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv}")
+    if kv in ("fp16", "bf16") and kv != q:
+        raise ValueError(f"an {kv} cache needs an {kv} query, got {q}")
+    if kv in INT_FORMATS:
+        if scale not in SCALE_DTYPES:
+            raise ValueError(f"{kv} scales must be one of {SCALE_DTYPES}, got {scale}")
+    elif scale != "fp32":
+        raise ValueError(f"a {kv} cache takes fp32 scales (placeholder for fp16/bf16), got {scale}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv]}
+
+
+def merge_axes(out: str, head_dim: int) -> dict:
+    if out not in Q_DTYPES:
+        raise ValueError(f"output dtype must be one of {Q_DTYPES}, got {out}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    return {"out": out, "head_dim": head_dim}
+
+
+def head_blocks(group: int) -> int:
+    return -(-group // BLOCK_H)
+
+
+def num_splits(batch: int, kv_heads: int, group: int, sm_count: int) -> int:
+    """Splits of each sequence: enough programs to fill every SM, never past MAX_SPLITS.
+
+    Depends on no length, so a captured CUDA graph replays at any length. Batch 1 with 8 KV
+    heads on a 132-SM H100 gets 64 splits (512 programs); batch 32 with 8 KV heads gets 3.
+    """
+    base = max(1, batch * kv_heads * head_blocks(group))
+    return max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count // base)))
+
+
+def split_grid(batch: int, kv_heads: int, group: int, splits: int) -> tuple[int, int, int]:
+    return (batch, kv_heads * head_blocks(group), splits)
+
+
+def merge_grid(batch: int, q_heads: int) -> tuple[int, int, int]:
+    return (batch, q_heads, 1)
+
+
+def workspace_elements(batch: int, q_heads: int, splits: int, head_dim: int) -> tuple[int, int]:
+    """fp32 elements of the partial outputs and of the log-sum-exps."""
+    return batch * q_heads * splits * head_dim, batch * q_heads * splits
+
+
+# --- split kernel ---------------------------------------------------------------------------
+
+_I32 = "i32"
+SPLIT_ARGS = (
+    Arg("Q", "ptr", aligned=True, dtype="q"),
+    Arg("K", "ptr", aligned=True, dtype="cache"),
+    Arg("V", "ptr", aligned=True, dtype="cache"),
+    Arg("KS", "ptr", dtype="scale"),
+    Arg("VS", "ptr", dtype="scale"),
+    Arg("Table", "ptr", dtype="=i32"),
+    Arg("ReqIdx", "ptr", dtype="=i32"),
+    Arg("SeqLens", "ptr", dtype="=i32"),
+    Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
+    Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    Arg("sm_scale", "fp32"),
+    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_size", "max_pages", "stride_table",
+                             "q_heads", "group", "quant_group")),
+    *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_kp", "stride_kt",
+                                           "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
+    *(Arg(n, _I32) for n in ("stride_ksp", "stride_kst", "stride_ksh",
+                             "stride_vsp", "stride_vst", "stride_vsh")),
+)
+
+
+def split_constexprs(axes) -> dict:
+    hd = int(axes["head_dim"])
+    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd), "BLOCK_H": BLOCK_H,
+            "KV_KIND": KV_KIND[str(axes["kv"])]}
+
+
+def split_variants():
+    for q in Q_DTYPES:
+        for kv in (q, "int8", "int4", "fp8_e4m3", "fp8_e5m2"):
+            for scale in SCALE_DTYPES if kv in INT_FORMATS else ("fp32",):
+                for hd in HEAD_DIMS:
+                    yield split_axes(q, kv, scale, hd)
+
+
+def split_launch(axes, arch: int) -> LaunchConfig:
+    return LaunchConfig(num_warps=4, num_stages=3 if arch >= 90 else 2)
+
+
+SPLIT = KernelSpec(
+    name="decode_split",
+    module="aotc.kernels.decode.kernel",
+    function="decode_split_kernel",
+    args=SPLIT_ARGS,
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND"),
+    constexprs=split_constexprs,
+    variants=split_variants,
+    launch=split_launch,
+)
+
+# --- merge kernel ---------------------------------------------------------------------------
+
+MERGE_ARGS = (
+    Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
+    Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    Arg("Sinks", "ptr", dtype="=fp32"),
+    Arg("Out", "ptr", aligned=True, dtype="out"),
+    Arg("use_sinks", "i32"),
+    Arg("q_heads", "i32"),
+    Arg("num_splits", "i32"),
+    Arg("stride_ob", "i32", aligned=True),
+    Arg("stride_oh", "i32", aligned=True),
+)
+
+
+def merge_constexprs(axes) -> dict:
+    hd = int(axes["head_dim"])
+    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": MAX_SPLITS}
+
+
+def merge_variants():
+    for out in Q_DTYPES:
+        for hd in HEAD_DIMS:
+            yield merge_axes(out, hd)
+
+
+def merge_launch(axes, arch: int) -> LaunchConfig:
+    # The [MAX_SPLITS, BLOCK_D] fp32 tile: 64 registers a thread at 4 warps for BLOCK_D 128.
+    return LaunchConfig(num_warps=8 if int(axes["head_dim"]) > 128 else 4, num_stages=1)
+
+
+MERGE = KernelSpec(
+    name="decode_merge",
+    module="aotc.kernels.decode.kernel",
+    function="decode_merge_kernel",
+    args=MERGE_ARGS,
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S"),
+    constexprs=merge_constexprs,
+    variants=merge_variants,
+    launch=merge_launch,
+)
+
+KERNELS = (SPLIT, MERGE)

@@ -273,7 +273,7 @@ def _known_absent(cache: Path, repo: str, commit: str, target: str) -> bool:
 
 def _remote_targets(repo: str, revision: str, token: str | None) -> str:
     try:
-        from huggingface_hub import HfApi, RepoFolder
+        from huggingface_hub.hf_api import HfApi, RepoFolder
 
         tree = HfApi(endpoint=hub_endpoint(), token=token).list_repo_tree(repo, revision=revision)
         return ", ".join(sorted(f.path for f in tree if isinstance(f, RepoFolder)))

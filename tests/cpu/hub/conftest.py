@@ -30,19 +30,22 @@ def git_blob_sha1(data: bytes) -> str:
 
 class FakeHub:
     def __init__(self):
-        self.repos: dict[str, dict] = {}  # repo -> {"branches": {name: sha}, "commits": {sha: {path: bytes}}}
-        self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
-        self.stall_once: set[str] = set()  # repo paths whose next GET sends half, then hangs until released
-        self.stalled = threading.Event()
-        self.release = threading.Event()
-        self.get_delay = 0.0
-        self._n = 0
+        self.reset()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
+
+    def reset(self):
+        self.repos: dict[str, dict] = {}  # repo -> {"branches": {name: sha}, "commits": {sha: {path: bytes}}}
+        self.requests: list[tuple[str, str]] = []
+        self.stall_once: set[str] = set()  # repo paths whose next GET sends half, then hangs until released
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+        self.get_delay = 0.0
+        self._n = 0
 
     def close(self):
         self.release.set()
@@ -273,12 +276,18 @@ class _Reply(Exception):
         self.status, self.body, self.headers = status, body, headers
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A running fake hub, with huggingface_hub and aotc pointed at it and at an empty cache."""
-    import huggingface_hub.constants as hf_constants
-
+@pytest.fixture(scope="session")
+def _hub_server():
     server = FakeHub()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hub(_hub_server, tmp_path, monkeypatch):
+    """The fake hub, emptied, with huggingface_hub and aotc pointed at it and at an empty cache."""
+    server = _hub_server
+    server.reset()
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
@@ -287,14 +296,17 @@ def hub(tmp_path, monkeypatch):
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "AOTC_NO_DOWNLOAD", "AOTC_ARTIFACTS",
                  "HUGGINGFACE_HUB_CACHE", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    # huggingface_hub read these at import: point its defaults at the fake too, so nothing can leak out.
+    import huggingface_hub.constants as hf_constants
+
+    # huggingface_hub read these at import (older versions also copied the URL template into
+    # file_download): one server for the whole session keeps every copy pointing at it.
     monkeypatch.setattr(hf_constants, "ENDPOINT", server.url)
     monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                         server.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
     yield server
-    server.close()
+    server.release.set()
 
 
 def make_target(root: Path, name: str, n_entries: int = 2, seed: int = 0) -> Path:

@@ -153,3 +153,27 @@ def test_pull_unknown_revision_or_repo(hub, artifacts, args):
     _push(artifacts)
     code, out = _run(pull_command, args)
     assert code != 0 and ("no revision 'nope'" in out or "org/absent not found" in out)
+
+
+def test_aotc_cli_has_push_and_pull():
+    from aotc.aot.cli import cli
+
+    for name in ("push", "pull"):
+        result = CliRunner().invoke(cli, [name, "--help"])
+        assert result.exit_code == 0 and "--repo" in result.output
+
+
+def test_loader_reads_a_hub_source_from_aotc_artifacts(hub, artifacts, monkeypatch):
+    from aotc.loader import artifacts as loader_artifacts
+
+    sha = _push(artifacts)
+    monkeypatch.setenv("AOTC_ARTIFACTS", f"hf://{REPO}@{sha}")
+    loader_artifacts.set_artifacts(None)
+    try:
+        found = loader_artifacts.load_target((9, 0))
+        assert found is not None and found.name == "sm90"
+        local = read_manifest(artifacts / "sm90")
+        for entry in local.entries:
+            assert found.read_binary(found.entries[entry.key]) == (artifacts / "sm90" / entry.path).read_bytes()
+    finally:
+        loader_artifacts.set_artifacts(None)

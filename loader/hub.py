@@ -312,5 +312,5 @@ def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
 
 
 __all__ = ["parse_hub_source", "is_hub_source", "fetch_target", "fetch", "copy_target", "pull_command",
-           "hub_cache_dir", "hub_endpoint", "HubError", "TargetNotFoundError", "NotCachedError", "CorruptArtifactsError",
-           "ManifestError"]
+           "hub_cache_dir", "hub_endpoint", "HubError", "TargetNotFoundError", "NotCachedError",
+           "CorruptArtifactsError", "ManifestError"]

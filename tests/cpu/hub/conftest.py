@@ -167,9 +167,10 @@ def _handler(hub: FakeHub):
             if method == "GET" and action in ("", "revision"):
                 rev = rest[0] if rest else "main"
                 sha = self._sha(repo, rev)
+                files = hub.repos[repo]["commits"][sha]
                 return self._send(200, {"id": repo, "modelId": repo, "sha": sha, "private": False,
                                         "lastModified": "2025-01-01T00:00:00.000Z",
-                                        "siblings": [{"rfilename": p} for p in sorted(hub.repos[repo]["commits"][sha])]})
+                                        "siblings": [{"rfilename": p} for p in sorted(files)]})
             if method == "GET" and action == "tree":
                 return self._tree(repo, rest[0], "/".join(rest[1:]))
             if method == "POST" and action == "preupload":

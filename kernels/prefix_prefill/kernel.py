@@ -1,0 +1,196 @@
+"""Paged prefix-prefill attention: new query tokens attend to a cached context, then causally to themselves.
+
+One program computes BLOCK_M new tokens of one request for one query head: first over the
+context held in the paged cache (fp16/bf16, or fp8 bits with a scale), then over the request's
+own new keys (read from `K`/`V`, not from the cache) with the causal mask. Online softmax in
+base 2, optional attention sinks, optional sliding window, optional fp8 output.
+
+Ported facts (vLLM `prefix_prefill.py`, `unified_attention.py`): the two cache layouts and the
+flattened q-block schedule. Two upstream bugs are avoided on purpose: V tiles outside the window
+were still read there (NaN in an unused page then poisons the result through 0 * NaN), and the
+block-table gather of a tail tile could read past the request's row. Here every K/V/block-table
+load is masked by the keys the tile actually needs, and probabilities are masked as well.
+
+Caches and the output are passed as byte (uint8) pointers and reinterpreted here by the
+constexpr KV_FORMAT / the runtime out_fp8 flag: Triton refuses the fp8e4nv type on sm80 at
+all, so fp8 is decoded with integer bit operations, which every target compiles.
+
+Cache strides (in elements of the cache dtype), per layout:
+  nhd   K, V [blocks, block_size, kv_heads, D]: addr = blk*s_b + tok*s_t + head*s_h + d
+  vllm  K [blocks, kv_heads, D//X, block_size, X]: addr = blk*s_b + head*s_h + (d//X)*s_d + tok*X + d%X
+        V [blocks, kv_heads, D, block_size]:      addr = blk*s_b + head*s_h + d*s_d + tok
+Strides a layout does not use are passed as 0.
+"""
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+# Finite "minus infinity" for the running max: exp2(m_old - m_new) stays 0 or 1, never NaN,
+# when a whole tile is masked for a row.
+NEG_BIG = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _fp8_bits_to_half(bits, KV_FORMAT: tl.constexpr):
+    """uint8 fp8 bits -> fp16. e5m2 is exact; e4m3 comes out as value * 2^-8 (exact, normals
+    and subnormals alike, because its exponent field lands inside fp16's), which the caller
+    folds into the scale. An e4m3 NaN (0x7f) decodes as a finite 1.875*2^-1*... value."""
+    b = bits.to(tl.int32)
+    if KV_FORMAT == 1:
+        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+    else:
+        h = b << 8
+    return h.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _fp32_to_e4m3_bits(x):
+    """fp32 -> e4m3fn bits (int32), round to nearest even, saturated at +-448 (never NaN)."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    sign = ((x.to(tl.int32, bitcast=True) >> 31) & 1) << 7
+    a = tl.abs(x)
+    ab = a.to(tl.int32, bitcast=True)
+    # Normals: round the 23-bit mantissa to 3 bits (nearest even), rebias the exponent 127 -> 7.
+    normal = ((ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20) - (120 << 3)
+    # Below 2^-6 e4m3 is a multiple of 2^-9: adding 2^23 rounds a*512 to an integer, nearest even.
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    return tl.where(a < 0.015625, sub, normal) | sign
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale):
+    """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs.
+    k and v are already zero where their keys are masked, so no 0 * NaN can happen."""
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit(
+    do_not_specialize=["batch", "num_queries_per_kv", "block_size", "stride_bt", "window",
+                       "has_sinks", "out_fp8", "skip_decode"],
+    do_not_specialize_on_alignment=["Block_table", "Query_start_loc", "Seq_lens", "K_scale",
+                                    "V_scale", "Out_scale", "Sinks"],
+)
+def prefix_prefill_kernel(
+    Q, K, V, K_cache, V_cache, Out,
+    Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
+    sm_scale, batch, num_queries_per_kv, block_size, stride_bt, window, has_sinks, out_fp8,
+    skip_decode,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_VLLM: tl.constexpr, KV_X: tl.constexpr, KV_FORMAT: tl.constexpr,
+):
+    # Flattened q-block schedule (vLLM unified attention): request b owns programs
+    # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
+    # them, so a grid of num_tokens // BLOCK_M + batch covers every request without reading
+    # lengths on the host. Binary search for the owner: log2(batch) scalar loads.
+    pid = tl.program_id(0)
+    head = tl.program_id(1)
+    lo = pid * 0
+    hi = lo + batch - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        owner_first = tl.load(Query_start_loc + mid) // BLOCK_M + mid
+        lo = tl.where(owner_first <= pid, mid, lo)
+        hi = tl.where(owner_first <= pid, hi, mid - 1)
+    req = lo
+    q_start = tl.load(Query_start_loc + req)
+    q_len = tl.load(Query_start_loc + req + 1) - q_start
+    qblk = pid - (q_start // BLOCK_M + req)
+    if qblk * BLOCK_M >= q_len:
+        return
+    if (skip_decode != 0) & (q_len == 1):
+        return
+    ctx_len = tl.load(Seq_lens + req) - q_len
+    kv_head = (head // num_queries_per_kv).to(tl.int64)
+    win = tl.where(window > 0, window, 2147483647)
+
+    DTYPE = Q.dtype.element_ty
+    offs_m = qblk * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the request
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < q_len
+    d_valid = offs_d < HEAD_DIM
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(Q + rows[:, None] * stride_qt + head.to(tl.int64) * stride_qh + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+
+    # Sinks join the normalizer only: start the running max/sum at the sink's logit.
+    sink = tl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
+    m_i = tl.zeros([BLOCK_M], tl.float32) + tl.maximum(sink, NEG_BIG)
+    l_i = tl.zeros([BLOCK_M], tl.float32) + tl.exp2(sink - tl.maximum(sink, NEG_BIG))
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    qk_scale = sm_scale * LOG2E
+    # Lowest absolute key position any row of this tile may see: tiles below it are skipped.
+    key_lo = tl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
+
+    # ---- context from the paged cache ----
+    if KV_FORMAT == 0:
+        Kc = K_cache.to(tl.pointer_type(DTYPE), bitcast=True)
+        Vc = V_cache.to(tl.pointer_type(DTYPE), bitcast=True)
+        ctx_qk_scale = qk_scale
+    else:
+        Kc = K_cache
+        Vc = V_cache
+        # e4m3 decodes as value * 2^-8 (see _fp8_bits_to_half): put the 2^8 back in the scales.
+        fp8_unit = 256.0 if KV_FORMAT == 1 else 1.0
+        ctx_qk_scale = qk_scale * tl.load(K_scale) * fp8_unit
+    bt_row = Block_table + req.to(tl.int64) * stride_bt
+    q_pos = ctx_len + offs_m  # absolute positions of this tile's queries
+    for start in range(key_lo // BLOCK_N * BLOCK_N, ctx_len, BLOCK_N):
+        n = start + offs_n
+        n_valid = (n < ctx_len) & (n >= key_lo)
+        # Only the blocks holding keys < ctx_len are read: never past the request's row.
+        blk = tl.load(bt_row + n // block_size, mask=n_valid, other=0).to(tl.int64)
+        slot = (n % block_size).to(tl.int64)
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        if KV_VLLM:
+            k_off = (blk * stride_kcb + kv_head * stride_kch + slot * KV_X)[:, None] \
+                + ((offs_d // KV_X) * stride_kcd + offs_d % KV_X)[None, :]
+            v_off = (blk * stride_vcb + kv_head * stride_vch + slot)[:, None] + (offs_d * stride_vcd)[None, :]
+        else:
+            k_off = (blk * stride_kcb + slot * stride_kct + kv_head * stride_kch)[:, None] + offs_d[None, :]
+            v_off = (blk * stride_vcb + slot * stride_vct + kv_head * stride_vch)[:, None] + offs_d[None, :]
+        k = tl.load(Kc + k_off, mask=kv_mask, other=0)
+        v = tl.load(Vc + v_off, mask=kv_mask, other=0)
+        if KV_FORMAT != 0:
+            k = _fp8_bits_to_half(k, KV_FORMAT).to(DTYPE)
+            v = _fp8_bits_to_half(v, KV_FORMAT).to(DTYPE)
+        mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, mask, ctx_qk_scale)
+    if KV_FORMAT != 0:
+        # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
+        acc = acc * (tl.load(V_scale) * fp8_unit)
+
+    # ---- the request's own new tokens, causal ----
+    new_lo = tl.maximum(qblk * BLOCK_M - win + 1, 0)
+    new_hi = tl.minimum((qblk + 1) * BLOCK_M, q_len)
+    for start in range(new_lo // BLOCK_N * BLOCK_N, new_hi, BLOCK_N):
+        n = start + offs_n
+        n_valid = (n < new_hi) & (n >= new_lo)
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        kv_rows = (q_start + n).to(tl.int64)
+        k = tl.load(K + (kv_rows * stride_kt + kv_head * stride_kh)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, mask, qk_scale)
+
+    # A row that saw no key and no sink has l == 0: write zeros, not NaN.
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_off = rows[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
+    o_mask = m_valid[:, None] & d_valid[None, :]
+    if out_fp8 != 0:
+        o8 = _fp32_to_e4m3_bits(o / tl.load(Out_scale))
+        tl.store(Out + o_off, o8.to(tl.uint8), mask=o_mask)
+    else:
+        tl.store(Out.to(tl.pointer_type(DTYPE), bitcast=True) + o_off, o.to(DTYPE), mask=o_mask)

@@ -1,0 +1,91 @@
+"""Float32 torch reference for paged prefix-prefill attention, with the mask spelled out.
+
+Request b has ctx = seq_lens[b] - q_len context tokens in the paged cache (pages listed in
+block_table[b]) and q_len new tokens in q/k/v rows query_start_loc[b]:query_start_loc[b+1].
+New token i sits at absolute position ctx + i; it sees key position j when j <= ctx + i and,
+with a window w > 0, when (ctx + i) - j < w.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP8_E4M3_MAX = 448.0
+
+
+def gather_cache(cache: torch.Tensor, pages: torch.Tensor, length: int, layout: str, which: str,
+                 scale: torch.Tensor | None) -> torch.Tensor:
+    """The first `length` tokens of one request from a paged cache, as float32 [length, heads, D]."""
+    blocks = cache[pages.long()].float()
+    if layout == "nhd":  # [n, block_size, heads, D]
+        tokens = blocks
+    elif which == "k":  # [n, heads, D // x, block_size, x] -> [n, block_size, heads, D // x, x]
+        tokens = blocks.permute(0, 3, 1, 2, 4).flatten(3)
+    else:  # [n, heads, D, block_size] -> [n, block_size, heads, D]
+        tokens = blocks.permute(0, 3, 1, 2)
+    tokens = tokens.reshape(-1, tokens.shape[2], tokens.shape[3])[:length]
+    return tokens * scale.float().item() if scale is not None else tokens
+
+
+def block_size_of(k_cache: torch.Tensor, layout: str) -> int:
+    return k_cache.shape[1] if layout == "nhd" else k_cache.shape[3]
+
+
+def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *,
+                       kv_layout="nhd", k_scale=None, v_scale=None, sm_scale=None, window=None,
+                       sinks=None) -> torch.Tensor:
+    """float32 [num_tokens, q_heads, D]; rows that belong to no request are 0."""
+    num_tokens, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    group = q_heads // kv_heads
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    bs = block_size_of(k_cache, kv_layout)
+    out = torch.zeros(num_tokens, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    qsl = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        q0, q1 = qsl[b], qsl[b + 1]
+        q_len = q1 - q0
+        if q_len == 0:
+            continue
+        ctx = seq_len - q_len
+        pages = block_table[b, : (ctx + bs - 1) // bs]
+        keys = torch.cat([gather_cache(k_cache, pages, ctx, kv_layout, "k", k_scale), k[q0:q1].float()])
+        vals = torch.cat([gather_cache(v_cache, pages, ctx, kv_layout, "v", v_scale), v[q0:q1].float()])
+        keys = keys.repeat_interleave(group, dim=1)  # [seq, q_heads, D]
+        vals = vals.repeat_interleave(group, dim=1)
+
+        q_pos = torch.arange(ctx, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        allowed = k_pos <= q_pos
+        if window:
+            allowed &= (q_pos - k_pos) < window
+
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), keys) * sm_scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if sinks is not None:  # a logit in the normalizer with no value (gpt-oss)
+            sink_col = sinks.float()[:, None, None].expand(q_heads, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # a row that sees nothing gives zeros
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, vals)
+    return out
+
+
+def quantize_fp8_ref(x: torch.Tensor, out_scale: torch.Tensor) -> torch.Tensor:
+    """What fp8 output means: clamp(x / out_scale, -448, 448) in float8_e4m3fn."""
+    return (x.float() / out_scale.float().item()).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def flops(query_start_loc, seq_lens, q_heads: int, head_dim: int, window: int | None = None) -> int:
+    """4 * head_dim FLOPs per allowed (query, key) pair: QK^T and PV, 2 each per element."""
+    pairs = 0
+    qsl = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        q_len = qsl[b + 1] - qsl[b]
+        ctx = seq_len - q_len
+        for i in range(q_len):
+            pos = ctx + i
+            pairs += min(pos + 1, window) if window else pos + 1
+    return 4 * head_dim * q_heads * pairs

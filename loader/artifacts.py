@@ -75,29 +75,49 @@ class TargetArtifacts:
         return data
 
 
+class _NotCached(Exception):
+    pass
+
+
 _targets: dict[tuple[str, str], TargetArtifacts | None] = {}
 _targets_lock = threading.Lock()
 
 
 def load_target(capability: tuple[int, int]) -> TargetArtifacts | None:
-    """The best target folder this device can run from the current source, or None."""
+    """The best target folder this device can run from the current source, or None.
+
+    Offline, a hub target that was never cached is skipped for the next candidate; if no
+    candidate is found, the first such error is raised (it names the pull command).
+    """
     source = current_source()
+    not_cached = None
     for name in candidate_targets(capability):
         cache_key = (source, name)
         with _targets_lock:
             if cache_key not in _targets:
-                _targets[cache_key] = _open_target(source, name)
+                try:
+                    _targets[cache_key] = _open_target(source, name)
+                except _NotCached as e:  # offline and never fetched
+                    not_cached = not_cached or e.__cause__
+                    continue
             found = _targets[cache_key]
         if found is not None:
             return found
+    if not_cached is not None:
+        raise not_cached
     return None
 
 
 def _open_target(source: str, name: str) -> TargetArtifacts | None:
     if source.startswith("hf://"):
-        from .hub import fetch_target
+        from .hub import NotCachedError, TargetNotFoundError, fetch_target
 
-        root = Path(fetch_target(source, name))
+        try:
+            root = Path(fetch_target(source, name))
+        except TargetNotFoundError:  # the repo has no folder for this target: try the next
+            return None
+        except NotCachedError as e:
+            raise _NotCached() from e
     else:
         root = Path(source).expanduser()
     folder = root / name

@@ -1,0 +1,475 @@
+"""Paged flash-decoding (`decode`) and the cache writer that feeds it (`store_kv`).
+
+Both are also `torch.library` custom ops (`torch.ops.aotc.decode`, `torch.ops.aotc.store_kv`,
+each mutating its output arguments and returning nothing) with fake implementations, so
+`torch.compile(fullgraph=True)` traces through them. The public functions run the same checks and
+code; under compilation they call the registered ops.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from aotc.kernels.decode import spec as S
+
+from .. import workspace
+
+_FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+_FP8_DTYPES = {v: k for k, v in _FP8_NAMES.items()}
+_STORAGE = {  # dtypes a cache of each format may have (fp8 also as its raw bytes)
+    "fp16": (torch.float16,), "bf16": (torch.bfloat16,), "int8": (torch.int8,),
+    "int4": (torch.int8, torch.uint8),
+    "fp8_e4m3": (torch.float8_e4m3fn, torch.int8, torch.uint8),
+    "fp8_e5m2": (torch.float8_e5m2, torch.int8, torch.uint8),
+}
+_QMAX = {"int8": 127.0, "int4": 7.0}
+_FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+_I32_MAX = 2 ** 31 - 1
+
+
+def _tensor(t, name, dtypes=None, dim=None, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
+    if dim is not None and t.dim() not in ((dim,) if isinstance(dim, int) else dim):
+        raise ValueError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of the first argument)")
+    return t
+
+
+def _unit_last(t, name):
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
+
+
+def _as_paged(t):
+    """A 3-D token-level cache [slots, heads, d] is page size 1: view it as [slots, 1, heads, d]."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def resolve_format(kv_format: str, cache: torch.Tensor, head_dim: int, name: str = "k_cache") -> str:
+    """The cache format for `kv_format` ("auto" infers it from dtype and last dim); checked."""
+    last = cache.shape[-1]
+    if kv_format == "auto":
+        if cache.dtype in (torch.float16, torch.bfloat16):
+            fmt = _FLOAT_NAMES[cache.dtype]
+        elif cache.dtype in _FP8_NAMES:
+            fmt = _FP8_NAMES[cache.dtype]
+        elif cache.dtype == torch.uint8 or (cache.dtype == torch.int8 and last * 2 == head_dim):
+            fmt = "int4"
+        elif cache.dtype == torch.int8:
+            fmt = "int8"
+        else:
+            raise TypeError(f"{name}: cannot infer a cache format from dtype {cache.dtype}; "
+                            f"expected fp16, bf16, int8, uint8 (int4) or an fp8 dtype")
+    elif kv_format not in S.KV_FORMATS:
+        raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS}, got {kv_format!r}")
+    else:
+        fmt = kv_format
+        if cache.dtype not in _STORAGE[fmt]:
+            raise TypeError(f"{name}: a {fmt} cache must have dtype {' or '.join(map(str, _STORAGE[fmt]))}, "
+                            f"got {cache.dtype}")
+    want = head_dim // 2 if fmt == "int4" else head_dim
+    if last != want:
+        raise ValueError(f"{name}: last dim {last}, expected {want} for a {fmt} cache with head_dim {head_dim}")
+    return fmt
+
+
+def _group_scales(scale, name, cache, head_dim, device):
+    """Check an int8/int4 per-group scale tensor against its cache; returns the group size."""
+    _tensor(scale, name, (torch.float16, torch.bfloat16, torch.float32), device=device)
+    if scale.dim() != cache.dim() or scale.shape[:-1] != cache.shape[:-1]:
+        raise ValueError(f"{name}: shape {tuple(scale.shape)} must be the cache's {tuple(cache.shape[:-1])} "
+                         f"plus head_dim // group")
+    groups = scale.shape[-1]
+    group = head_dim // groups if groups and head_dim % groups == 0 else 0
+    if not (S.MIN_QUANT_GROUP <= group <= S.MAX_QUANT_GROUP and group & (group - 1) == 0):
+        raise ValueError(f"{name}: last dim {groups} gives group size head_dim/{groups}; the group must be a "
+                         f"power of two in [{S.MIN_QUANT_GROUP}, {S.MAX_QUANT_GROUP}]")
+    _unit_last(scale, name)
+    return group
+
+
+def _fp8_scale(scale, name, kv_heads, device):
+    """fp8 scale: None (1.0), a one-element tensor or one per kv head. Returns (fp32 tensor, head stride)."""
+    if scale is None:
+        return None, 0
+    _tensor(scale, name, (torch.float16, torch.bfloat16, torch.float32), device=device)
+    if scale.numel() == 1:
+        return scale, 0
+    if scale.dim() != 1 or scale.shape[0] != kv_heads:
+        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}], got {tuple(scale.shape)}")
+    return scale, scale.stride(0)
+
+
+@dataclass
+class _KV:
+    fmt: str
+    k: torch.Tensor  # [pages, page_size, kv_heads, d] views
+    v: torch.Tensor
+    ks: Optional[torch.Tensor]  # int: [pages, page_size, kv_heads, groups]; fp8: scalar/[kv_heads]
+    vs: Optional[torch.Tensor]
+    group: int
+    scale_name: str
+    ks_head_stride: int = 0
+    vs_head_stride: int = 0
+
+
+def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device) -> _KV:
+    _tensor(k_cache, "k_cache", dim=(3, 4), device=device)
+    _tensor(v_cache, "v_cache", dim=(3, 4), device=device)
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache ({tuple(v_cache.shape)}, {v_cache.dtype}) must match k_cache "
+                         f"({tuple(k_cache.shape)}, {k_cache.dtype})")
+    fmt = resolve_format(kv_format, k_cache, head_dim)
+    _unit_last(k_cache, "k_cache")
+    _unit_last(v_cache, "v_cache")
+    kv = _KV(fmt, _as_paged(k_cache), _as_paged(v_cache), None, None, S.MAX_QUANT_GROUP, "fp32")
+    if fmt in S.INT_FORMATS:
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"a {fmt} cache needs k_scale and v_scale")
+        kv.group = _group_scales(k_scale, "k_scale", k_cache, head_dim, device)
+        _group_scales(v_scale, "v_scale", v_cache, head_dim, device)
+        if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
+            raise ValueError("v_scale must have k_scale's shape and dtype")
+        kv.ks, kv.vs, kv.scale_name = _as_paged(k_scale), _as_paged(v_scale), _FLOAT_NAMES[k_scale.dtype]
+    elif fmt in _FP8_DTYPES:
+        kv_heads = kv.k.shape[2]
+        kv.ks, kv.ks_head_stride = _fp8_scale(k_scale, "k_scale", kv_heads, device)
+        kv.vs, kv.vs_head_stride = _fp8_scale(v_scale, "v_scale", kv_heads, device)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale/v_scale are for int8, int4 and fp8 caches, not {fmt}")
+    return kv
+
+
+@dataclass
+class _Decode:
+    q: torch.Tensor
+    kv: _KV
+    table: torch.Tensor
+    seq_lens: torch.Tensor
+    req_idx: Optional[torch.Tensor]
+    sinks: Optional[torch.Tensor]
+    sm_scale: float
+    window: int
+    splits: Optional[int]
+
+
+def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                  window, sinks, num_splits, out) -> _Decode:
+    """Every check that needs no tensor values (safe under tracing and graph capture)."""
+    _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
+    dev = q.device
+    batch, q_heads, head_dim = q.shape
+    if head_dim not in S.HEAD_DIMS:
+        raise ValueError(f"q: head_dim {head_dim} is not supported; expected one of {S.HEAD_DIMS}")
+    _unit_last(q, "q")
+    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
+    if kv.fmt in ("fp16", "bf16") and kv.fmt != _FLOAT_NAMES[q.dtype]:
+        raise TypeError(f"k_cache: an {kv.fmt} cache needs an {kv.fmt} query, got q of dtype {q.dtype}")
+    kv_heads = kv.k.shape[2]
+    if kv_heads == 0 or q_heads % kv_heads:
+        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+    _tensor(table, "table", (torch.int32,), dim=2, device=dev)
+    _unit_last(table, "table")
+    _tensor(seq_lens, "seq_lens", (torch.int32,), dim=1, device=dev)
+    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
+        raise ValueError(f"seq_lens: expected a contiguous [batch={batch}] tensor, got {tuple(seq_lens.shape)}")
+    if req_idx is not None:
+        _tensor(req_idx, "req_idx", (torch.int32,), dim=1, device=dev)
+        if req_idx.shape[0] != batch or not req_idx.is_contiguous():
+            raise ValueError(f"req_idx: expected a contiguous [batch={batch}] tensor, got {tuple(req_idx.shape)}")
+    elif table.shape[0] < batch:
+        raise ValueError(f"table: {table.shape[0]} rows for batch {batch} (row b serves request b without req_idx)")
+    if sinks is not None:
+        _tensor(sinks, "sinks", (torch.float32,), dim=1, device=dev)
+        if sinks.shape[0] != q_heads or not sinks.is_contiguous():
+            raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
+    if out is not None:
+        _tensor(out, "out", (q.dtype,), dim=3, device=dev)
+        if out.shape != q.shape:
+            raise ValueError(f"out: shape {tuple(out.shape)}, expected q's {tuple(q.shape)}")
+        _unit_last(out, "out")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    elif not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+    if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= S.MAX_SPLITS):
+        raise ValueError(f"num_splits must be None or an int in [1, {S.MAX_SPLITS}], got {num_splits!r}")
+    page_size, max_pages = kv.k.shape[1], table.shape[1]
+    if page_size * max_pages > _I32_MAX:
+        raise ValueError(f"table: {max_pages} pages of {page_size} tokens exceed int32 token indices")
+    for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("table", table), ("out", out),
+                    ("k_scale", kv.ks), ("v_scale", kv.vs)):
+        if t is not None and max(t.stride(), default=0) > _I32_MAX:
+            raise ValueError(f"{name}: strides {t.stride()} exceed int32")
+    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits)
+
+
+def _skip_value_checks(t) -> bool:
+    # Reading values back syncs the device: never while tracing or capturing a CUDA graph.
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _check_decode_values(d: _Decode) -> None:
+    """Lengths within the table, req_idx within its rows, used page ids within the cache: one sync."""
+    batch = d.q.shape[0]
+    if batch == 0 or _skip_value_checks(d.q):
+        return
+    rows_n, max_pages = d.table.shape
+    pages_n, page_size = d.kv.k.shape[:2]
+    cap = max_pages * page_size
+    lens = d.seq_lens.long()
+    rows = d.req_idx.long() if d.req_idx is not None else torch.arange(batch, device=lens.device)
+    bad_len = (lens < 0) | (lens > cap)
+    bad_row = (rows < 0) | (rows >= rows_n)
+    lens_c = lens.clamp(0, cap)
+    first = (lens_c - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens_c)
+    col = torch.arange(max_pages, device=lens.device)
+    used = (col >= first[:, None]) & (col < ((lens_c + page_size - 1) // page_size)[:, None])
+    ids = d.table[rows.clamp(0, max(rows_n - 1, 0))] if rows_n else torch.zeros_like(used, dtype=torch.int32)
+    bad_page = used & ((ids < 0) | (ids >= pages_n))
+    flags = torch.stack([bad_len.any(), bad_row.any(), bad_page.any()]).tolist()
+    if flags[0]:
+        b = int(bad_len.nonzero()[0, 0])
+        raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is outside [0, {cap}] (table of {max_pages} pages "
+                         f"of {page_size} tokens)")
+    if flags[1]:
+        b = int(bad_row.nonzero()[0, 0])
+        raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
+    if flags[2]:
+        b, c = (int(x) for x in bad_page.nonzero()[0])
+        raise ValueError(f"table[{int(rows[b])}, {c}] = {int(ids[b, c])} (used by request {b}) is not a page "
+                         f"of the {pages_n}-page cache")
+
+
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 2  # interpreter runs: few programs, since each runs serially in Python
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
+_ones: dict[torch.device, torch.Tensor] = {}
+
+
+def _one(device) -> torch.Tensor:
+    if device not in _ones:
+        _ones[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return _ones[device]
+
+
+def _run_decode(d: _Decode, out: torch.Tensor) -> None:
+    from ..dispatch import run_kernel
+
+    q, kv, table = d.q, d.kv, d.table
+    batch, q_heads, head_dim = q.shape
+    if batch == 0 or q_heads == 0:
+        return
+    kv_heads = kv.k.shape[2]
+    group = q_heads // kv_heads
+    splits = d.splits or S.num_splits(batch, kv_heads, group, _sm_count(q.device))
+    n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
+    ws = workspace.get(q.device, n_o + n_lse)
+    part_o, part_lse = ws[:n_o], ws[n_o:]
+    if kv.fmt in S.INT_FORMATS:
+        ks, vs = kv.ks, kv.vs
+        ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
+    elif kv.fmt in _FP8_DTYPES:
+        ks = (kv.ks if kv.ks is not None else _one(q.device)).float()
+        vs = (kv.vs if kv.vs is not None else _one(q.device)).float()
+        ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
+    else:
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+        ks_strides = vs_strides = (0, 0, 0)
+    k, v = kv.k, kv.v
+    if kv.fmt in _FP8_DTYPES:
+        k, v = k.view(torch.int8), v.view(torch.int8)  # raw bytes, widened in the kernel
+    elif kv.fmt == "int4":
+        k, v = k.view(torch.int8), v.view(torch.int8)
+    axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim)
+    args = [q, k, v, ks, vs, table, d.req_idx if d.req_idx is not None else d.seq_lens, d.seq_lens,
+            part_o, part_lse, d.sm_scale, d.window, int(d.req_idx is not None), k.shape[1], table.shape[1],
+            table.stride(0), q_heads, group, kv.group, q.stride(0), q.stride(1), *k.stride()[:3],
+            *v.stride()[:3], *ks_strides, *vs_strides]
+    run_kernel(S.SPLIT, axes, S.split_grid(batch, kv_heads, group, splits), args)
+    sinks = d.sinks if d.sinks is not None else part_lse
+    margs = [part_o, part_lse, sinks, out, int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
+    run_kernel(S.MERGE, S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads), margs)
+
+
+@torch.library.custom_op("aotc::decode", mutates_args=("out",))
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+               seq_lens: torch.Tensor, req_idx: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+               v_scale: Optional[torch.Tensor], kv_format: str, sm_scale: Optional[float], window: Optional[int],
+               sinks: Optional[torch.Tensor], num_splits: Optional[int], out: torch.Tensor) -> None:
+    d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                      window, sinks, num_splits, out)
+    _run_decode(d, out)
+
+
+@_decode_op.register_fake
+def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                 sinks, num_splits, out) -> None:
+    _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                  sinks, num_splits, out)
+
+
+def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
+           sm_scale=None, window=None, sinks=None, out=None, num_splits=None, validate=True) -> torch.Tensor:
+    """Attention of one new query token per request over its paged KV cache (flash-decoding).
+
+    Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
+      q        [B, H, D] fp16 or bf16, last dim contiguous.
+      k_cache, v_cache  [pages, page_size, Hk, Dc] or token-level [slots, Hk, Dc] (page size 1).
+               Dc = D for fp16/bf16 (same dtype as q), int8 and fp8 (float8_e4m3fn/e5m2, or their
+               bytes as int8/uint8 with an explicit kv_format); Dc = D // 2 for int4 (int8 or uint8:
+               channel 2i in the low nibble, 2i+1 in the high, each stored as value + 7).
+      table    [rows, max_pages] int32 page ids: token t of request b is at page
+               table[row, t // page_size], offset t % page_size, with row = req_idx[b] or b.
+      seq_lens [B] int32 tokens per request, 0 <= len <= max_pages * page_size (0 gives zeros).
+      req_idx  [B] int32 rows of `table`, or None.
+      k_scale, v_scale  int8/int4: the cache's shape with last dim D // group (group a power of two
+               in [8, 128]), fp16/bf16/fp32, value = code * scale. fp8: None (1.0), a one-element
+               tensor, or [Hk]. None for fp16/bf16.
+      kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2".
+      sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
+      sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
+      out      [B, H, D] in q's dtype, written and returned; allocated when None.
+      num_splits  sequence splits per request (default from batch, heads and the SM count, <= 64).
+      validate  read lengths, req_idx and used page ids back to check them (one device sync;
+               skipped under torch.compile and CUDA graph capture). The kernel clamps lengths to
+               the table either way; out-of-range page ids are undefined behaviour.
+
+    Errors: TypeError for a wrong type or dtype, ValueError for a wrong shape, device, stride
+    (each naming the argument) or value, all raised before any launch.
+    """
+    if torch.compiler.is_compiling():  # the op's fake implementation runs the checks
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        torch.ops.aotc.decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
+                              sm_scale, window, sinks, num_splits, out)
+        return out
+    d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                      window, sinks, num_splits, out)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if validate:
+        _check_decode_values(d)
+    _run_decode(d, out)
+    return out
+
+
+# --- store_kv -------------------------------------------------------------------------------
+
+
+def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> _KV:
+    _tensor(k, "k", (torch.float16, torch.bfloat16), dim=3)
+    dev = k.device
+    _tensor(v, "v", (k.dtype,), dim=3, device=dev)
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {tuple(v.shape)}, expected k's {tuple(k.shape)}")
+    tokens, kv_heads, head_dim = k.shape
+    if head_dim % 2:
+        raise ValueError(f"k: head_dim {head_dim} must be even")
+    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
+    if kv.k.shape[2] != kv_heads:
+        raise ValueError(f"k: {kv_heads} kv heads, but the cache has {kv.k.shape[2]}")
+    _tensor(slots, "slots", (torch.int32,), dim=1, device=dev)
+    if slots.shape[0] != tokens:
+        raise ValueError(f"slots: expected [tokens={tokens}], got {tuple(slots.shape)}")
+    return kv
+
+
+def _quantize(x: torch.Tensor, qmax: float, group: int, scale_dtype: torch.dtype):
+    """Per-group absmax codes (int8, not packed) and scales, the codes taken against the stored scale."""
+    xg = x.float().unflatten(-1, (-1, group))
+    scale = (xg.abs().amax(-1, keepdim=True) / qmax).to(scale_dtype)
+    codes = (xg / scale.float().clamp_min(torch.finfo(torch.float32).tiny)).round().clamp(-qmax, qmax)
+    return codes.to(torch.int8).flatten(-2), scale.squeeze(-1)
+
+
+def _encode(x: torch.Tensor, kv: _KV, scale: Optional[torch.Tensor], cache_dtype: torch.dtype):
+    """x [tokens, kv_heads, head_dim] in the cache's format: (stored values, their scales or None)."""
+    if kv.fmt in ("fp16", "bf16"):
+        return x.to(cache_dtype), None
+    if kv.fmt in _FP8_DTYPES:
+        s = torch.ones((), device=x.device) if scale is None else scale.float().reshape(-1, 1)
+        lim = _FP8_MAX[kv.fmt]  # out-of-range values would become NaN in e4m3: saturate instead
+        return (x.float() / s).clamp(-lim, lim).to(_FP8_DTYPES[kv.fmt]).view(cache_dtype), None
+    codes, scales = _quantize(x, _QMAX[kv.fmt], kv.group, scale.dtype)
+    if kv.fmt == "int4":
+        nib = (codes + 7).to(torch.uint8)
+        codes = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    return codes.view(cache_dtype), scales
+
+
+def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
+    page_size = kv.k.shape[1]
+    page, off = (slots // page_size).long(), (slots % page_size).long()
+    for x, cache, scale, scales_4d in ((k, kv.k, k_scale, kv.ks), (v, kv.v, v_scale, kv.vs)):
+        values, scales = _encode(x, kv, scale, cache_dtype)
+        cache[page, off] = values
+        if scales is not None:
+            scales_4d[page, off] = scales
+
+
+def _check_slots(slots, kv: _KV) -> None:
+    if slots.numel() == 0 or _skip_value_checks(slots):
+        return
+    n = kv.k.shape[0] * kv.k.shape[1]
+    bad = (slots < 0) | (slots >= n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
+
+
+@torch.library.custom_op("aotc::store_kv", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def _store_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slots: torch.Tensor, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+                 kv_format: str) -> None:
+    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
+
+
+@_store_kv_op.register_fake
+def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
+    _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+
+
+def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",
+             validate=True) -> None:
+    """Write new tokens into a cache in the format `decode` reads.
+
+    k, v      [T, Hk, D] fp16 or bf16.
+    k_cache, v_cache, k_scale, v_scale, kv_format: as for `decode` (D from k). int8/int4: each
+              group of `group` channels of a token and head gets scale = absmax / 127 (int8) or
+              / 7 (int4), stored in the scale tensor's dtype; codes = round-to-nearest(x / scale)
+              clamped to +-127 / +-7 against that stored scale. fp8: x / scale (scalar or per kv
+              head, default 1.0) saturated to the format's range. fp16/bf16: a copy.
+    slots     [T] int32 global token slots, slot = page * page_size + offset.
+    validate  check slots against the cache (one device sync; skipped under torch.compile and
+              CUDA graph capture).
+
+    Errors: TypeError / ValueError naming the argument, before anything is written.
+    """
+    if torch.compiler.is_compiling():
+        torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+        return
+    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+    if validate:
+        _check_slots(slots, kv)
+    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)

@@ -1,0 +1,40 @@
+"""Scratch buffers for ops that need device memory between two launches (decode's split partials).
+
+One fp32 buffer per (device, stream), grown and never shrunk, so steady-state calls allocate
+nothing. A buffer that is replaced by a larger one stays referenced here: a CUDA graph captured
+earlier may still point at it. While the current stream is capturing, a buffer too small is not
+grown here: the call gets a fresh tensor from the graph's private pool, which lives as long as
+the graph does. Two graphs that use one stream's buffer must not replay concurrently on
+different streams.
+"""
+from __future__ import annotations
+
+import threading
+
+_buffers: dict[tuple[int, int], object] = {}
+_retired: list = []  # replaced buffers a captured graph may still point at
+_lock = threading.Lock()
+
+
+def get(device, numel: int):
+    """An fp32 tensor of `numel` elements on `device`, contents undefined (16-byte aligned)."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    stream = torch.cuda.current_stream(device)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream.stream_id)
+    buf = _buffers.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf[:numel]
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    with _lock:
+        buf = _buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            if buf is not None:
+                _retired.append(buf)
+            # Grow by at least 2x so a slowly rising demand reallocates O(log) times.
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = _buffers[key] = torch.empty(size, dtype=torch.float32, device=device)
+    return buf[:numel]

@@ -1,0 +1,106 @@
+"""Random decode problems for the CPU (interpreter) and GPU tests, and the comparison they share."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from aotc.kernels.decode import reference as R
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    table: torch.Tensor
+    seq_lens: torch.Tensor
+    k_real: torch.Tensor  # float32 [pages, page_size, kv_heads, head_dim]: what the cache holds
+    v_real: torch.Tensor
+    kwargs: dict = field(default_factory=dict)  # k_scale, v_scale, kv_format, req_idx
+
+    def reference(self, **extra):
+        kw = {k: v for k, v in {**self.kwargs, **extra}.items() if k in ("req_idx", "sm_scale", "window", "sinks")}
+        return R.decode_reference(self.q, self.k_real, self.v_real, self.table.cpu(), self.seq_lens.cpu(), **kw)
+
+
+def empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype):
+    shape = (pages, page_size, kv_heads, head_dim // 2 if fmt == "int4" else head_dim)
+    dtype = {"int8": torch.int8, "int4": torch.uint8, **FP8}.get(fmt, DTYPES.get(fmt, q_dtype))
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+
+def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=64, page_size=16,
+              quant_group=32, scale_dtype="fp16", fp8_scale="per_head", extra_pages=3, req_idx=False,
+              token_level=False, device="cpu", seed=0) -> Case:
+    """A batch with lengths `lens`, pages in random order, the cache written by store_kv."""
+    from aotc.loader.ops.decode import store_kv
+
+    g = torch.Generator().manual_seed(seed)
+    q_dtype = q_dtype or (DTYPES[fmt] if fmt in ("fp16", "bf16") else torch.bfloat16)
+    if token_level:
+        page_size = 1
+    batch = len(lens)
+    max_pages = max(1, max(-(-n // page_size) for n in lens))
+    pages = batch * max_pages + extra_pages
+    # Distinct pages per request in random order; with req_idx, requests sit in shuffled rows of a
+    # larger table whose other rows point at pages too.
+    perm = torch.randperm(pages, generator=g)
+    own = perm[: batch * max_pages].view(batch, max_pages)
+    rows = batch + 2 if req_idx else batch
+    order = torch.randperm(rows, generator=g)[:batch] if req_idx else torch.arange(batch)
+    table = torch.randint(0, pages, (rows, max_pages), generator=g)
+    table[order] = own
+    table = table.to(torch.int32)
+
+    k_cache, v_cache = empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype)
+    kwargs = {}
+    if fmt in ("int8", "int4"):
+        sshape = (pages, page_size, kv_heads, head_dim // quant_group)
+        kwargs["k_scale"] = torch.zeros(sshape, dtype=DTYPES[scale_dtype], device=device)
+        kwargs["v_scale"] = torch.zeros(sshape, dtype=DTYPES[scale_dtype], device=device)
+    elif fmt in FP8 and fp8_scale is not None:
+        if fp8_scale == "per_head":
+            kwargs["k_scale"] = (0.5 + torch.rand(kv_heads, generator=g)).to(device)
+            kwargs["v_scale"] = (0.5 + torch.rand(kv_heads, generator=g)).to(device)
+        else:
+            kwargs["k_scale"] = torch.tensor(0.75, device=device)
+            kwargs["v_scale"] = torch.tensor(1.25, device=device)
+    k_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g).to(q_dtype).to(device)
+    v_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g).to(q_dtype).to(device)
+    slots = torch.randperm(pages * page_size, generator=g).to(torch.int32).to(device)
+    store_kv(k_new[slots.long()], v_new[slots.long()], k_cache, v_cache, slots, **kwargs)
+
+    k_real = R.dequantize(k_cache.cpu(), fmt, _cpu(kwargs.get("k_scale")))
+    v_real = R.dequantize(v_cache.cpu(), fmt, _cpu(kwargs.get("v_scale")))
+    if token_level:
+        k_cache, v_cache = k_cache[:, 0], v_cache[:, 0]
+        for key in ("k_scale", "v_scale"):
+            if fmt in ("int8", "int4"):
+                kwargs[key] = kwargs[key][:, 0]
+    if req_idx:
+        kwargs["req_idx"] = order.to(torch.int32).to(device)
+    q = torch.randn(batch, kv_heads * group, head_dim, generator=g).to(q_dtype).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return Case(q, k_cache, v_cache, table.to(device), seq_lens, k_real, v_real, kwargs)
+
+
+def _cpu(t):
+    return None if t is None else t.cpu()
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    """bf16/fp16 output vs float32 reference: every element within tol + tol * |ref| and the
+    relative Frobenius error under rel_tol; bf16: 2e-2 and 1e-2, fp16: 5e-3 and 3e-3."""
+    tol, rel_tol = (2e-2, 1e-2) if out.dtype == torch.bfloat16 else (5e-3, 3e-3)
+    out = out.float().cpu()
+    assert not out.isnan().any(), f"{what}: NaN in output"
+    err = (out - ref).abs()
+    bound = tol + tol * ref.abs()
+    worst = int((err - bound).flatten().argmax())
+    assert (err <= bound).all(), f"{what}: max error {err.max():.4g} (at flat index {worst}, ref {ref.flatten()[worst]:.4g})"
+    rel = (out - ref).norm() / ref.norm().clamp_min(1e-6)
+    assert rel < rel_tol, f"{what}: relative error {rel:.4g}"

@@ -1,0 +1,8 @@
+"""Decode kernel tests run the Triton interpreter (TRITON_INTERPRET is set before triton is imported)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .interp_compat import patch_interpreter  # noqa: E402
+
+patch_interpreter()

@@ -1,0 +1,80 @@
+"""The decode variant table: decorators agree with the Arg lists, launch geometry is length-free."""
+import pytest
+
+from aotc.kernels.decode import kernel, spec as S
+from aotc.kernels.variants import VariantKey
+
+
+def jit_params(fn):
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, JITFunction):  # under TRITON_INTERPRET the decorator kept its kwargs
+        fn = JITFunction(fn.fn, **fn.kwargs)
+    return fn.params
+
+
+@pytest.mark.parametrize("spec", S.KERNELS, ids=lambda s: s.name)
+def test_decorator_matches_spec(spec):
+    params = jit_params(getattr(kernel, spec.function))
+    names = [p.name for p in params]
+    assert names == [a.name for a in spec.args] + list(spec.constexpr_names)
+    for a, p in zip(spec.args, params):
+        if a.kind == "i32":
+            assert p.do_not_specialize == (not a.aligned), f"{a.name}: do_not_specialize must be {not a.aligned}"
+        if a.kind == "ptr":
+            assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
+    for p in params[len(spec.args):]:
+        assert p.is_constexpr, p.name
+
+
+def test_variant_count_and_keys():
+    split = list(S.SPLIT.variants())
+    merge = list(S.MERGE.variants())
+    # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 == 72
+    assert len(merge) == 2 * 4
+    keys = S.SPLIT.keys() + S.MERGE.keys()
+    assert len(set(keys)) == len(keys) == 2 * 80
+    for k in keys:
+        assert VariantKey.parse(str(k)) == k
+
+
+def test_signature_reads_fp8_and_int4_as_bytes():
+    sig = S.SPLIT.signature(S.split_axes("bf16", "fp8_e4m3", "fp32", 128))
+    assert sig["K"] == sig["V"] == "*i8" and sig["KS"] == "*fp32" and sig["Q"] == "*bf16"
+    sig = S.SPLIT.signature(S.split_axes("fp16", "int4", "bf16", 64))
+    assert sig["K"] == "*i8" and sig["KS"] == "*bf16"
+    c = S.split_constexprs(S.split_axes("fp16", "fp16", "fp32", 96))
+    assert c["BLOCK_D"] == 128 and c["HEAD_DIM"] == 96 and c["BLOCK_N"] == 64
+
+
+@pytest.mark.parametrize("args,match", [
+    (("fp32", "fp16", "fp32", 64), "query dtype"),
+    (("bf16", "fp16", "fp32", 64), "needs an fp16 query"),
+    (("bf16", "int8", "fp8", 64), "int8 scales"),
+    (("bf16", "fp8_e4m3", "fp16", 64), "fp32 scales"),
+    (("bf16", "int4", "fp16", 80), "head_dim"),
+])
+def test_split_axes_rejects(args, match):
+    with pytest.raises(ValueError, match=match):
+        S.split_axes(*args)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 7, 32, 256, 4096])
+@pytest.mark.parametrize("kv_heads,group", [(8, 4), (1, 32), (32, 1), (2, 16)])
+def test_num_splits_fills_the_gpu_and_stays_bounded(batch, kv_heads, group):
+    sms = 132
+    splits = S.num_splits(batch, kv_heads, group, sms)
+    assert 1 <= splits <= S.MAX_SPLITS
+    programs = S.split_grid(batch, kv_heads, group, splits)
+    total = programs[0] * programs[1] * programs[2]
+    assert total >= sms or splits == S.MAX_SPLITS
+    # Workspace per call: batch * q_heads * splits partial rows, bounded independently of batch
+    # once the grid is full.
+    rows = batch * kv_heads * group * splits
+    assert rows <= max(batch * kv_heads * group, S.PROGRAMS_PER_SM * sms * S.BLOCK_H * 2)
+
+
+def test_batch_one_long_context_spreads_over_an_h100():
+    splits = S.num_splits(1, 8, 4, 132)
+    assert splits == S.MAX_SPLITS and 8 * splits >= 132

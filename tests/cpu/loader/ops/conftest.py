@@ -1,0 +1,8 @@
+"""The public ops run on CPU tensors through the Triton interpreter."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.cpu.kernels.decode.interp_compat import patch_interpreter  # noqa: E402
+
+patch_interpreter()

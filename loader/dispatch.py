@@ -74,35 +74,39 @@ class Selection:
         self.loaded: dict[str, Launchable] = {}
         aligned = self.entries[ALIGNED]
         self.aligned_idx = tuple(spec.arg_index[n] for n in aligned.divisible) if aligned else ()
+        self.has_aligned = aligned is not None
+        self.has_generic = self.entries[GENERIC] is not None
+        # The loaded binaries, also as plain attributes: the hot path reads no dict.
+        self.l_aligned: Launchable | None = None
+        self.l_generic: Launchable | None = None
         self.lock = threading.Lock()
 
     def _launchable(self, level: str) -> Launchable:
-        got = self.loaded.get(level)
-        if got is None:
-            with self.lock:  # one thread loads; the others wait and reuse it
-                got = self.loaded.get(level)
-                if got is None:
-                    entry = self.entries[level]
-                    image = self.target.read_binary(entry)  # sha256-checked before any load
-                    function = cuda_driver.driver().load_function(self.device, image, entry.symbol, entry.shared)
-                    got = self.loaded[level] = Launchable(entry, function, self.device)
+        with self.lock:  # one thread loads; the others wait and reuse it
+            got = self.loaded.get(level)
+            if got is None:
+                entry = self.entries[level]
+                image = self.target.read_binary(entry)  # sha256-checked before any load
+                function = cuda_driver.driver().load_function(self.device, image, entry.symbol, entry.shared)
+                got = self.loaded[level] = Launchable(entry, function, self.device)
+                setattr(self, "l_" + level, got)
         return got
 
     def launch(self, grid, args: Sequence, stream: int) -> None:
         values = list(args)
         for i in self.ptr_idx:
             values[i] = values[i].data_ptr()
-        level = GENERIC
-        if self.entries[ALIGNED] is not None:
-            level = ALIGNED
+        if self.has_aligned:
             for i in self.aligned_idx:
                 if values[i] & 15:
-                    level = GENERIC
                     break
-        if self.entries[level] is None:
+            else:
+                (self.l_aligned or self._launchable(ALIGNED)).launch(grid, values, stream)
+                return
+        if self.has_generic:
+            (self.l_generic or self._launchable(GENERIC)).launch(grid, values, stream)
+        else:
             self.miss(grid, args, "no binary for this key")
-            return
-        self._launchable(level).launch(grid, values, stream)
 
     def miss(self, grid, args, reason: str) -> None:
         key = VariantKey.make(self.spec.name, self.axes, GENERIC)

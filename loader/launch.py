@@ -53,37 +53,55 @@ class Launchable:
         self.lock = threading.Lock()
         self.needs_ex = entry.num_ctas != 1 or entry.launch_cooperative_grid or entry.launch_pdl
         self.scratch = entry.global_scratch_size > 0 or entry.profile_scratch_size > 0
+        self.slow = self.needs_ex or self.scratch
+        self.cu_launch = self.driver.cuLaunchKernel
 
     def launch(self, grid: tuple[int, int, int], values: list, stream: int) -> None:
         gx, gy, gz = grid
+        if self.slow or not gx * gy * gz:
+            self._launch_general(grid, values, stream)
+            return
+        with self.lock:
+            try:
+                struct.pack_into(self.format, self.buffer, 0, *values, 0, 0)
+            except struct.error as e:
+                raise self._pack_error(e) from None
+            code = self.cu_launch(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream,
+                                  self.pointers, None)
+            if code:  # retried under the lock: the packed arguments are still this call's
+                self._retry_or_raise(code, grid, stream)
+
+    def _launch_general(self, grid, values, stream) -> None:
+        """Empty grids, scratch buffers, clusters/cooperative/PDL launches."""
+        gx, gy, gz = grid
         if gx * gy * gz == 0:
             return  # as Triton: an empty grid launches nothing
-        keep = None
-        if self.scratch:
-            keep, extra = self._scratch(gx * gy * gz)
-        else:
-            extra = (0, 0)
+        keep, extra = self._scratch(gx * gy * gz) if self.scratch else (None, (0, 0))
         with self.lock:
             try:
                 struct.pack_into(self.format, self.buffer, 0, *values, *extra)
             except struct.error as e:
-                raise ValueError(f"{self.entry.kernel}: an argument does not fit its parameter type "
-                                 f"({', '.join(self.entry.params)}): {e}") from None
-            if self.needs_ex:
-                code = self._launch_ex(grid, stream)
-            else:
-                code = self.driver.cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1,
-                                                  self.shared, stream, self.pointers, None)
-            if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:
-                # A thread that never touched this device has no current context: adopt the
-                # primary context torch uses, then retry once.
-                self.driver.make_current(self.device)
-                code = self.driver.cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1,
-                                                  self.shared, stream, self.pointers, None) \
-                    if not self.needs_ex else self._launch_ex(grid, stream)
+                raise self._pack_error(e) from None
+            code = self._launch_ex(grid, stream) if self.needs_ex else self.cu_launch(
+                self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
+            if code:
+                self._retry_or_raise(code, grid, stream)
         del keep
+
+    def _retry_or_raise(self, code, grid, stream) -> None:
+        if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread that never touched this device has no current context: adopt the
+            # primary context torch uses, then retry once with the arguments still packed.
+            self.driver.make_current(self.device)
+            gx, gy, gz = grid
+            code = self._launch_ex(grid, stream) if self.needs_ex else self.cu_launch(
+                self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
         if code:
             self.driver.check(f"launch of {self.entry.key}", code)
+
+    def _pack_error(self, e) -> ValueError:
+        return ValueError(f"{self.entry.kernel}: an argument does not fit its parameter type "
+                          f"({', '.join(self.entry.params)}): {e}")
 
     def _launch_ex(self, grid, stream) -> int:
         e = self.entry

@@ -114,7 +114,6 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
         if t is not None:
             _need(all(0 <= s <= _I32_MAX for s in t.stride()), f"{name}'s strides", "in [0, 2**31)", t.stride())
     _need(tokens < _I32_MAX // 2, "q.shape[0]", "below 2**30 tokens", tokens)
-    return fp8, bs
 
 
 def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
@@ -137,14 +136,13 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
                   f"block ids in [0, {k_cache.shape[0]})", (lo, hi))
 
 
-def _launch(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
-            v_scale, sm_scale, window, sinks, out_scale, skip_decode, fp8, bs):
-    from aotc.loader.dispatch import run_kernel
-
+def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
+                v_scale, sm_scale, window, sinks, out_scale, skip_decode):
+    """(axes, grid, args) of the kernel launch for validated arguments (the bench reuses it)."""
     tokens, q_heads, head_dim = q.shape
     batch = block_table.shape[0]
-    if batch == 0 or q_heads == 0:
-        return
+    fp8 = k_cache.dtype in _FP8
+    bs = k_cache.shape[1] if kv_layout == "nhd" else k_cache.shape[3]
     axes = _spec.axes_for(_DTYPES[q.dtype], _FP8.get(k_cache.dtype, "same"), head_dim, kv_layout)
     block_m = _spec.tile(head_dim)[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
@@ -167,7 +165,7 @@ def _launch(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, o
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         *kc, *vc,
     )
-    run_kernel(_spec.PREFIX_PREFILL, axes, grid, args)
+    return axes, grid, args
 
 
 @torch.library.custom_op("aotc::prefix_prefill", mutates_args=("out",))
@@ -177,12 +175,16 @@ def _prefix_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
                        v_scale: Optional[torch.Tensor], sm_scale: float, window: int,
                        sinks: Optional[torch.Tensor], out_scale: Optional[torch.Tensor], skip_decode: bool,
                        validate: bool) -> None:
-    fp8 = k_cache.dtype in _FP8
-    bs = k_cache.shape[1] if kv_layout == "nhd" else k_cache.shape[3]
+    from aotc.loader.dispatch import run_kernel
+
     if validate:
+        bs = k_cache.shape[1] if kv_layout == "nhd" else k_cache.shape[3]
         _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs)
-    _launch(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale, v_scale,
-            sm_scale, window, sinks, out_scale, skip_decode, fp8, bs)
+    if block_table.shape[0] == 0 or q.shape[1] == 0:
+        return
+    axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
+                                   kv_layout, k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode)
+    run_kernel(_spec.PREFIX_PREFILL, axes, grid, args)
 
 
 @_prefix_prefill_op.register_fake
@@ -220,7 +222,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     Raises TypeError for a wrong type or dtype and ValueError for a wrong shape, stride, device,
     option or (when validated) length, naming the argument, before anything is launched.
     """
-    fp8, _ = _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, k_scale,
+    _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, k_scale,
                        v_scale, sm_scale, window, sinks, out_scale, out)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,

@@ -53,7 +53,7 @@ class TargetArtifacts:
         self.name = name
         self.folder = folder
         self.manifest = manifest
-        self.entries = manifest.by_key()
+        self.entries = manifest  # .get(key) -> Entry or None, parsed on first use
         self._lock = threading.Lock()
 
     def read_binary(self, entry: Entry) -> bytes:

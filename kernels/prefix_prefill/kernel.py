@@ -58,17 +58,83 @@ def _fp32_to_e4m3_bits(x):
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale):
-    """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs.
-    k and v are already zero where their keys are masked, so no 0 * NaN can happen."""
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    s = tl.where(mask, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED: tl.constexpr):
+    """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs
+    (MASKED tiles only). k and v are already zero where their keys are masked, so no 0 * NaN."""
+    qk = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(mask, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _load_kv(ptrs, row_valid, d_valid, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
+    if MASK_ROWS:
+        return tl.load(ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0)
+    elif MASK_D:
+        return tl.load(ptrs, mask=d_valid[None, :], other=0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row, block_size, kv_head,
+                  stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
+                  qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  KV_VLLM: tl.constexpr, KV_X: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr):
+    """Keys start..start+BLOCK_N of the context. Unmasked tiles lie wholly inside the context
+    and inside every row's window, so they skip all masks."""
+    offs_d = tl.arange(0, BLOCK_D)
+    n = start + tl.arange(0, BLOCK_N)
+    n_valid = (n < ctx_len) & (n >= key_lo)
+    d_valid = offs_d < HEAD_DIM
+    # Only the blocks holding keys < ctx_len are read: never past the request's row.
+    if MASKED:
+        blk = tl.load(bt_row + n // block_size, mask=n_valid, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + n // block_size).to(tl.int64)
+    slot = (n % block_size).to(tl.int64)
+    if KV_VLLM:
+        k_off = (blk * stride_kcb + kv_head * stride_kch + slot * KV_X)[:, None] \
+            + ((offs_d // KV_X) * stride_kcd + offs_d % KV_X)[None, :]
+        v_off = (blk * stride_vcb + kv_head * stride_vch + slot)[:, None] + (offs_d * stride_vcd)[None, :]
+    else:
+        k_off = (blk * stride_kcb + slot * stride_kct + kv_head * stride_kch)[:, None] + offs_d[None, :]
+        v_off = (blk * stride_vcb + slot * stride_vct + kv_head * stride_vch)[:, None] + offs_d[None, :]
+    k = _load_kv(Kc + k_off, n_valid, d_valid, MASKED, HEAD_DIM != BLOCK_D)
+    v = _load_kv(Vc + v_off, n_valid, d_valid, MASKED, HEAD_DIM != BLOCK_D)
+    if KV_FORMAT != 0:
+        k = _fp8_bits_to_half(k, KV_FORMAT).to(q.dtype)
+        v = _fp8_bits_to_half(v, KV_FORMAT).to(q.dtype)
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED)
+
+
+@triton.jit
+def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+              stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
+    the diagonal and inside every row's window."""
+    offs_d = tl.arange(0, BLOCK_D)
+    n = start + tl.arange(0, BLOCK_N)
+    n_valid = (n < new_hi) & (n >= new_lo)
+    d_valid = offs_d < HEAD_DIM
+    kv_rows = (q_start + n).to(tl.int64)
+    k = _load_kv(K + (kv_rows * stride_kt + kv_head * stride_kh)[:, None] + offs_d[None, :], n_valid, d_valid,
+                 MASKED, HEAD_DIM != BLOCK_D)
+    v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
+                 MASKED, HEAD_DIM != BLOCK_D)
+    mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
+    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED)
 
 
 @triton.jit(
@@ -91,6 +157,7 @@ def prefix_prefill_kernel(
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
     # them, so a grid of num_tokens // BLOCK_M + batch covers every request without reading
     # lengths on the host. Binary search for the owner: log2(batch) scalar loads.
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the causal loop's mask-free tiles end at a q-block start
     pid = tl.program_id(0)
     head = tl.program_id(1)
     lo = pid * 0
@@ -114,7 +181,6 @@ def prefix_prefill_kernel(
 
     DTYPE = Q.dtype.element_ty
     offs_m = qblk * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the request
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < q_len
     d_valid = offs_d < HEAD_DIM
@@ -145,45 +211,49 @@ def prefix_prefill_kernel(
         ctx_qk_scale = qk_scale * tl.load(K_scale) * fp8_unit
     bt_row = Block_table + req.to(tl.int64) * stride_bt
     q_pos = ctx_len + offs_m  # absolute positions of this tile's queries
-    for start in range(key_lo // BLOCK_N * BLOCK_N, ctx_len, BLOCK_N):
-        n = start + offs_n
-        n_valid = (n < ctx_len) & (n >= key_lo)
-        # Only the blocks holding keys < ctx_len are read: never past the request's row.
-        blk = tl.load(bt_row + n // block_size, mask=n_valid, other=0).to(tl.int64)
-        slot = (n % block_size).to(tl.int64)
-        kv_mask = n_valid[:, None] & d_valid[None, :]
-        if KV_VLLM:
-            k_off = (blk * stride_kcb + kv_head * stride_kch + slot * KV_X)[:, None] \
-                + ((offs_d // KV_X) * stride_kcd + offs_d % KV_X)[None, :]
-            v_off = (blk * stride_vcb + kv_head * stride_vch + slot)[:, None] + (offs_d * stride_vcd)[None, :]
-        else:
-            k_off = (blk * stride_kcb + slot * stride_kct + kv_head * stride_kch)[:, None] + offs_d[None, :]
-            v_off = (blk * stride_vcb + slot * stride_vct + kv_head * stride_vch)[:, None] + offs_d[None, :]
-        k = tl.load(Kc + k_off, mask=kv_mask, other=0)
-        v = tl.load(Vc + v_off, mask=kv_mask, other=0)
-        if KV_FORMAT != 0:
-            k = _fp8_bits_to_half(k, KV_FORMAT).to(DTYPE)
-            v = _fp8_bits_to_half(v, KV_FORMAT).to(DTYPE)
-        mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, mask, ctx_qk_scale)
+    last_row = tl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
+    # Tiles [first, inner_lo) and [inner_hi, end) need masks; [inner_lo, inner_hi) are whole,
+    # inside the context and inside the window of every row, so they run mask-free.
+    first = key_lo // BLOCK_N * BLOCK_N
+    inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    inner_hi = ctx_len // BLOCK_N * BLOCK_N
+    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, True)
+    for start in range(inner_lo, inner_hi, BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, False)
+    for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, True)
     if KV_FORMAT != 0:
         # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
         acc = acc * (tl.load(V_scale) * fp8_unit)
 
     # ---- the request's own new tokens, causal ----
     new_lo = tl.maximum(qblk * BLOCK_M - win + 1, 0)
-    new_hi = tl.minimum((qblk + 1) * BLOCK_M, q_len)
-    for start in range(new_lo // BLOCK_N * BLOCK_N, new_hi, BLOCK_N):
-        n = start + offs_n
-        n_valid = (n < new_hi) & (n >= new_lo)
-        kv_mask = n_valid[:, None] & d_valid[None, :]
-        kv_rows = (q_start + n).to(tl.int64)
-        k = tl.load(K + (kv_rows * stride_kt + kv_head * stride_kh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, mask, qk_scale)
+    new_hi = last_row + 1
+    first = new_lo // BLOCK_N * BLOCK_N
+    inner_lo = tl.maximum(tl.cdiv(tl.maximum(last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    inner_hi = qblk * BLOCK_M  # keys below the tile's first row: no causal mask (BLOCK_N divides BLOCK_M)
+    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  True)
+    for start in range(inner_lo, inner_hi, BLOCK_N):
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  False)
+    for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  True)
 
     # A row that saw no key and no sink has l == 0: write zeros, not NaN.
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]

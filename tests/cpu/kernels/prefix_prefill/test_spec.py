@@ -1,0 +1,130 @@
+"""The variant table, its agreement with the kernel's decorator, the fp8 encoder, and what the
+sm90/sm80 binaries contain (compiled in a subprocess on this CPU: Triton carries ptxas)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from aotc.aot.triton_compat import check_consistency
+from aotc.kernels.prefix_prefill import spec
+from aotc.kernels.prefix_prefill.kernel import _fp32_to_e4m3_bits, prefix_prefill_kernel
+from aotc.kernels.registry import get_spec
+from aotc.kernels.variants import VariantKey
+
+
+def test_variant_count_and_keys():
+    variants = list(spec.variants())
+    assert len(variants) == 60
+    keys = spec.PREFIX_PREFILL.keys()
+    assert len(set(map(str, keys))) == 120
+    assert all(VariantKey.parse(str(k)) == k for k in keys)
+    assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
+
+
+def _as_jit(fn):
+    """The JITFunction the decorator makes without TRITON_INTERPRET (same arguments)."""
+    if hasattr(fn, "params"):
+        return fn
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(fn.fn, **fn.kwargs)
+
+
+def test_decorator_matches_declared_alignment():
+    kernel = _as_jit(prefix_prefill_kernel)
+    check_consistency(spec.PREFIX_PREFILL, kernel)  # the build's own check
+    params = {p.name: p for p in kernel.params}
+    assert [p.name for p in kernel.params if not p.is_constexpr] == [a.name for a in spec.ARGS]
+    for a in spec.ARGS:
+        p = params[a.name]
+        if a.kind == "i32":  # lengths never specialize; aligned strides keep divisibility-by-16
+            assert p.do_not_specialize == (not a.aligned), a.name
+        elif a.kind == "ptr":
+            assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
+
+
+@pytest.mark.parametrize("axes", list(spec.variants())[::7])
+def test_constexprs_and_launch(axes):
+    cx = spec.constexprs(axes)
+    assert set(cx) == set(spec.CONSTEXPRS)
+    assert cx["BLOCK_D"] >= cx["HEAD_DIM"] and cx["BLOCK_D"] & (cx["BLOCK_D"] - 1) == 0
+    assert cx["BLOCK_M"] % cx["BLOCK_N"] == 0
+    assert cx["HEAD_DIM"] % cx["KV_X"] == 0  # the vllm K layout splits D in 16-byte groups
+    for arch in (80, 90):
+        cfg = spec.launch(axes, arch)
+        assert cfg.num_warps in (4, 8) and cfg.num_stages in (2, 3)
+
+
+@triton.jit
+def _encode(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(Y + offs, _fp32_to_e4m3_bits(x).to(tl.uint8), mask=offs < n)
+
+
+def test_fp8_encoder_matches_torch_bit_for_bit():
+    # Every finite e4m3 value, the ties between neighbours, one fp32 step either side of them,
+    # values past 448 (saturate), and random values.
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    codes = codes[codes.isfinite()].unique()
+    mids = (codes[1:] + codes[:-1]) / 2
+    x = torch.cat([codes, mids, torch.nextafter(mids, mids + 1), torch.nextafter(mids, mids - 1),
+                   torch.randn(2000) * 40, torch.randn(500) * 0.01, torch.tensor([500.0, -1e6, 464.0, -0.0])])
+    y = torch.empty(x.shape, dtype=torch.uint8)
+    _encode[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    want = x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    bad = (y != want).nonzero().flatten()
+    assert bad.numel() == 0, [(x[i].item(), y[i].item(), want[i].item()) for i in bad[:5]]
+
+
+_COMPILE = textwrap.dedent("""
+    import json, re, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from aotc.kernels.prefix_prefill import spec
+    from aotc.kernels.prefix_prefill.kernel import prefix_prefill_kernel as fn
+    axes, arch = json.loads(sys.argv[1]), int(sys.argv[2])
+    s = spec.PREFIX_PREFILL
+    sig = s.signature(axes)
+    src = ASTSource(fn, {n: sig[n] for n in fn.arg_names},
+                    constexprs={(fn.arg_names.index(k),): v for k, v in s.constexprs(axes).items()},
+                    attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in s.divisible_args("aligned")})
+    cfg = s.launch(axes, arch)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    ptx = k.asm["ptx"]
+    print(json.dumps({"wgmma": ptx.count("wgmma.mma_async"), "mma": ptx.count("mma.sync"),
+                      "cp16": len(re.findall(r"cp\\.async\\.cg\\.shared\\.global.*, 0x10", ptx)),
+                      "v4": len(re.findall(r"ld\\.global[.a-z]*\\.v4", ptx)), "shared": k.metadata.shared}))
+""")
+
+
+def _compile(axes, arch):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(axes), str(arch)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_sm90_binary_uses_wgmma_and_16_byte_loads():
+    got = _compile({"dtype": "bf16", "kv": "same", "head_dim": 128, "layout": "nhd"}, 90)
+    assert got["wgmma"] > 0, got
+    # K and V tiles arrive through 16-byte asynchronous copies (Q through 16-byte loads).
+    assert got["cp16"] > 0 and got["v4"] > 0, got
+    assert got["shared"] <= 227 * 1024
+
+
+def test_sm80_binary_with_fp8_cache_compiles_to_mma():
+    # fp8e4nv is not a type Triton accepts on sm80: the kernel decodes the bits itself.
+    got = _compile({"dtype": "fp16", "kv": "fp8_e4m3", "head_dim": 96, "layout": "vllm"}, 80)
+    assert got["mma"] > 0, got
+    assert got["shared"] <= 163 * 1024

@@ -1,0 +1,119 @@
+"""The public prefix_prefill op: argument checking (before any launch), the custom op's schema
+and fake implementation, and one result through it on the interpreter."""
+import pytest
+import torch
+
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
+from aotc.loader.ops import prefix_prefill as op
+from tests.cpu.kernels.prefix_prefill.cases import assert_matches, make_case
+
+
+@pytest.fixture
+def good():
+    case, kw = make_case([0, 17, 40], [5, 1, 12], q_heads=4, kv_heads=2, head_dim=64, block_size=16, seed=2)
+    return case, kw
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails the test if a kernel would launch: errors must come first."""
+    import aotc.loader.dispatch as dispatch
+
+    def boom(*a, **k):
+        raise AssertionError("launched a kernel despite bad input")
+
+    monkeypatch.setattr(dispatch, "run_kernel", boom)
+
+
+def _nhd_cache(nb=4, bs=16, h=2, d=64, dtype=torch.float16):
+    return torch.randn(nb, bs, h, d).to(dtype)
+
+
+BAD = [  # (name, change(case, kw), exception, words the message must hold)
+    ("q dtype", lambda c, k: c.update(q=c["q"].float()), TypeError, "q must have dtype"),
+    ("q not a tensor", lambda c, k: c.update(q=c["q"].tolist()), TypeError, "q must be a torch.Tensor"),
+    ("k dtype", lambda c, k: c.update(k=c["k"].bfloat16()), TypeError, "k must have dtype"),
+    ("head_dim", lambda c, k: c.update(q=c["q"][..., :48], k=c["k"][..., :48], v=c["v"][..., :48]), ValueError,
+     "head_dim"),
+    ("kv heads", lambda c, k: c.update(q=c["q"][:, :3]), ValueError, "kv_heads"),
+    ("v shape", lambda c, k: c.update(v=c["v"][:-1]), ValueError, "v must be shaped like k"),
+    ("q last dim strided", lambda c, k: c.update(q=torch.randn(22, 4, 128).half()[..., ::2]), ValueError,
+     "q must be contiguous in its last dim"),
+    ("layout name", lambda c, k: k.update(kv_layout="hnd"), ValueError, "kv_layout"),
+    ("cache heads", lambda c, k: c.update(k_cache=c["k_cache"][:, :, :1]), ValueError, "k_cache must be"),
+    ("cache dtype", lambda c, k: c.update(k_cache=c["k_cache"].bfloat16()), TypeError, "k_cache must have dtype"),
+    ("v cache shape", lambda c, k: c.update(v_cache=c["v_cache"][:-1]), ValueError, "v_cache must be"),
+    ("fp8 without scales", lambda c, k: c.update(k_cache=c["k_cache"].to(torch.float8_e4m3fn),
+                                                 v_cache=c["v_cache"].to(torch.float8_e4m3fn)),
+     ValueError, "k_scale is required"),
+    ("scale on fp16 cache", lambda c, k: k.update(k_scale=torch.ones(1)), ValueError, "k_scale applies to fp8"),
+    ("block_table dtype", lambda c, k: c.update(block_table=c["block_table"].long()), TypeError, "block_table"),
+    ("query_start_loc length", lambda c, k: c.update(query_start_loc=c["query_start_loc"][:-1]), ValueError,
+     "query_start_loc must be [batch + 1]"),
+    ("seq_lens length", lambda c, k: c.update(seq_lens=c["seq_lens"][:-1]), ValueError, "seq_lens must be [batch]"),
+    ("seq_lens dtype", lambda c, k: c.update(seq_lens=c["seq_lens"].long()), TypeError, "seq_lens"),
+    ("window type", lambda c, k: k.update(window=2.5), TypeError, "window must be an int"),
+    ("window negative", lambda c, k: k.update(window=-1), ValueError, "window must be"),
+    ("sinks shape", lambda c, k: k.update(sinks=torch.zeros(3)), ValueError, "sinks must be [q_heads]"),
+    ("sinks dtype", lambda c, k: k.update(sinks=torch.zeros(4).half()), TypeError, "sinks"),
+    ("out_scale size", lambda c, k: k.update(out_scale=torch.ones(2)), ValueError, "out_scale must be a one-element"),
+    ("out dtype", lambda c, k: k.update(out=torch.empty(22, 4, 64)), TypeError, "out must have dtype"),
+    ("fp8 out without scale", lambda c, k: k.update(out=torch.empty(22, 4, 64).to(torch.float8_e4m3fn)), TypeError,
+     "out must have dtype"),
+    ("out shape", lambda c, k: k.update(out=torch.empty(21, 4, 64).half()), ValueError, "out must be shaped like q"),
+    ("sm_scale", lambda c, k: k.update(sm_scale=float("nan")), ValueError, "sm_scale"),
+    ("device", lambda c, k: c.update(seq_lens=c["seq_lens"].to("meta")), ValueError, "seq_lens must be on cpu"),
+    # Data checks (the metadata is on the CPU here, so they run by default):
+    ("qsl start", lambda c, k: c["query_start_loc"].add_(1), ValueError, "query_start_loc[0] must be 0"),
+    ("qsl order", lambda c, k: c["query_start_loc"].copy_(torch.tensor([0, 5, 4, 18])), ValueError, "non-decreasing"),
+    ("qsl past q", lambda c, k: c["query_start_loc"].copy_(torch.tensor([0, 5, 6, 30])), ValueError,
+     "query_start_loc[-1] must be <= q.shape[0]"),
+    ("seq shorter than new", lambda c, k: c["seq_lens"].copy_(torch.tensor([5, 0, 52])), ValueError,
+     "seq_lens[1] must be >= its 1 new tokens"),
+    ("context past the table", lambda c, k: c["seq_lens"].copy_(torch.tensor([5, 18, 200])), ValueError,
+     "block_table's width"),
+    ("block id", lambda c, k: c["block_table"].__setitem__((1, 1), 999), ValueError, "block ids in [0,"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_refused_before_launch(good, no_launch, name, change, exc, words):
+    case, kw = good
+    change(case, kw)
+    with pytest.raises(exc, match=None) as info:
+        op.prefix_prefill(**case, **kw)
+    assert words in str(info.value), str(info.value)
+
+
+def test_vllm_layout_shape_and_stride_checks(good, no_launch):
+    case, kw = make_case([20], [3], layout="vllm", seed=4)
+    k = case["k_cache"]
+    bad_k = torch.cat([k, k], dim=-1)[..., : k.shape[-1]]  # right shape, token stride 2x instead of x
+    with pytest.raises(ValueError, match="k_cache must be contiguous in its last two dims"):
+        op.prefix_prefill(**dict(case, k_cache=bad_k), **kw)
+    with pytest.raises(ValueError, match="v_cache must be"):
+        op.prefix_prefill(**dict(case, v_cache=case["v_cache"].transpose(2, 3)), **kw)
+
+
+def test_result_through_the_op_and_the_registered_custom_op(good):
+    case, kw = good
+    out = op.prefix_prefill(**case, **kw, sm_scale=0.3, window=9)
+    assert_matches(out, prefix_prefill_ref(**case, **kw, sm_scale=0.3, window=9), torch.float16)
+    out2 = torch.full_like(out, float("nan"))
+    torch.ops.aotc.prefix_prefill(*case.values(), out2, "nhd", None, None, 0.3, 9, None, None, False, True)
+    assert torch.equal(out, out2)
+
+
+def test_custom_op_schema_and_fake_impl(good):
+    case, kw = good
+    out = torch.empty_like(case["q"])
+    sinks = torch.randn(4)
+    args = (*case.values(), out, "nhd", None, None, 0.125, 0, sinks, None, False, True)
+    torch.library.opcheck(torch.ops.aotc.prefix_prefill.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in case.values()]
+        got = op.prefix_prefill(*fake, validate=False)  # shapes only: nothing is read
+    assert got.shape == case["q"].shape and got.dtype == case["q"].dtype

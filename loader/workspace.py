@@ -16,14 +16,47 @@ _retired: list = []  # replaced buffers a captured graph may still point at
 _lock = threading.Lock()
 
 
+_pairs: dict = {}
+
+
+def pair(device, n_first: int, n_second: int):
+    """Two adjacent fp32 views (`n_first`, `n_second` elements) of the stream's buffer.
+
+    The views are cached per (device, stream, sizes) while the buffer stays: the steady state
+    costs two dict lookups and no tensor creation.
+    """
+    import torch
+
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, torch._C._cuda_getCurrentRawStream(index), n_first, n_second)
+        got = _pairs.get(key)
+        if got is not None and got[2] is _buffers.get(got[3]):
+            return got[0], got[1]
+    ws = get(device, n_first + n_second)
+    first, second = ws[:n_first], ws[n_first:]
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        if len(_pairs) > 1024:
+            _pairs.clear()
+        bkey = _buffer_key(device)
+        _pairs[key] = (first, second, _buffers.get(bkey), bkey)
+    return first, second
+
+
+def _buffer_key(device):
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch._C._cuda_getCurrentRawStream(index)
+
+
 def get(device, numel: int):
     """An fp32 tensor of `numel` elements on `device`, contents undefined (16-byte aligned)."""
     import torch
 
     if device.type != "cuda":
         return torch.empty(numel, dtype=torch.float32, device=device)
-    stream = torch.cuda.current_stream(device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream.stream_id)
+    key = _buffer_key(device)
     buf = _buffers.get(key)
     if buf is not None and buf.numel() >= numel:
         return buf[:numel]

@@ -272,43 +272,82 @@ def _one(device) -> torch.Tensor:
     return _ones[device]
 
 
-def _run_decode(d: _Decode, out: torch.Tensor) -> None:
-    from ..dispatch import run_kernel
+@dataclass
+class _Plan:
+    """Everything a decode launch needs that follows from the inputs' metadata alone."""
 
+    split_axes: dict
+    split_grid: tuple
+    merge_axes: dict
+    merge_grid: tuple
+    n_o: int
+    n_lse: int
+    split_ints: list  # the split kernel's non-pointer arguments, in order
+    merge_ints: list
+    byte_view: bool  # fp8/int4 caches are read as int8 bytes
+    fp8: bool
+    fmt: str
+
+
+def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     q, kv, table = d.q, d.kv, d.table
     batch, q_heads, head_dim = q.shape
-    if batch == 0 or q_heads == 0:
-        return
     kv_heads = kv.k.shape[2]
     group = q_heads // kv_heads
     splits = d.splits or S.num_splits(batch, kv_heads, group, _sm_count(q.device))
     n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
-    ws = workspace.get(q.device, n_o + n_lse)
-    part_o, part_lse = ws[:n_o], ws[n_o:]
     if kv.fmt in S.INT_FORMATS:
-        ks, vs = kv.ks, kv.vs
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
     elif kv.fmt in _FP8_DTYPES:
-        ks = (kv.ks if kv.ks is not None else _one(q.device)).float()
-        vs = (kv.vs if kv.vs is not None else _one(q.device)).float()
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     else:
-        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
         ks_strides = vs_strides = (0, 0, 0)
-    k, v = kv.k, kv.v
-    if kv.fmt in _FP8_DTYPES:
-        k, v = k.view(torch.int8), v.view(torch.int8)  # raw bytes, widened in the kernel
-    elif kv.fmt == "int4":
-        k, v = k.view(torch.int8), v.view(torch.int8)
-    axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim)
-    args = [q, k, v, ks, vs, table, d.req_idx if d.req_idx is not None else d.seq_lens, d.seq_lens,
-            part_o, part_lse, d.sm_scale, d.window, int(d.req_idx is not None), k.shape[1], table.shape[1],
-            table.stride(0), q_heads, group, kv.group, q.stride(0), q.stride(1), *k.stride()[:3],
-            *v.stride()[:3], *ks_strides, *vs_strides]
-    run_kernel(S.SPLIT, axes, S.split_grid(batch, kv_heads, group, splits), args)
-    sinks = d.sinks if d.sinks is not None else part_lse
-    margs = [part_o, part_lse, sinks, out, int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
-    run_kernel(S.MERGE, S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads), margs)
+    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1], table.shape[1],
+                  table.stride(0), q_heads, group, kv.group, q.stride(0), q.stride(1), *kv.k.stride()[:3],
+                  *kv.v.stride()[:3], *ks_strides, *vs_strides]
+    merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
+    return _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim),
+                 S.split_grid(batch, kv_heads, group, splits),
+                 S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
+                 n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
+                 kv.fmt in _FP8_DTYPES, kv.fmt)
+
+
+def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out) -> None:
+    from ..dispatch import run_kernel
+
+    if plan.split_grid[0] == 0 or plan.merge_grid[1] == 0:
+        return
+    part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
+    if plan.fp8:
+        ks = (k_scale if k_scale is not None else _one(q.device)).float()
+        vs = (v_scale if v_scale is not None else _one(q.device)).float()
+    elif k_scale is None:
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+    else:
+        ks, vs = k_scale, v_scale
+    if plan.byte_view and k_cache.dtype != torch.int8:
+        k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
+    run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
+               [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
+                part_o, part_lse, *plan.split_ints])
+    run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
+               [part_o, part_lse, sinks if sinks is not None else part_lse, out, *plan.merge_ints])
+
+
+def _run_decode(d: _Decode, out: torch.Tensor) -> None:
+    _launch(_make_plan(d, out), d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, out)
+
+
+def _meta(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+# Plans by the inputs' metadata: a call whose tensors have the shapes, strides, dtypes and
+# devices of a call already checked skips the checks and the argument derivation. Bounded, so
+# a stream of ever-new shapes cannot grow it without limit.
+_plans: dict = {}
+_MAX_PLANS = 4096
 
 
 @torch.library.custom_op("aotc::decode", mutates_args=("out",))
@@ -363,13 +402,26 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
         torch.ops.aotc.decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
                               sm_scale, window, sinks, num_splits, out)
         return out
-    d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                      window, sinks, num_splits, out)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if validate:
-        _check_decode_values(d)
-    _run_decode(d, out)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
+    try:
+        key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(table), _meta(seq_lens), _meta(req_idx),
+               _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(out), kv_format, sm_scale, window, num_splits)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
+        key = plan = None
+    if plan is None or validate:
+        d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                          window, sinks, num_splits, out)
+        if validate:
+            _check_decode_values(d)
+        if plan is None:
+            plan = _make_plan(d, out)
+            if key is not None:
+                if len(_plans) >= _MAX_PLANS:
+                    _plans.clear()
+                _plans[key] = plan
+    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out)
     return out
 
 

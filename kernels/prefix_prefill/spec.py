@@ -48,9 +48,12 @@ def block_d(head_dim: int) -> int:
 
 
 def tile(head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M."""
+    """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
+    BLOCK_M (the kernel asserts it)."""
     if head_dim > 128:
-        return 64, 32  # Q 64x256 plus two stages of K and V tiles fit sm80's shared memory
+        # H100 bf16 d256, b8 ctx2048+512: 259 TF/s vs 226 for 64x32 and 173 for 64x64. Q 64 KiB plus
+        # two stages of 16 KiB K and V tiles: 128 KiB, inside sm80's 163 KiB.
+        return 128, 32
     return 128, 64
 
 
@@ -76,11 +79,12 @@ def variants():
 
 def launch(axes, arch: int) -> LaunchConfig:
     hd = int(axes["head_dim"])
-    warps = 8 if hd <= 128 else 4
+    # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
+    warps = 4 if hd <= 64 else 8
     if arch >= 90 and hd <= 128 and axes["kv"] == "same" and axes["layout"] == "nhd":
-        # H100, bf16, 32/8 heads, d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512),
-        # 281 vs 268 (b1 ctx16K+2K). fp8 and vllm-layout caches convert or gather in registers:
-        # there 2 stages win (223 vs 211, 177 vs 164 TF/s).
+        # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
+        # (b1 ctx16K+2K). fp8 and vllm-layout caches convert or gather through registers: there
+        # 2 stages win (223 vs 211, 177 vs 164 TF/s).
         return LaunchConfig(num_warps=warps, num_stages=3)
     return LaunchConfig(num_warps=warps, num_stages=2)
 

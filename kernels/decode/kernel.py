@@ -21,61 +21,158 @@ selects how a tile is dequantized:
      are split even/odd so QK = q_even.lo^T + q_odd.hi^T with no interleaving in registers.
   3, 4: fp8 e4m3 / e5m2, read as raw bytes and widened to fp16 with integer ops (Triton has no
      e4m3 type on sm80), with the per-head scale and the 2^8 exponent rebias of e4m3 folded into
-     the score and output scales. The dots run in fp16 whatever the query dtype: every fp8 value
-     is exact in fp16, and a bf16 query is exact in fp16 within fp16's range.
+     the score and output scales.
+For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
+fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
+(|q|, |k|, |v| < 65504).
 Offsets are int64: page id * page stride can pass 2^31.
 """
+import os
+
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+# Dequantization runs as packed PTX on the GPU: four bytes a register, two fp16 a lane pair
+# (prmt/lop/f16x2 in place of one int->float conversion an element, which runs at a quarter of
+# the FP32 rate on sm80/sm90). The interpreter cannot run PTX, so it takes the plain Triton
+# branch, which computes the same bits: codes are exact in fp16 and code * scale is rounded once.
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
+@triton.jit
+def _int8_dequant(x, s):
+    # int8 codes x, fp16 scales s -> fp16 x * s. (x ^ 0x80) under a 0x64 high byte is the fp16
+    # 1024 + 128 + x; subtracting 1152 leaves x exactly.
+    if _INTERPRET:
+        return (x.to(tl.float32) * s.to(tl.float32)).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, a, b, m;
+            mov.b32 m, 0x64806480;
+            xor.b32 t, $2, 0x80808080;
+            prmt.b32 a, t, 0x64646464, 0x4140;
+            prmt.b32 b, t, 0x64646464, 0x4342;
+            sub.rn.f16x2 a, a, m;
+            sub.rn.f16x2 b, b, m;
+            mul.rn.f16x2 $0, a, $3;
+            mul.rn.f16x2 $1, b, $4;
+            }""",
+            "=r,=r,r,r,r", [x, s], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _int4_dequant(x, s):
+    # Bytes x holding codes + 7 (low nibble, high nibble), fp16 scales s -> fp16 (lo, hi) * s.
+    # A nibble under a 0x64 high byte is the fp16 1024 + n; subtracting 1031 leaves n - 7.
+    if _INTERPRET:
+        sf = s.to(tl.float32)
+        lo = (((x & 0xF).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        hi = ((((x >> 4) & 0xF).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        return lo, hi
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, h, m;
+            mov.b32 m, 0x64076407;
+            shr.b32 h, $4, 4;
+            prmt.b32 a, $4, 0x64646464, 0x4140;
+            prmt.b32 b, $4, 0x64646464, 0x4342;
+            prmt.b32 c, h, 0x64646464, 0x4140;
+            prmt.b32 d, h, 0x64646464, 0x4342;
+            and.b32 a, a, 0xFF0FFF0F;
+            and.b32 b, b, 0xFF0FFF0F;
+            and.b32 c, c, 0xFF0FFF0F;
+            and.b32 d, d, 0xFF0FFF0F;
+            sub.rn.f16x2 a, a, m;
+            sub.rn.f16x2 b, b, m;
+            sub.rn.f16x2 c, c, m;
+            sub.rn.f16x2 d, d, m;
+            mul.rn.f16x2 $0, a, $5;
+            mul.rn.f16x2 $1, b, $6;
+            mul.rn.f16x2 $2, c, $5;
+            mul.rn.f16x2 $3, d, $6;
+            }""",
+            "=r,=r,=r,=r,r,r,r", [x, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+
+
 @triton.jit
 def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr):
-    # x: int8 bytes of fp8 values. Sign-extend to 16 bits, then place exponent and mantissa where
-    # fp16 keeps them. e5m2 is the top byte of an fp16. e4m3 lands 3 bits lower; the sign
-    # extension also set bit 14 (fp16's top exponent bit), cleared here. The result is the value
-    # times 2^-8 (e4m3's exponent bias is 7, fp16's 15), subnormals included.
-    w = x.to(tl.int16)
-    if KV_KIND == 3:
-        w = (w << 7) & -16385  # ~0x4000 as int16
+    # x: int8 bytes of fp8 values -> fp16 holding the value (e5m2) or the value * 2^-8 (e4m3, whose
+    # exponent bias is 7 to fp16's 15), subnormals included. e5m2 is the top byte of an fp16.
+    # e4m3: sign-extend to 16 bits and shift exponent and mantissa under fp16's; the extension
+    # also set bit 14 (the top exponent bit), cleared with the bits below the mantissa.
+    if _INTERPRET:
+        w = x.to(tl.int16)
+        if KV_KIND == 3:
+            w = (w << 7) & -16385  # ~0x4000 as int16
+        else:
+            w = w << 8
+        return w.to(tl.float16, bitcast=True)
+    elif KV_KIND == 3:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b;
+            prmt.b32 a, $2, 0, 0x9180;
+            prmt.b32 b, $2, 0, 0xB3A2;
+            shl.b32 a, a, 7;
+            shl.b32 b, b, 7;
+            and.b32 $0, a, 0xBF80BF80;
+            and.b32 $1, b, 0xBF80BF80;
+            }""",
+            "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
     else:
-        w = w << 8
-    return w.to(tl.float16, bitcast=True)
+        return tl.inline_asm_elementwise(
+            """{
+            prmt.b32 $0, $2, 0, 0x1404;
+            prmt.b32 $1, $2, 0, 0x3424;
+            }""",
+            "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit
-def _group_scales(S, srow, t_mask, sg, quant_group, ROWS: tl.constexpr, COLS: tl.constexpr, RUN: tl.constexpr,
-                  VALID: tl.constexpr):
-    # Scales of a [ROWS, COLS] tile whose columns come in aligned runs of RUN sharing one group
-    # (groups are >= 8 channels): one load per run, broadcast along it. sg: run index.
-    s = tl.load(S + srow[:, None] + (sg * (8) // quant_group)[None, :],
-                mask=t_mask[:, None] & (sg < VALID)[None, :], other=0.0).to(tl.float32)
-    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, COLS // RUN, RUN]), [ROWS, COLS])
+def _pages(table_row, offs_t, hi, page_size):
+    return tl.load(table_row + offs_t // page_size, mask=offs_t < hi, other=0).to(tl.int64)
 
 
 @triton.jit
-def _load_tile(base, row, cols, mask, S, srow, t_mask, sg, quant_group, KV_KIND: tl.constexpr, DT: tl.constexpr,
-               ROWS: tl.constexpr, COLS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _scales(S, page, offs_t, hi, page_size, head, sp, st, sh, sg, quant_group, VALID: tl.constexpr):
+    # fp16 scales of tokens offs_t, one per aligned run of 8 channels (groups are >= 8 wide):
+    # [len(offs_t), BLOCK_D // 8], sg the run index.
+    t_mask = offs_t < hi
+    row = page * sp + (offs_t % page_size).to(tl.int64) * st + head * sh
+    return tl.load(S + row[:, None] + (sg * 8 // quant_group)[None, :],
+                   mask=t_mask[:, None] & (sg < VALID)[None, :], other=0.0).to(tl.float16)
+
+
+@triton.jit
+def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # Per-run scales [ROWS, R] to per-column [ROWS, COLS], each repeated over its COLS // R columns.
+    RUN: tl.constexpr = COLS // s.shape[1]
+    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, s.shape[1], RUN]), [ROWS, COLS])
+
+
+@triton.jit
+def _load_tile(base, row, cols, mask, s, KV_KIND: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # One [ROWS, COLS] tile of K or V at `base + row[:, None] + cols[None, :]`, as the dot reads it:
+    # the query's dtype for fp16/bf16 caches, fp16 otherwise. s: int8's per-run scales.
     x = tl.load(base + row[:, None] + cols[None, :], mask=mask, other=0)
     if KV_KIND == 0:
         return x
     elif KV_KIND == 1:
-        s = _group_scales(S, srow, t_mask, sg, quant_group, ROWS, COLS, 8, HEAD_DIM // 8)
-        return (x.to(tl.float32) * s).to(DT)
+        return _int8_dequant(x, _expand(s, ROWS, COLS))
     else:
         return _fp8_bits_to_fp16(x, KV_KIND)
 
 
 @triton.jit
-def _load_int4_tile(base, row, cols, mask, S, srow, t_mask, sg, quant_group, DT: tl.constexpr,
-                    ROWS: tl.constexpr, COLS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _load_int4_tile(base, row, cols, mask, s, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # One [ROWS, COLS] tile of int4 bytes: (even channels, odd channels) in fp16.
     x = tl.load(base + row[:, None] + cols[None, :], mask=mask, other=0)
-    s = _group_scales(S, srow, t_mask, sg, quant_group, ROWS, COLS, 4, HEAD_DIM // 8)
-    lo = ((x & 0xF).to(tl.float32) - 7.0) * s
-    hi = (((x >> 4) & 0xF).to(tl.float32) - 7.0) * s
-    return lo.to(DT), hi.to(DT)
+    return _int4_dequant(x, _expand(s, ROWS, COLS))
 
 
 @triton.jit(
@@ -121,7 +218,7 @@ def decode_split_kernel(
 
     FP8: tl.constexpr = KV_KIND >= 3
     INT4: tl.constexpr = KV_KIND == 2
-    DT: tl.constexpr = tl.float16 if FP8 else Q.dtype.element_ty
+    DT: tl.constexpr = Q.dtype.element_ty if KV_KIND == 0 else tl.float16
     qk_scale = sm_scale * LOG2E
     v_scale = 1.0
     if FP8:
@@ -134,8 +231,6 @@ def decode_split_kernel(
     DVALID: tl.constexpr = HEAD_DIM // 2 if INT4 else HEAD_DIM
     offs_c = tl.arange(0, DCOLS)
     c_mask = offs_c < DVALID
-    # Scale column of each stored column; int4 column c holds channels 2c and 2c+1, one group.
-    sg = tl.arange(0, BLOCK_D // 8)
 
     q_rows = Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     qm = h_mask[:, None] & c_mask[None, :]
@@ -151,22 +246,45 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
     kvh64 = kvh.to(tl.int64)
 
+    # int8/int4 scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile
+    # would wait a full memory latency for them. Prefetch them by hand one tile ahead (and the
+    # table entries they need two tiles ahead), so that latency hides behind a tile's work.
+    INTQ: tl.constexpr = KV_KIND == 1 or KV_KIND == 2
+    sg = tl.arange(0, BLOCK_D // 8)
+    ks = tl.zeros([BLOCK_N, BLOCK_D // 8], dtype=tl.float16)
+    vs = ks
+    if INTQ:
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        page_n = _pages(table_row, offs_n, hi, page_size)
+        ks = _scales(KS, page_n, offs_n, hi, page_size, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
+                     quant_group, HEAD_DIM // 8)
+        vs = _scales(VS, page_n, offs_n, hi, page_size, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
+                     quant_group, HEAD_DIM // 8)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_size)
+
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
-        page = tl.load(table_row + offs_t // page_size, mask=t_mask, other=0).to(tl.int64)
+        page = _pages(table_row, offs_t, hi, page_size)
         slot = (offs_t % page_size).to(tl.int64)
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
-        ks_row = page * stride_ksp + slot * stride_kst + kvh64 * stride_ksh
-        vs_row = page * stride_vsp + slot * stride_vst + kvh64 * stride_vsh
         mask = t_mask[:, None] & c_mask[None, :]
+        ks_next = ks
+        vs_next = vs
+        if INTQ:
+            offs_n = offs_t + BLOCK_N
+            ks_next = _scales(KS, page_n, offs_n, hi, page_size, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
+                              quant_group, HEAD_DIM // 8)
+            vs_next = _scales(VS, page_n, offs_n, hi, page_size, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
+                              quant_group, HEAD_DIM // 8)
+            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_size)
 
         if INT4:
-            k_lo, k_hi = _load_int4_tile(K, k_row, offs_c, mask, KS, ks_row, t_mask, sg, quant_group, DT, BLOCK_N, DCOLS, HEAD_DIM)
+            k_lo, k_hi = _load_int4_tile(K, k_row, offs_c, mask, ks, BLOCK_N, DCOLS)
             qk = tl.dot(q, tl.trans(k_lo)) + tl.dot(q_odd, tl.trans(k_hi))
         else:
-            k = _load_tile(K, k_row, offs_c, mask, KS, ks_row, t_mask, sg, quant_group, KV_KIND, DT, BLOCK_N, DCOLS, HEAD_DIM)
+            k = _load_tile(K, k_row, offs_c, mask, ks, KV_KIND, BLOCK_N, DCOLS)
             qk = tl.dot(q, tl.trans(k))
         qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
 
@@ -176,12 +294,14 @@ def decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         if INT4:
-            v_lo, v_hi = _load_int4_tile(V, v_row, offs_c, mask, VS, vs_row, t_mask, sg, quant_group, DT, BLOCK_N, DCOLS, HEAD_DIM)
+            v_lo, v_hi = _load_int4_tile(V, v_row, offs_c, mask, vs, BLOCK_N, DCOLS)
             acc = acc * alpha[:, None] + tl.dot(p.to(DT), v_lo)
             acc_odd = acc_odd * alpha[:, None] + tl.dot(p.to(DT), v_hi)
         else:
-            v = _load_tile(V, v_row, offs_c, mask, VS, vs_row, t_mask, sg, quant_group, KV_KIND, DT, BLOCK_N, DCOLS, HEAD_DIM)
+            v = _load_tile(V, v_row, offs_c, mask, vs, KV_KIND, BLOCK_N, DCOLS)
             acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
+        ks = ks_next
+        vs = vs_next
 
     # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
     slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split

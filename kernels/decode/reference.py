@@ -1,6 +1,6 @@
 """Float32 torch reference of paged decode attention and of the cache quantization formats.
 
-Written to be read, not to be fast: one request and one head at a time.
+Written to be read, not to be fast: one request at a time, on the device its inputs are on.
 """
 from __future__ import annotations
 
@@ -33,21 +33,21 @@ def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scal
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    out = torch.zeros(batch, q_heads, head_dim, dtype=torch.float32)
+    out = torch.zeros(batch, q_heads, head_dim, dtype=torch.float32, device=q.device)
     for b in range(batch):
         row = int(req_idx[b]) if req_idx is not None else b
         length = int(seq_lens[b])
         start = max(0, length - window) if window else 0
-        k = gather_tokens(k_cache, table[row], length)[start:].float().cpu()
-        v = gather_tokens(v_cache, table[row], length)[start:].float().cpu()
-        for h in range(q_heads):
-            scores = k[:, h // group] @ q[b, h].float().cpu() * scale
-            if sinks is not None:
-                scores = torch.cat([scores, sinks[h].float().cpu().view(1)])
-            if scores.numel() == 0:
-                continue
-            p = torch.softmax(scores, dim=0)[: k.shape[0]]
-            out[b, h] = p @ v[:, h // group]
+        # [tokens, q_heads, head_dim]: each query head reads its kv head (h // group).
+        k = gather_tokens(k_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
+        v = gather_tokens(v_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.float().view(q_heads, 1)], dim=1)
+        if scores.shape[1] == 0:
+            continue
+        p = torch.softmax(scores, dim=1)[:, : k.shape[0]]
+        out[b] = torch.einsum("ht,thd->hd", p, v)
     return out
 
 
@@ -60,8 +60,8 @@ def quantize_reference(x: torch.Tensor, fmt: str, group: int, scale_dtype: torch
     """
     qmax = INT_QMAX[fmt]
     x = x.float()
-    codes = torch.zeros(x.shape, dtype=torch.int8)
-    scales = torch.zeros(*x.shape[:-1], x.shape[-1] // group, dtype=scale_dtype)
+    codes = torch.zeros(x.shape, dtype=torch.int8, device=x.device)
+    scales = torch.zeros(*x.shape[:-1], x.shape[-1] // group, dtype=scale_dtype, device=x.device)
     for g in range(x.shape[-1] // group):
         chunk = x[..., g * group:(g + 1) * group]
         scale = (chunk.abs().amax(-1) / qmax).to(scale_dtype)
@@ -93,10 +93,10 @@ def dequantize(cache: torch.Tensor, fmt: str, scale: torch.Tensor | None = None)
     if fmt in ("fp16", "bf16"):
         return cache.float()
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
-        s = torch.ones(()) if scale is None else scale.float().cpu()
+        s = torch.ones((), device=cache.device) if scale is None else scale.float()
         if s.dim() == 1:
             s = s.view(-1, 1)  # per kv head, broadcast over head_dim
-        return cache.cpu().float() * s
+        return cache.float() * s
     codes = unpack_int4(cache) if fmt == "int4" else cache.to(torch.int16)
     group = codes.shape[-1] // scale.shape[-1]
     return (codes.float().unflatten(-1, (-1, group)) * scale.float().unsqueeze(-1)).flatten(-2)

@@ -24,7 +24,7 @@ class Case:
 
     def reference(self, **extra):
         kw = {k: v for k, v in {**self.kwargs, **extra}.items() if k in ("req_idx", "sm_scale", "window", "sinks")}
-        return R.decode_reference(self.q, self.k_real, self.v_real, self.table.cpu(), self.seq_lens.cpu(), **kw)
+        return R.decode_reference(self.q, self.k_real, self.v_real, self.table, self.seq_lens, **kw)
 
 
 def empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype):
@@ -39,7 +39,7 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
     """A batch with lengths `lens`, pages in random order, the cache written by store_kv."""
     from aotc.loader.ops.decode import store_kv
 
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)  # drawn where the test runs: 16K x 32 on a GPU
     q_dtype = q_dtype or (DTYPES[fmt] if fmt in ("fp16", "bf16") else torch.bfloat16)
     if token_level:
         page_size = 1
@@ -48,11 +48,11 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
     pages = batch * max_pages + extra_pages
     # Distinct pages per request in random order; with req_idx, requests sit in shuffled rows of a
     # larger table whose other rows point at pages too.
-    perm = torch.randperm(pages, generator=g)
+    perm = torch.randperm(pages, generator=g, device=device)
     own = perm[: batch * max_pages].view(batch, max_pages)
     rows = batch + 2 if req_idx else batch
-    order = torch.randperm(rows, generator=g)[:batch] if req_idx else torch.arange(batch)
-    table = torch.randint(0, pages, (rows, max_pages), generator=g)
+    order = torch.randperm(rows, generator=g, device=device)[:batch] if req_idx else torch.arange(batch, device=device)
+    table = torch.randint(0, pages, (rows, max_pages), generator=g, device=device)
     table[order] = own
     table = table.to(torch.int32)
 
@@ -64,39 +64,35 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
         kwargs["v_scale"] = torch.zeros(sshape, dtype=DTYPES[scale_dtype], device=device)
     elif fmt in FP8 and fp8_scale is not None:
         if fp8_scale == "per_head":
-            kwargs["k_scale"] = (0.5 + torch.rand(kv_heads, generator=g)).to(device)
-            kwargs["v_scale"] = (0.5 + torch.rand(kv_heads, generator=g)).to(device)
+            kwargs["k_scale"] = 0.5 + torch.rand(kv_heads, generator=g, device=device)
+            kwargs["v_scale"] = 0.5 + torch.rand(kv_heads, generator=g, device=device)
         else:
             kwargs["k_scale"] = torch.tensor(0.75, device=device)
             kwargs["v_scale"] = torch.tensor(1.25, device=device)
-    k_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g).to(q_dtype).to(device)
-    v_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g).to(q_dtype).to(device)
-    slots = torch.randperm(pages * page_size, generator=g).to(torch.int32).to(device)
-    store_kv(k_new[slots.long()], v_new[slots.long()], k_cache, v_cache, slots, **kwargs)
+    k_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g, device=device).to(q_dtype)
+    v_new = torch.randn(pages * page_size, kv_heads, head_dim, generator=g, device=device).to(q_dtype)
+    slots = torch.randperm(pages * page_size, generator=g, device=device).to(torch.int32)
+    store_kv(k_new, v_new, k_cache, v_cache, slots, **kwargs)
 
-    k_real = R.dequantize(k_cache.cpu(), fmt, _cpu(kwargs.get("k_scale")))
-    v_real = R.dequantize(v_cache.cpu(), fmt, _cpu(kwargs.get("v_scale")))
+    k_real = R.dequantize(k_cache, fmt, kwargs.get("k_scale"))
+    v_real = R.dequantize(v_cache, fmt, kwargs.get("v_scale"))
     if token_level:
         k_cache, v_cache = k_cache[:, 0], v_cache[:, 0]
         for key in ("k_scale", "v_scale"):
             if fmt in ("int8", "int4"):
                 kwargs[key] = kwargs[key][:, 0]
     if req_idx:
-        kwargs["req_idx"] = order.to(torch.int32).to(device)
-    q = torch.randn(batch, kv_heads * group, head_dim, generator=g).to(q_dtype).to(device)
+        kwargs["req_idx"] = order.to(torch.int32)
+    q = torch.randn(batch, kv_heads * group, head_dim, generator=g, device=device).to(q_dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    return Case(q, k_cache, v_cache, table.to(device), seq_lens, k_real, v_real, kwargs)
-
-
-def _cpu(t):
-    return None if t is None else t.cpu()
+    return Case(q, k_cache, v_cache, table, seq_lens, k_real, v_real, kwargs)
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
     """bf16/fp16 output vs float32 reference: every element within tol + tol * |ref| and the
     relative Frobenius error under rel_tol; bf16: 2e-2 and 1e-2, fp16: 5e-3 and 3e-3."""
     tol, rel_tol = (2e-2, 1e-2) if out.dtype == torch.bfloat16 else (5e-3, 3e-3)
-    out = out.float().cpu()
+    out, ref = out.float().cpu(), ref.cpu()
     assert not out.isnan().any(), f"{what}: NaN in output"
     err = (out - ref).abs()
     bound = tol + tol * ref.abs()

@@ -3,19 +3,23 @@
 Quantized caches are written by store_kv and compared on their dequantized values, so the
 tolerance (cases.assert_close: bf16 2e-2 abs+rel per element and 1e-2 relative norm; fp16 5e-3
 and 3e-3) covers the kernel's arithmetic, not the quantization error. Outputs are poisoned with
-NaN first. BLOCK_N is 64 for head_dim <= 128, so lengths 63/64/65 straddle a tile.
+NaN first. Lengths n-1, n, n+1 straddle a tile of n = BLOCK_N tokens (spec.block_n: by format).
 """
 import math
 
 import pytest
 import torch
 
-from aotc.kernels.decode import reference as R
+from aotc.kernels.decode import reference as R, spec as S
 from aotc.loader.ops.decode import decode, store_kv
 from tests.cpu.kernels.decode.cases import DTYPES, FP8, assert_close, make_case
 
 FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
-EDGES = [0, 1, 63, 64, 65, 130]
+
+
+def edges(fmt, head_dim=64):
+    n = S.block_n(head_dim, fmt)
+    return [0, 1, n - 1, n, n + 1, 2 * n + 2]
 
 
 def run(case, **kw):
@@ -27,7 +31,7 @@ def run(case, **kw):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_formats_at_block_edges(fmt):
-    case = make_case(EDGES, fmt=fmt, seed=1)
+    case = make_case(edges(fmt), fmt=fmt, seed=1)
     assert_close(run(case, num_splits=3), case.reference(), fmt)
     assert (run(case, num_splits=3)[0] == 0).all()  # length 0: zeros, not NaN
 
@@ -77,7 +81,7 @@ def test_gqa_groups_and_mqa(kv_heads, group):
 @pytest.mark.parametrize("head_dim,fmt", [(96, "bf16"), (96, "int4"), (96, "fp8_e4m3"), (128, "int8"),
                                           (256, "fp16"), (256, "int4")])
 def test_head_dims(head_dim, fmt):
-    lens = [0, 31, 32, 33] if head_dim == 256 else [1, 64, 65]  # BLOCK_N is 32 at head_dim 256
+    lens = edges(fmt, head_dim)[:5]
     case = make_case(lens, fmt=fmt, head_dim=head_dim, kv_heads=1, group=2, seed=8)
     assert_close(run(case, num_splits=2), case.reference(), f"{fmt} d{head_dim}")
 

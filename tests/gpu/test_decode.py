@@ -1,0 +1,179 @@
+"""decode / store_kv on a GPU: every cache format at 16K+ context and batch 32 over page sizes 1 to
+128, head dims, windows and sinks at length, caches past 2^31 elements, and CUDA graph replay
+after lengths, tables and cache contents change. Tolerances as the CPU tests (cases.assert_close).
+"""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from aotc.kernels.decode import kernel, reference as R, spec as S
+from aotc.loader.ops.decode import decode, store_kv
+from tests.cpu.kernels.decode.cases import assert_close, make_case
+
+FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
+
+
+@triton.jit
+def _dequant_probe(X, S, LO, HI, N: tl.constexpr, KIND: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(X + offs)
+    s = tl.load(S + offs)
+    if KIND == 1:
+        tl.store(LO + offs, kernel._int8_dequant(x, s))
+    elif KIND == 2:
+        lo, hi = kernel._int4_dequant(x, s)
+        tl.store(LO + offs, lo)
+        tl.store(HI + offs, hi)
+    else:
+        tl.store(LO + offs, kernel._fp8_bits_to_fp16(x, KIND))
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4])
+def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
+    """The PTX dequantizers on every byte value, against the formulas the interpreter runs."""
+    n = 2048
+    x = (torch.arange(n, device="cuda") % 256).to(torch.uint8).view(torch.int8)
+    # Scales from fp16 subnormals (2^-20) to 2^9, so products round, underflow and stay exact in turn.
+    s = (torch.exp2(torch.randint(-20, 9, (n,), device="cuda").float()) * (1 + torch.rand(n, device="cuda"))).half()
+    lo, hi = torch.empty(n, dtype=torch.float16, device="cuda"), torch.empty(n, dtype=torch.float16, device="cuda")
+    _dequant_probe[(1,)](x, s, lo, hi, N=n, KIND=kind)
+    b = x.view(torch.uint8).int()
+    if kind == 1:
+        want = [(x.float() * s.float()).half()]
+    elif kind == 2:
+        want = [(((b & 15) - 7).float() * s.float()).half(), (((b >> 4) - 7).float() * s.float()).half()]
+    else:
+        fp8 = torch.float8_e4m3fn if kind == 3 else torch.float8_e5m2
+        want = [x.view(fp8).float().mul(2.0 ** -8 if kind == 3 else 1.0).half()]
+        if kind == 3:
+            keep = (b & 0x7F) != 0x7F  # e4m3's NaN bytes have no fp16 image here; never stored
+            lo, want = lo[keep], [want[0][keep]]
+    for got, w in zip((lo, hi), want):
+        assert torch.equal(got.view(torch.int16), w.view(torch.int16)) or torch.allclose(got, w, equal_nan=True, rtol=0, atol=0)
+
+
+def long_lens(batch, seed, base=16384, block=64):
+    g = torch.Generator().manual_seed(seed)
+    lens = (base + torch.randint(0, 1024, (batch,), generator=g)).tolist()
+    lens[:5] = [0, 1, block - 1, block, block + 1]  # tile edges beside the long ones, in one batch
+    return lens
+
+
+def run(case, **kw):
+    out = torch.full_like(case.q, float("nan"))
+    decode(case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, out=out, **case.kwargs, **kw)
+    return out
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 32, 64, 128])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats_long_context_batch_32(fmt, page_size):
+    lens = long_lens(32, page_size, block=S.block_n(128, fmt))
+    case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=page_size, extra_pages=7,
+                     token_level=page_size == 1, device="cuda", seed=page_size)
+    assert_close(run(case), case.reference(), f"{fmt} page {page_size}")
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 256])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8_e4m3"])
+def test_head_dims(fmt, head_dim):
+    case = make_case(long_lens(8, head_dim, base=4096), fmt=fmt, kv_heads=2, group=8, head_dim=head_dim,
+                     device="cuda", seed=head_dim)
+    assert_close(run(case), case.reference(), f"{fmt} d{head_dim}")
+
+
+@pytest.mark.parametrize("kv_heads,group", [(32, 1), (1, 32), (2, 16), (4, 5)])
+def test_groups_and_req_idx_at_length(kv_heads, group):
+    case = make_case(long_lens(6, group), fmt="int4", kv_heads=kv_heads, group=group, quant_group=64,
+                     req_idx=True, device="cuda", seed=group)
+    assert_close(run(case), case.reference(), f"{kv_heads}x{group}")
+
+
+@pytest.mark.parametrize("window", [1, 4096, 16500])
+def test_window_and_sinks_at_length(window):
+    case = make_case(long_lens(8, window), fmt="fp8_e4m3", kv_heads=8, group=8, device="cuda", seed=window)
+    sinks = torch.randn(64, device="cuda") * 3
+    out = run(case, window=window, sinks=sinks)
+    assert_close(out, case.reference(window=window, sinks=sinks), f"window {window}")
+    assert (out[0] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4"])
+def test_cache_past_2_31_elements(fmt):
+    """Page id * page stride past int32: the request's pages are the last of a > 2^31-element cache."""
+    page_size, kv_heads, head_dim = 16, 1, 128
+    last = head_dim // 2 if fmt == "int4" else head_dim
+    pages = (2 ** 31) // (page_size * kv_heads * last) + 64
+    dtype = torch.uint8 if fmt == "int4" else torch.bfloat16
+    k_cache = torch.empty(pages, page_size, kv_heads, last, dtype=dtype, device="cuda")
+    v_cache = torch.empty_like(k_cache)
+    kw = {}
+    if fmt == "int4":
+        kw = dict(k_scale=torch.empty(pages, page_size, kv_heads, 2, dtype=torch.float16, device="cuda"))
+        kw["v_scale"] = torch.empty_like(kw["k_scale"])
+    n = 40 * page_size
+    table = torch.arange(pages - 40, pages, dtype=torch.int32, device="cuda").flip(0).view(1, 40)
+    slots = (table[0].long()[:, None] * page_size + torch.arange(page_size, device="cuda")).flatten()
+    k = torch.randn(n, kv_heads, head_dim, device="cuda").to(torch.bfloat16)
+    v = torch.randn(n, kv_heads, head_dim, device="cuda").to(torch.bfloat16)
+    store_kv(k, v, k_cache, v_cache, slots.to(torch.int32), **kw)
+    q = torch.randn(1, 4, head_dim, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([n - 5], dtype=torch.int32, device="cuda")
+    out = decode(q, k_cache, v_cache, table, lens, **kw)
+    sub = lambda c, s=None: R.dequantize(c[pages - 40:], fmt, None if s is None else s[pages - 40:])
+    ref = R.decode_reference(q, sub(k_cache, kw.get("k_scale")), sub(v_cache, kw.get("v_scale")),
+                             table - (pages - 40), lens)
+    assert_close(out, ref, f"{fmt} past 2^31")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8_e4m3"])
+def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
+    """Capture store_kv + decode once; then new lengths (0 included), a reshuffled table, new cache
+    contents and a new query; replay must match the reference on what the cache now holds."""
+    batch, max_len = 16, 8192
+    case = make_case([max_len] * batch, fmt=fmt, kv_heads=4, group=8, head_dim=128, page_size=16, device="cuda",
+                     seed=1)
+    q, table, lens, kw = case.q, case.table, case.seq_lens, case.kwargs
+    new_k = torch.randn(batch, 4, 128, device="cuda").to(q.dtype)
+    new_v = torch.randn(batch, 4, 128, device="cuda").to(q.dtype)
+    slots = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        store_kv(new_k, new_v, case.k_cache, case.v_cache, slots, **kw)
+        decode(q, case.k_cache, case.v_cache, table, lens, out=out, **kw)
+
+    lens.fill_(100)
+    step()  # warm-up: compiles, sizes the workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    used = torch.zeros(case.k_cache.shape[0], dtype=torch.bool, device="cuda")
+    used[table.flatten().long()] = True
+    spare = int((~used).nonzero()[0, 0])  # make_case leaves extra pages outside every row
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for trial in range(3):
+        new_lens = torch.randint(1, max_len + 1, (batch,), generator=g, device="cuda", dtype=torch.int32)
+        new_lens[trial] = 0
+        lens.copy_(new_lens)
+        table.copy_(table[torch.randperm(batch, generator=g, device="cuda")])
+        # Each request's newest token goes to its last position; a length-0 request writes nowhere
+        # (its slot points at a spare page no table row uses).
+        last = (new_lens - 1).clamp_min(0).long()
+        page = table[torch.arange(batch, device="cuda"), last // 16].long()
+        page = torch.where(new_lens > 0, page, spare)
+        slots.copy_((page * 16 + last % 16).to(torch.int32))
+        new_k.normal_(generator=g)
+        new_v.normal_(generator=g)
+        q.normal_(generator=g)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        k_real = R.dequantize(case.k_cache, fmt, kw.get("k_scale"))
+        v_real = R.dequantize(case.v_cache, fmt, kw.get("v_scale"))
+        ref = R.decode_reference(q, k_real, v_real, table, lens)
+        assert_close(out, ref, f"{fmt} replay {trial}")
+        assert (out[trial] == 0).all()

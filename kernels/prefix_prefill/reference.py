@@ -77,15 +77,3 @@ def quantize_fp8_ref(x: torch.Tensor, out_scale: torch.Tensor) -> torch.Tensor:
     """What fp8 output means: clamp(x / out_scale, -448, 448) in float8_e4m3fn."""
     return (x.float() / out_scale.float().item()).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
-
-def flops(query_start_loc, seq_lens, q_heads: int, head_dim: int, window: int | None = None) -> int:
-    """4 * head_dim FLOPs per allowed (query, key) pair: QK^T and PV, 2 each per element."""
-    pairs = 0
-    qsl = query_start_loc.tolist()
-    for b, seq_len in enumerate(seq_lens.tolist()):
-        q_len = qsl[b + 1] - qsl[b]
-        ctx = seq_len - q_len
-        for i in range(q_len):
-            pos = ctx + i
-            pairs += min(pos + 1, window) if window else pos + 1
-    return 4 * head_dim * q_heads * pairs

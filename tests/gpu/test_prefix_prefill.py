@@ -108,3 +108,35 @@ def test_fp8_encoder_matches_torch_bit_for_bit():
     _encode[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
     want = x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(y, want)
+
+
+_MEMCHECK = """
+import torch
+from tests.cpu.kernels.prefix_prefill.cases import make_case
+from aotc.loader.ops.prefix_prefill import prefix_prefill
+for layout, cdt, window in [("nhd", None, None), ("vllm", None, 20), ("nhd", torch.float8_e4m3fn, 100),
+                            ("vllm", torch.float8_e5m2, None)]:
+    # The last request has the widest row and a 15-page context: a 64-key tail tile that read
+    # block-table entries unmasked would read past the table's own allocation.
+    case, kw = make_case([16, 0, 47, 64, 240], [5, 9, 1, 30, 3], layout=layout, cache_dtype=cdt, device="cuda")
+    prefix_prefill(**case, **kw, window=window, out_scale=torch.tensor([0.01], device="cuda"))
+    torch.cuda.synchronize()
+"""
+
+
+def test_no_out_of_bounds_access_under_memcheck():
+    # Seen on an H100: 0 errors; with the block-table gather unmasked, memcheck stops the launch.
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer is not on PATH")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
+    res = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", _MEMCHECK],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "ERROR SUMMARY: 0 errors" in res.stdout

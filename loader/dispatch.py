@@ -68,7 +68,6 @@ class Selection:
         self.device = device
         self.target = target
         self.arch = capability[0] * 10 + capability[1]
-        self.ptr_idx = tuple(i for i, a in enumerate(spec.args) if a.kind == "ptr")
         entries = target.entries if target is not None else {}
         self.entries = {level: entries.get(str(VariantKey.make(spec.name, axes, level))) for level in (ALIGNED, GENERIC)}
         self.loaded: dict[str, Launchable] = {}
@@ -80,6 +79,7 @@ class Selection:
         self.l_aligned: Launchable | None = None
         self.l_generic: Launchable | None = None
         self.lock = threading.Lock()
+        self.values = _values_function(spec, self.aligned_idx)
 
     def _launchable(self, level: str) -> Launchable:
         with self.lock:  # one thread loads; the others wait and reuse it
@@ -93,16 +93,10 @@ class Selection:
         return got
 
     def launch(self, grid, args: Sequence, stream: int) -> None:
-        values = list(args)
-        for i in self.ptr_idx:
-            values[i] = values[i].data_ptr()
-        if self.has_aligned:
-            for i in self.aligned_idx:
-                if values[i] & 15:
-                    break
-            else:
-                (self.l_aligned or self._launchable(ALIGNED)).launch(grid, values, stream)
-                return
+        values, misaligned = self.values(args)
+        if self.has_aligned and not misaligned:
+            (self.l_aligned or self._launchable(ALIGNED)).launch(grid, values, stream)
+            return
         if self.has_generic:
             (self.l_generic or self._launchable(GENERIC)).launch(grid, values, stream)
         else:
@@ -115,6 +109,18 @@ class Selection:
             reason = f"no artifacts for this device in {artifacts.current_source()}"
         fallback.record_miss(key, target, reason)
         fallback.run_jit(self.spec, self.axes, grid, args, self.arch)
+
+
+def _values_function(spec: KernelSpec, aligned_idx: tuple):
+    """A generated `values(args) -> (packed values, misaligned bits)` for one kernel: pointers
+    read with data_ptr(), the ALIGNED binary's assumptions OR-ed into one test. Straight-line
+    code, as Triton generates its binder, because a loop over 30 arguments costs microseconds."""
+    items = [f"a[{i}].data_ptr()" if arg.kind == "ptr" else f"a[{i}]" for i, arg in enumerate(spec.args)]
+    check = " | ".join(f"v[{i}]" for i in aligned_idx) or "0"
+    src = f"def values(a):\n    v = ({', '.join(items)},)\n    return v, ({check}) & 15\n"
+    namespace: dict = {}
+    exec(compile(src, f"<aotc values {spec.name}>", "exec"), namespace)  # noqa: S102 - built from the spec
+    return namespace["values"]
 
 
 _selections: dict[tuple, Selection] = {}

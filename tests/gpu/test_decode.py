@@ -69,7 +69,7 @@ def run(case, **kw):
 @pytest.mark.parametrize("page_size", [1, 16, 32, 64, 128])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_formats_long_context_batch_32(fmt, page_size):
-    lens = long_lens(32, page_size, block=S.block_n(128, fmt))
+    lens = long_lens(32, page_size, block=S.block_n(128))
     case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=page_size, extra_pages=7,
                      token_level=page_size == 1, device="cuda", seed=page_size)
     assert_close(run(case), case.reference(), f"{fmt} page {page_size}")

@@ -34,7 +34,7 @@ def test_each_split_owns_one_chunk(window):
     case = make_case(lens, fmt="bf16", kv_heads=1, group=2, seed=20)
     splits = 4
     part_o, part_lse = split_launch(case, splits, window)
-    block = S.block_n(64, "bf16")
+    block = S.block_n(64)
     for b, n in enumerate(lens):
         start = max(0, n - window) if window else 0
         chunk = -(-(-(-(n - start) // splits)) // block) * block

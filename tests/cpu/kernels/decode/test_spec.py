@@ -45,8 +45,8 @@ def test_signature_reads_fp8_and_int4_as_bytes():
     sig = S.SPLIT.signature(S.split_axes("fp16", "int4", "bf16", 64))
     assert sig["K"] == "*i8" and sig["KS"] == "*bf16"
     c = S.split_constexprs(S.split_axes("fp16", "fp16", "fp32", 96))
-    assert c["BLOCK_D"] == 128 and c["HEAD_DIM"] == 96 and c["BLOCK_N"] == S.block_n(96, "fp16")
-    assert S.block_n(256, "int4") == S.block_n(128, "int4") // 2
+    assert c["BLOCK_D"] == 128 and c["HEAD_DIM"] == 96 and c["BLOCK_N"] == S.block_n(96)
+    assert S.block_n(256) == S.block_n(128) // 2
 
 
 @pytest.mark.parametrize("args,match", [

@@ -3,7 +3,7 @@
 Quantized caches are written by store_kv and compared on their dequantized values, so the
 tolerance (cases.assert_close: bf16 2e-2 abs+rel per element and 1e-2 relative norm; fp16 5e-3
 and 3e-3) covers the kernel's arithmetic, not the quantization error. Outputs are poisoned with
-NaN first. Lengths n-1, n, n+1 straddle a tile of n = BLOCK_N tokens (spec.block_n: by format).
+NaN first. Lengths n-1, n, n+1 straddle a tile of n = BLOCK_N tokens (spec.block_n).
 """
 import math
 
@@ -18,7 +18,7 @@ FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 
 def edges(fmt, head_dim=64):
-    n = S.block_n(head_dim, fmt)
+    n = S.block_n(head_dim)
     return [0, 1, n - 1, n, n + 1, 2 * n + 2]
 
 

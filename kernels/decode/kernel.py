@@ -37,8 +37,10 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 # Dequantization runs as packed PTX on the GPU: four bytes a register, two fp16 a lane pair
 # (prmt/lop/f16x2 in place of one int->float conversion an element, which runs at a quarter of
-# the FP32 rate on sm80/sm90). The interpreter cannot run PTX, so it takes the plain Triton
-# branch, which computes the same bits: codes are exact in fp16 and code * scale is rounded once.
+# the FP32 rate on sm80/sm90): on an H100 at batch 32 x 16K, int4 772 -> 667 us and fp8
+# 627 -> 577 us. The interpreter cannot run PTX, so it takes the plain Triton branch, which
+# computes the same bits (codes are exact in fp16, code * scale is rounded once); a GPU test
+# checks the two agree bit for bit on every byte value.
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 
@@ -248,7 +250,8 @@ def decode_split_kernel(
 
     # int8/int4 scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile
     # would wait a full memory latency for them. Prefetch them by hand one tile ahead (and the
-    # table entries they need two tiles ahead), so that latency hides behind a tile's work.
+    # table entries they need two tiles ahead), so that latency hides behind a tile's work
+    # (H100, int8: batch 1 x 32K 74 -> 66 us, batch 32 x 16K 820 -> 795 us).
     INTQ: tl.constexpr = KV_KIND == 1 or KV_KIND == 2
     sg = tl.arange(0, BLOCK_D // 8)
     ks = tl.zeros([BLOCK_N, BLOCK_D // 8], dtype=tl.float16)

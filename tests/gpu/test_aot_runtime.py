@@ -169,3 +169,20 @@ print(sorted(m for m in sys.modules if m == "triton" or m.startswith("triton."))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_bad_values_raise_before_launch_on_the_gpu():
+    axes = decode_spec.split_axes("bf16", "bf16", "fp32", 128)
+    (q, kc, vc, table, lens), _ = make_case(axes, batch=2, lens=(10, 40))
+    out = torch.full_like(q, float("nan"))
+    cap = table.shape[1] * kc.shape[1]
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = .* is outside"):
+        loader.decode(q, kc, vc, table, torch.tensor([10, cap + 1], device="cuda", dtype=torch.int32), out=out)
+    bad_table = table.clone()
+    bad_table[1, 0] = kc.shape[0] + 5
+    with pytest.raises(ValueError, match=r"table\[1, 0\] = .* is not a page"):
+        loader.decode(q, kc, vc, bad_table, lens, out=out)
+    with pytest.raises(ValueError, match=r"req_idx\[0\] = 7 is outside"):
+        loader.decode(q, kc, vc, table, lens, req_idx=torch.tensor([7, 0], device="cuda", dtype=torch.int32), out=out)
+    torch.cuda.synchronize()
+    assert out.isnan().all()  # nothing was launched

@@ -30,7 +30,7 @@ from .triton_compat import triton_version
 
 AOTC_VERSION = "0.1.0"
 # Bump when the compile path changes in a way the other hash inputs do not show.
-COMPILE_RECIPE = 1
+COMPILE_RECIPE = 2  # 2: no line info
 
 
 @dataclass
@@ -138,6 +138,10 @@ def _reusable(target_dir: Path, bhash: str) -> Entry | None:
 def _init_worker() -> None:
     # The build compiles real kernels even when the parent runs under the interpreter.
     os.environ.pop("TRITON_INTERPRET", None)
+    # Line info embeds the sources' absolute path in the cubin: without it the bytes depend only
+    # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
+    # compiles with the same switch (loader.fallback.aot_compile_options).
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
 
 
 def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash: str) -> dict:

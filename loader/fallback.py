@@ -8,6 +8,7 @@ an error naming the key and the command that would build it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -97,8 +98,21 @@ def jit_function(spec: KernelSpec):
     return getattr(importlib.import_module(spec.module), spec.function)
 
 
+@contextlib.contextmanager
+def aot_compile_options():
+    """Compile as `aotc build` does: without line info, whose file paths would make the bytes
+    depend on where the sources sit (the build sets the same switch in its workers). The knob
+    is process-wide while this runs."""
+    import triton
+
+    with triton.knobs.compilation.scope():
+        triton.knobs.compilation.disable_line_info = True
+        yield
+
+
 def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: int) -> None:
-    """Launch through Triton: its JIT on a GPU, its interpreter under TRITON_INTERPRET=1."""
+    """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key),
+    its interpreter under TRITON_INTERPRET=1."""
     fn = jit_function(spec)
     cfg = spec.launch(axes, arch)
     constexprs = spec.constexprs(axes)
@@ -106,8 +120,11 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     if device.type == "cuda":
-        with torch.cuda.device(device):
+        with torch.cuda.device(device), aot_compile_options():
             fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                      num_ctas=cfg.num_ctas)
     else:
+        from .interpreter import patch_interpreter
+
+        patch_interpreter()
         fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -220,33 +220,45 @@ def _skip_value_checks(t) -> bool:
 
 
 def _check_decode_values(d: _Decode) -> None:
-    """Lengths within the table, req_idx within its rows, used page ids within the cache: one sync."""
+    """Lengths within the table, req_idx within its rows, used page ids within the cache.
+
+    The values are copied to the host (seq_lens, req_idx, then the table rows in use) and
+    checked there: plain device-to-host copies and one sync, no GPU kernel, so even a first call
+    in a fresh process loads no extra device code.
+    """
     batch = d.q.shape[0]
     if batch == 0 or _skip_value_checks(d.q):
         return
     rows_n, max_pages = d.table.shape
     pages_n, page_size = d.kv.k.shape[:2]
     cap = max_pages * page_size
-    lens = d.seq_lens.long()
-    rows = d.req_idx.long() if d.req_idx is not None else torch.arange(batch, device=lens.device)
-    bad_len = (lens < 0) | (lens > cap)
-    bad_row = (rows < 0) | (rows >= rows_n)
-    lens_c = lens.clamp(0, cap)
-    first = (lens_c - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens_c)
-    col = torch.arange(max_pages, device=lens.device)
-    used = (col >= first[:, None]) & (col < ((lens_c + page_size - 1) // page_size)[:, None])
-    ids = d.table[rows.clamp(0, max(rows_n - 1, 0))] if rows_n else torch.zeros_like(used, dtype=torch.int32)
-    bad_page = used & ((ids < 0) | (ids >= pages_n))
-    flags = torch.stack([bad_len.any(), bad_row.any(), bad_page.any()]).tolist()
-    if flags[0]:
-        b = int(bad_len.nonzero()[0, 0])
+    lens = d.seq_lens.cpu()
+    bad = (lens < 0) | (lens > cap)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
         raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is outside [0, {cap}] (table of {max_pages} pages "
                          f"of {page_size} tokens)")
-    if flags[1]:
-        b = int(bad_row.nonzero()[0, 0])
-        raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
-    if flags[2]:
-        b, c = (int(x) for x in bad_page.nonzero()[0])
+    if d.req_idx is not None:
+        rows = d.req_idx.cpu().long()
+        bad = (rows < 0) | (rows >= rows_n)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
+    else:
+        rows = torch.arange(batch)
+    lens = lens.long()
+    used_cols = int(((lens + page_size - 1) // page_size).max())
+    if used_cols == 0:
+        return
+    # Only the columns any request uses; with req_idx only the rows it names (gathered on the host).
+    top = int(rows.max()) + 1
+    ids = d.table[:top, :used_cols].cpu()[rows]
+    first = (lens - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens)
+    col = torch.arange(used_cols)
+    used = (col >= first[:, None]) & (col < ((lens + page_size - 1) // page_size)[:, None])
+    bad = used & ((ids < 0) | (ids >= pages_n))
+    if bool(bad.any()):
+        b, c = (int(x) for x in bad.nonzero()[0])
         raise ValueError(f"table[{int(rows[b])}, {c}] = {int(ids[b, c])} (used by request {b}) is not a page "
                          f"of the {pages_n}-page cache")
 

@@ -8,13 +8,17 @@ import os
 import pytest
 import torch
 
-os.environ.pop("TRITON_INTERPRET", None)
-
 
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(__file__)
+    # The CPU tests' conftest turns on Triton's interpreter for the whole process; GPU tests
+    # need real compiles, so on a GPU machine they run in a process of their own.
+    interpreting = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+            elif interpreting:
+                item.add_marker(pytest.mark.skip(reason="TRITON_INTERPRET is on (the CPU tests set it): "
+                                                        "run `python -m pytest tests/gpu` on its own"))

@@ -9,7 +9,7 @@ import torch
 from aotc.aot.build import build
 from aotc.kernels.registry import get_spec
 from aotc.loader import artifacts, dispatch
-from aotc.loader.fallback import jit_function
+from aotc.loader.fallback import aot_compile_options, jit_function
 
 EXTRA = "tests.cpu.fixtures.tiny.spec"
 
@@ -55,7 +55,8 @@ def test_jit_compiles_the_same_cubin_and_the_same_bits(tiny):
     aot, jit = torch.empty_like(y), torch.empty_like(y)
     run(tiny, x, y, aot)
     fn = jit_function(tiny)
-    fn[(7, 16, 1)](x, y, jit, x.stride(0), 1000, 7, 0.75, BLOCK=64, SCALE_Y=1, num_warps=4, num_stages=2)
+    with aot_compile_options():
+        fn[(7, 16, 1)](x, y, jit, x.stride(0), 1000, 7, 0.75, BLOCK=64, SCALE_Y=1, num_warps=4, num_stages=2)
     assert torch.equal(aot, jit)
     shas = {hashlib.sha256(k.asm["cubin"]).hexdigest() for c in fn.device_caches.values() for k in c[0].values()}
     target = artifacts.load_target(torch.cuda.get_device_capability())

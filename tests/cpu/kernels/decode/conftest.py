@@ -3,6 +3,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .interp_compat import patch_interpreter  # noqa: E402
+from aotc.loader.interpreter import patch_interpreter  # noqa: E402
 
 patch_interpreter()

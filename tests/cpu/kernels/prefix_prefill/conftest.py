@@ -1,9 +1,9 @@
 """Interpreter setup for the prefix-prefill CPU tests: TRITON_INTERPRET before anything imports
-triton, then the NumPy >= 2.3 shim (see interp_compat.py)."""
+triton, then the interpreter fixes (loader/interpreter.py)."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from .interp_compat import install  # noqa: E402
+from aotc.loader.interpreter import patch_interpreter  # noqa: E402
 
-install()
+patch_interpreter()

@@ -114,3 +114,19 @@ def test_load_target_reads_the_source_folder(tiny_artifacts, monkeypatch):
     assert artifacts.load_target((9, 0)).name == "sm90"
     assert artifacts.load_target((10, 0)) is None
     artifacts.set_artifacts(None)
+
+
+def test_the_generated_hot_path_agrees_with_resolve(target, fake_driver):
+    import random
+
+    spec = get_spec("tiny_axpy")
+    sel = dispatch.Selection(spec, AXES, 0, target, (9, 0))
+    rng = random.Random(0)
+    for _ in range(200):
+        vals = values(x=0x1000 + rng.choice([0, 2, 8, 16, 48]), y=0x2000 + rng.choice([0, 2]),
+                      out=0x3000 + rng.choice([0, 4, 32]), stride_x=rng.choice([1, 16, 33, 64, 0]))
+        args = [FakeTensor(v) if i < 3 else v for i, v in enumerate(vals)]
+        packed, misaligned = sel.values(args)
+        assert list(packed) == vals
+        expected = dispatch.resolve(spec, AXES, target.entries, vals).level
+        assert ("aligned" if not misaligned else "generic") == expected

@@ -117,23 +117,31 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
 
 
 def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
-    """Data checks: they read the metadata, so on a GPU they cost a device sync (opt in)."""
+    """Data checks on host copies of the metadata (plain device-to-host copies, one sync, no GPU
+    kernel): offsets, lengths within block_table's width, used block ids within the cache."""
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     _need(qsl[0] == 0, "query_start_loc[0]", "0", qsl[0])
     q_lens = [b - a for a, b in zip(qsl, qsl[1:])]
     _need(min(q_lens, default=0) >= 0, "query_start_loc", "non-decreasing", qsl)
     _need(qsl[-1] <= tokens, "query_start_loc[-1]", f"<= q.shape[0] = {tokens}", qsl[-1])
+    used = []
     for b, (ql, sl) in enumerate(zip(q_lens, lens)):
         _need(sl >= ql, f"seq_lens[{b}]", f">= its {ql} new tokens", sl)
-        used = -(-(sl - ql) // bs)
-        _need(used <= block_table.shape[1], f"seq_lens[{b}]", f"a context of at most {block_table.shape[1]} "
+        used.append(-(-(sl - ql) // bs))
+        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"a context of at most {block_table.shape[1]} "
               f"blocks of {bs} tokens (block_table's width)", sl)
-        pages = block_table[b, :used]
-        if used:
-            lo, hi = int(pages.min()), int(pages.max())
-            _need(lo >= 0 and hi < k_cache.shape[0], f"block_table[{b}, :{used}]",
-                  f"block ids in [0, {k_cache.shape[0]})", (lo, hi))
+    width = max(used, default=0)
+    if width == 0:
+        return
+    ids = block_table[: len(used), :width].cpu()
+    in_use = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
+    bad = in_use & ((ids < 0) | (ids >= k_cache.shape[0]))
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        row = ids[b, : used[b]]
+        _need(False, f"block_table[{b}, :{used[b]}]", f"block ids in [0, {k_cache.shape[0]})",
+              (int(row.min()), int(row.max())))
 
 
 def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
@@ -215,9 +223,10 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
       one-element float32 tensor, and the output is float8_e4m3fn = clamp(out / out_scale, +-448);
       skip_decode: requests with exactly one new token are skipped (their rows are not written);
       out: the result tensor (like q, or float8_e4m3fn with out_scale); allocated when None.
-      validate: read the lengths and block table and check them (query_start_loc non-decreasing
-      from 0, contexts within block_table's width, block ids within the cache). Default: only when
-      the metadata lives on the CPU, since on a GPU it costs a device sync.
+      validate: copy the lengths and the used block-table entries to the host and check them
+      (query_start_loc non-decreasing from 0, contexts within block_table's width, block ids
+      within the cache): one device sync. Default: on, except under CUDA-graph capture and
+      torch.compile; pass False in a hot eager loop whose metadata is known good.
     Returns out `[T, q_heads, D]`.
     Raises TypeError for a wrong type or dtype and ValueError for a wrong shape, stride, device,
     option or (when validated) length, naming the argument, before anything is launched.
@@ -228,7 +237,8 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,
                           device=q.device)
     if validate is None:
-        validate = query_start_loc.device.type == "cpu"
+        validate = not (torch.compiler.is_compiling()
+                        or (query_start_loc.is_cuda and torch.cuda.is_current_stream_capturing()))
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
                        k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode), bool(validate))

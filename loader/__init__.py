@@ -12,7 +12,7 @@ from .artifacts import current_source, set_artifacts as _set_artifacts
 
 _OPS = {
     "decode": "aotc.loader.ops.decode",
-    "store_kv": "aotc.loader.ops.decode",
+    "store_kv": "aotc.loader.ops.store_kv",
     "prefix_prefill": "aotc.loader.ops.prefix_prefill",
 }
 

@@ -1,9 +1,9 @@
-"""Paged flash-decoding (`decode`) and the cache writer that feeds it (`store_kv`).
+"""Paged flash-decoding (`decode`); the cache writer that feeds it is `store_kv.py`, which
+shares this module's cache checks.
 
-Both are also `torch.library` custom ops (`torch.ops.aotc.decode`, `torch.ops.aotc.store_kv`,
-each mutating its output arguments and returning nothing) with fake implementations, so
-`torch.compile(fullgraph=True)` traces through them. The public functions run the same checks and
-code; under compilation they call the registered ops.
+`decode` is also a `torch.library` custom op (`torch.ops.aotc.decode`, mutating `out` and
+returning nothing) with a fake implementation, so `torch.compile(fullgraph=True)` traces through
+it. The public function runs the same checks and code; under compilation it calls the op.
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ _STORAGE = {  # dtypes a cache of each format may have (fp8 also as its raw byte
     "fp8_e4m3": (torch.float8_e4m3fn, torch.int8, torch.uint8),
     "fp8_e5m2": (torch.float8_e5m2, torch.int8, torch.uint8),
 }
-_QMAX = {"int8": 127.0, "int4": 7.0}
-_FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 _I32_MAX = 2 ** 31 - 1
 
 
@@ -435,105 +433,3 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                 _plans[key] = plan
     _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out)
     return out
-
-
-# --- store_kv -------------------------------------------------------------------------------
-
-
-def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> _KV:
-    _tensor(k, "k", (torch.float16, torch.bfloat16), dim=3)
-    dev = k.device
-    _tensor(v, "v", (k.dtype,), dim=3, device=dev)
-    if v.shape != k.shape:
-        raise ValueError(f"v: shape {tuple(v.shape)}, expected k's {tuple(k.shape)}")
-    tokens, kv_heads, head_dim = k.shape
-    if head_dim % 2:
-        raise ValueError(f"k: head_dim {head_dim} must be even")
-    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
-    if kv.k.shape[2] != kv_heads:
-        raise ValueError(f"k: {kv_heads} kv heads, but the cache has {kv.k.shape[2]}")
-    _tensor(slots, "slots", (torch.int32,), dim=1, device=dev)
-    if slots.shape[0] != tokens:
-        raise ValueError(f"slots: expected [tokens={tokens}], got {tuple(slots.shape)}")
-    return kv
-
-
-def _quantize(x: torch.Tensor, qmax: float, group: int, scale_dtype: torch.dtype):
-    """Per-group absmax codes (int8, not packed) and scales, the codes taken against the stored scale."""
-    xg = x.float().unflatten(-1, (-1, group))
-    scale = (xg.abs().amax(-1, keepdim=True) / qmax).to(scale_dtype)
-    codes = (xg / scale.float().clamp_min(torch.finfo(torch.float32).tiny)).round().clamp(-qmax, qmax)
-    return codes.to(torch.int8).flatten(-2), scale.squeeze(-1)
-
-
-def _encode(x: torch.Tensor, kv: _KV, scale: Optional[torch.Tensor], cache_dtype: torch.dtype):
-    """x [tokens, kv_heads, head_dim] in the cache's format: (stored values, their scales or None)."""
-    if kv.fmt in ("fp16", "bf16"):
-        return x.to(cache_dtype), None
-    if kv.fmt in _FP8_DTYPES:
-        s = torch.ones((), device=x.device) if scale is None else scale.float().reshape(-1, 1)
-        lim = _FP8_MAX[kv.fmt]  # out-of-range values would become NaN in e4m3: saturate instead
-        return (x.float() / s).clamp(-lim, lim).to(_FP8_DTYPES[kv.fmt]).view(cache_dtype), None
-    codes, scales = _quantize(x, _QMAX[kv.fmt], kv.group, scale.dtype)
-    if kv.fmt == "int4":
-        nib = (codes + 7).to(torch.uint8)
-        codes = nib[..., 0::2] | (nib[..., 1::2] << 4)
-    return codes.view(cache_dtype), scales
-
-
-def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
-    page_size = kv.k.shape[1]
-    page, off = (slots // page_size).long(), (slots % page_size).long()
-    for x, cache, scale, scales_4d in ((k, kv.k, k_scale, kv.ks), (v, kv.v, v_scale, kv.vs)):
-        values, scales = _encode(x, kv, scale, cache_dtype)
-        cache[page, off] = values
-        if scales is not None:
-            scales_4d[page, off] = scales
-
-
-def _check_slots(slots, kv: _KV) -> None:
-    if slots.numel() == 0 or _skip_value_checks(slots):
-        return
-    n = kv.k.shape[0] * kv.k.shape[1]
-    bad = (slots < 0) | (slots >= n)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
-
-
-@torch.library.custom_op("aotc::store_kv", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
-def _store_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slots: torch.Tensor, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
-                 kv_format: str) -> None:
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
-    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
-
-
-@_store_kv_op.register_fake
-def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
-    _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
-
-
-def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",
-             validate=True) -> None:
-    """Write new tokens into a cache in the format `decode` reads.
-
-    k, v      [T, Hk, D] fp16 or bf16.
-    k_cache, v_cache, k_scale, v_scale, kv_format: as for `decode` (D from k). int8/int4: each
-              group of `group` channels of a token and head gets scale = absmax / 127 (int8) or
-              / 7 (int4), stored in the scale tensor's dtype; codes = round-to-nearest(x / scale)
-              clamped to +-127 / +-7 against that stored scale. fp8: x / scale (scalar or per kv
-              head, default 1.0) saturated to the format's range. fp16/bf16: a copy.
-    slots     [T] int32 global token slots, slot = page * page_size + offset.
-    validate  check slots against the cache (one device sync; skipped under torch.compile and
-              CUDA graph capture).
-
-    Errors: TypeError / ValueError naming the argument, before anything is written.
-    """
-    if torch.compiler.is_compiling():
-        torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
-        return
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
-    if validate:
-        _check_slots(slots, kv)
-    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)

@@ -4,7 +4,6 @@ stay correct, first loads are thread-safe, and the AOT path never imports triton
 import hashlib
 import subprocess
 import sys
-import threading
 import warnings
 
 import pytest

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from aotc.kernels.decode import kernel, reference as R, spec as S
-from aotc.loader.ops.decode import decode, store_kv
+from aotc.loader.ops.decode import decode
+from aotc.loader.ops.store_kv import store_kv
 from tests.cpu.kernels.decode.cases import assert_close, make_case
 
 FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]

@@ -37,7 +37,7 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
               quant_group=32, scale_dtype="fp16", fp8_scale="per_head", extra_pages=3, req_idx=False,
               token_level=False, device="cpu", seed=0) -> Case:
     """A batch with lengths `lens`, pages in random order, the cache written by store_kv."""
-    from aotc.loader.ops.decode import store_kv
+    from aotc.loader.ops.store_kv import store_kv
 
     g = torch.Generator(device).manual_seed(seed)  # drawn where the test runs: 16K x 32 on a GPU
     q_dtype = q_dtype or (DTYPES[fmt] if fmt in ("fp16", "bf16") else torch.bfloat16)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aotc.kernels.decode import reference as R, spec as S
-from aotc.loader.ops.decode import decode, store_kv
+from aotc.loader.ops.decode import decode
+from aotc.loader.ops.store_kv import store_kv
 from tests.cpu.kernels.decode.cases import DTYPES, FP8, assert_close, make_case
 
 FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]

@@ -21,7 +21,6 @@ CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
-CU_STREAM_CAPTURE_STATUS_NONE = 0
 
 
 class CudaError(RuntimeError):
@@ -62,7 +61,6 @@ _SIGNATURES = {
     "cuFuncSetAttribute": [_P, _I, _I],
     "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _P, _P, _P],
-    "cuStreamIsCapturing": [_P, ctypes.POINTER(_I)],
     "cuGetErrorName": [_I, ctypes.POINTER(ctypes.c_char_p)],
     "cuGetErrorString": [_I, ctypes.POINTER(ctypes.c_char_p)],
 }
@@ -147,11 +145,6 @@ class Driver:
 
     def make_current(self, device: int) -> None:
         self.check("cuCtxSetCurrent", self.cuCtxSetCurrent(self.primary_context(device)))
-
-    def is_capturing(self, stream: int) -> bool:
-        status = _I()
-        self.check("cuStreamIsCapturing", self.cuStreamIsCapturing(stream, ctypes.byref(status)))
-        return status.value != CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def cluster_launch_config(grid, block_x, shared, stream, num_ctas, cooperative, pdl):

@@ -48,10 +48,6 @@ _warned: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
 
-def build_command(key: VariantKey, target: str) -> str:
-    return f"aotc build --arch {target} --kernel {key.kernel}  (or: aotc build --arch {target} --from-misses {miss_log_path()})"
-
-
 def record_miss(key: VariantKey, target: str, reason: str) -> None:
     """Raise if JIT is disabled; else warn once per key and append it to the miss log."""
     if jit_disabled():

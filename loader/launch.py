@@ -66,6 +66,7 @@ class Launchable:
                 struct.pack_into(self.format, self.buffer, 0, *values, 0, 0)
             except struct.error as e:
                 raise self._pack_error(e) from None
+            # _issue's driver call, inlined: this is the launch path of every call.
             code = self.cu_launch(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream,
                                   self.pointers, None)
             if code:  # retried under the lock: the packed arguments are still this call's
@@ -82,20 +83,24 @@ class Launchable:
                 struct.pack_into(self.format, self.buffer, 0, *values, *extra)
             except struct.error as e:
                 raise self._pack_error(e) from None
-            code = self._launch_ex(grid, stream) if self.needs_ex else self.cu_launch(
-                self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
+            code = self._issue(grid, stream)
             if code:
                 self._retry_or_raise(code, grid, stream)
         del keep
+
+    def _issue(self, grid, stream) -> int:
+        """One driver launch with the arguments already packed; the status code."""
+        if self.needs_ex:
+            return self._launch_ex(grid, stream)
+        gx, gy, gz = grid
+        return self.cu_launch(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
 
     def _retry_or_raise(self, code, grid, stream) -> None:
         if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that never touched this device has no current context: adopt the
             # primary context torch uses, then retry once with the arguments still packed.
             self.driver.make_current(self.device)
-            gx, gy, gz = grid
-            code = self._launch_ex(grid, stream) if self.needs_ex else self.cu_launch(
-                self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
+            code = self._issue(grid, stream)
         if code:
             self.driver.check(f"launch of {self.entry.key}", code)
 

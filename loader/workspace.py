@@ -28,18 +28,17 @@ def pair(device, n_first: int, n_second: int):
     import torch
 
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, torch._C._cuda_getCurrentRawStream(index), n_first, n_second)
+        bkey = _buffer_key(device)
+        key = (*bkey, n_first, n_second)
         got = _pairs.get(key)
-        if got is not None and got[2] is _buffers.get(got[3]):
+        if got is not None and got[2] is _buffers.get(bkey):
             return got[0], got[1]
     ws = get(device, n_first + n_second)
     first, second = ws[:n_first], ws[n_first:]
     if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         if len(_pairs) > 1024:
             _pairs.clear()
-        bkey = _buffer_key(device)
-        _pairs[key] = (first, second, _buffers.get(bkey), bkey)
+        _pairs[key] = (first, second, _buffers.get(bkey))
     return first, second
 
 

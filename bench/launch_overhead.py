@@ -13,32 +13,31 @@ import torch
 
 from aotc import loader
 from aotc.loader import cuda_driver, dispatch
+from aotc.kernels.decode import spec as S
 from aotc.loader.fallback import jit_function
 
 from harness import Rows, host_time_per_call
 
 
 def capture_launches(call):
-    """The (spec, axes, grid, args) of every kernel launch one op call makes."""
+    """The (spec, axes, grid, args) of every kernel launch one op call makes (through run_kernel:
+    prepared launches are switched off, and the op's plans forgotten, while it runs)."""
+    import aotc.loader.ops.decode as decode_module
+
     seen = []
-    real = dispatch.run_kernel
+    real, real_prepare = dispatch.run_kernel, dispatch.prepare
 
     def spy(spec, axes, grid, args):
         seen.append((spec, dict(axes), tuple(grid), list(args)))
         return real(spec, axes, grid, args)
 
-    dispatch.run_kernel = spy
-    import aotc.loader.ops.decode as decode_module
-
-    saved = getattr(decode_module, "run_kernel", None)
-    if saved is not None:
-        decode_module.run_kernel = spy
+    dispatch.run_kernel, dispatch.prepare = spy, (lambda *a, **k: None)
+    decode_module._plans.clear()
     try:
         call()
     finally:
-        dispatch.run_kernel = real
-        if saved is not None:
-            decode_module.run_kernel = saved
+        dispatch.run_kernel, dispatch.prepare = real, real_prepare
+        decode_module._plans.clear()
     return seen
 
 
@@ -84,6 +83,20 @@ def main():
         for (spec, axes, grid, args), sel in zip(launches, sels):
             sel.launch(grid, args, torch._C._cuda_getCurrentRawStream(0))
 
+    import aotc.loader.ops.decode as decode_module
+
+    call()
+    (plan,) = decode_module._plans.values()
+    assert plan.fast_split is not None, "decode did not take the prepared path"
+    prepared = [(plan.fast_split, tuple(a.data_ptr() if hasattr(a, "data_ptr") else a
+                                        for a in launches[0][3][:S.SPLIT.leading_ptrs])),
+                (plan.fast_merge, tuple(a.data_ptr() for a in launches[1][3][:S.MERGE.leading_ptrs]))]
+
+    def prepared_launches():
+        stream = torch._C._cuda_getCurrentRawStream(0)
+        for prep, pointers in prepared:
+            prep(pointers, stream)
+
     def run_kernel_path():
         for spec, axes, grid, args in launches:
             dispatch.run_kernel(spec, axes, grid, args)
@@ -102,7 +115,8 @@ def main():
     torch.cuda.synchronize()
     results = {}
     validated = lambda: loader.decode(q, k, v, table, lens, out=out)  # noqa: E731  (reads lengths back: syncs)
-    for name, fn in (("bare_cuLaunchKernel", bare_launches), ("aot_launch_layer", loader_launch_layer),
+    for name, fn in (("bare_cuLaunchKernel", bare_launches), ("aot_prepared_launch", prepared_launches),
+                     ("aot_launch_layer", loader_launch_layer),
                      ("aot_run_kernel", run_kernel_path), ("aot_loader_decode", call), ("triton_jit", triton_jit),
                      ("aot_decode_validated", validated)):
         results[name] = host_time_per_call(fn, a.iters) / n

@@ -133,6 +133,7 @@ class KernelSpec:
     folder: str = ""
     arg_index: dict = field(default_factory=dict, compare=False, repr=False)
     first_ptr: int = field(default=-1, init=False, compare=False, repr=False)
+    leading_ptrs: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -144,6 +145,9 @@ class KernelSpec:
             raise ValueError(f"{self.name}: a kernel needs at least one pointer argument")
         # The first pointer's tensor tells the op's device.
         object.__setattr__(self, "first_ptr", ptrs[0])
+        # Pointers before the first non-pointer: the prefix a prepared launch repacks per call.
+        lead = next((i for i, a in enumerate(self.args) if a.kind != "ptr"), len(self.args))
+        object.__setattr__(self, "leading_ptrs", lead)
 
     def keys(self) -> list[VariantKey]:
         """Every declared binary: each variant at both specialization levels."""

@@ -1,14 +1,17 @@
 """Choosing the binary for a call and launching it: AOT first, then the JIT fallback.
 
 `resolve` is the pure rule (manifest entries + argument values -> choice + why each candidate
-was rejected); tests run it on manifest data with no GPU. `run_kernel` is the hot path the
-public ops call: per (kernel, axes, device) it keeps a `Selection` holding the loaded binaries,
-then per call reads pointers, checks the ALIGNED binary's assumptions and launches on the
-current torch stream.
+was rejected); tests run it on manifest data with no GPU. `run_kernel` is the general path:
+per (kernel, axes, device) it keeps a `Selection` holding the loaded binaries, then per call
+reads pointers, checks the ALIGNED binary's assumptions and launches on the current torch
+stream (or takes the JIT fallback). `prepare` is the fast path for ops that cache a plan per
+checked input metadata: a `Prepared` launch has its grid and non-pointer arguments packed once,
+and a call packs only the pointers.
 """
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -16,7 +19,7 @@ from typing import Mapping, Sequence
 from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey
 
 from . import artifacts, cuda_driver, fallback
-from .launch import Launchable
+from .launch import Launchable, param_format
 from .manifest import Entry
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -111,6 +114,89 @@ class Selection:
         fallback.run_jit(self.spec, self.axes, grid, args, self.arch)
 
 
+def _misaligned_function(idx: tuple):
+    """A generated `misaligned(pointers) -> int`, nonzero when any of `idx` is not 16-byte aligned."""
+    check = " | ".join(f"p[{i}]" for i in idx) or "0"
+    namespace: dict = {}
+    exec(compile(f"def misaligned(p):\n    return ({check}) & 15\n", "<aotc misaligned>", "exec"), namespace)  # noqa: S102
+    return namespace["misaligned"]
+
+
+def _needs_general_launch(entry: Entry) -> bool:
+    return (entry.num_ctas != 1 or entry.launch_cooperative_grid or entry.launch_pdl
+            or entry.global_scratch_size > 0 or entry.profile_scratch_size > 0)
+
+
+class Prepared:
+    """One kernel launch of an op's plan: grid and non-pointer arguments fixed, pointers per call.
+
+    The non-pointer arguments are checked against both binaries' assumptions and packed once,
+    into this object's own parameter buffer; a call packs only the leading pointers, takes the
+    ALIGNED binary when they are 16-byte aligned (else GENERIC) and calls the driver. Thread
+    safe: the lock covers packing and the driver call, which copies the arguments.
+    """
+
+    def __init__(self, sel: Selection, grid: tuple, scalars: Sequence):
+        spec = sel.spec
+        n_ptr = spec.leading_ptrs
+        if n_ptr + len(scalars) != len(spec.args):
+            raise ValueError(f"{spec.name}: {len(scalars)} non-pointer arguments after {n_ptr} pointers, "
+                             f"expected {len(spec.args) - n_ptr}")
+        generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
+        values = [0] * n_ptr + list(scalars)
+        why = check_assumptions(spec, generic, values)
+        if why is not None:
+            raise ValueError(f"{spec.name}: {why}")
+        if aligned is not None and aligned.params != generic.params:
+            raise ValueError(f"{spec.name}: the ALIGNED and GENERIC binaries take different parameters")
+        # Pointers are 0 here, so only the ints decide; pointers are checked per call.
+        self.use_aligned = aligned is not None and check_assumptions(spec, aligned, values) is None
+        ptr_idx = tuple(i for i in sel.aligned_idx if i < n_ptr) if self.use_aligned else ()
+        self.misaligned = _misaligned_function(ptr_idx)
+        self.sel = sel
+        self.grid = tuple(grid)
+        n = len(generic.params)
+        self.buffer = ctypes.create_string_buffer(8 * n)
+        struct.pack_into(param_format(generic.params), self.buffer, 0, *values, 0, 0)
+        base = ctypes.addressof(self.buffer)
+        self.pointer_array = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        self.pointers = ctypes.addressof(self.pointer_array)
+        self.pack_pointers = struct.Struct("<" + "Q" * n_ptr).pack_into
+        self.lock = threading.Lock()
+
+    def __call__(self, pointers: tuple, stream: int) -> None:
+        sel = self.sel
+        if self.use_aligned and not self.misaligned(pointers):
+            la = sel.l_aligned or sel._launchable(ALIGNED)
+        else:
+            la = sel.l_generic or sel._launchable(GENERIC)
+        gx, gy, gz = self.grid
+        with self.lock:
+            self.pack_pointers(self.buffer, 0, *pointers)
+            code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
+            if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:  # see Launchable._retry_or_raise
+                la.driver.make_current(la.device)
+                code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
+            if code:
+                la.driver.check(f"launch of {la.entry.key}", code)
+
+
+def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Prepared | None:
+    """A `Prepared` launch of `spec`'s built binaries on CUDA device `device`, or None where calls
+    must take `run_kernel`'s path: a key that was not built (the JIT fallback), a binary that
+    needs scratch buffers or a cluster/cooperative launch, an empty grid, or ints no binary takes."""
+    gx, gy, gz = grid
+    if not gx * gy * gz or any(a.kind == "ptr" for a in spec.args[spec.leading_ptrs:]):
+        return None
+    sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
+    if sel.entries[GENERIC] is None or any(_needs_general_launch(e) for e in sel.entries.values() if e):
+        return None
+    try:
+        return Prepared(sel, grid, scalars)
+    except (ValueError, struct.error):
+        return None
+
+
 def _values_function(spec: KernelSpec, aligned_idx: tuple):
     """A generated `values(args) -> (packed values, misaligned bits)` for one kernel: pointers
     read with data_ptr(), the ALIGNED binary's assumptions OR-ed into one test. Straight-line
@@ -142,10 +228,21 @@ def _selection(spec: KernelSpec, axes: Mapping, device: int) -> Selection:
     return sel
 
 
+_plan_caches: list[dict] = []
+
+
+def register_plan_cache(cache: dict) -> dict:
+    """An op's cache of plans holding `Prepared` launches: `reset` empties it with the selections."""
+    _plan_caches.append(cache)
+    return cache
+
+
 def reset() -> None:
-    """Forget loaded selections (after `set_artifacts`, or in tests)."""
+    """Forget loaded selections and the op plans built on them (after `set_artifacts`, or in tests)."""
     with _selections_lock:
         _selections.clear()
+        for cache in _plan_caches:
+            cache.clear()
 
 
 _get_stream = None

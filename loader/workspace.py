@@ -42,6 +42,17 @@ def pair(device, n_first: int, n_second: int):
     return first, second
 
 
+def pair_pointers(device, stream: int, n_first: int, n_second: int):
+    """`pair`'s two views as device pointers, for `stream` (the current stream of `device`, a
+    CUDA device with an index): (owner, first, second). Hold `owner` until the launches that use
+    the pointers are issued (it may be a fresh tensor while a graph is being captured)."""
+    buf = _buffers.get((device.index, stream))
+    if buf is None or buf.numel() < n_first + n_second:
+        buf = get(device, n_first + n_second)
+    p = buf.data_ptr()
+    return buf, p, p + 4 * n_first
+
+
 def _buffer_key(device):
     import torch
 

@@ -16,6 +16,8 @@ import torch
 from aotc.kernels.decode import spec as S
 
 from .. import workspace
+from . import library
+from ..dispatch import register_plan_cache
 
 _FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -297,6 +299,11 @@ class _Plan:
     byte_view: bool  # fp8/int4 caches are read as int8 bytes
     fp8: bool
     fmt: str
+    device: torch.device
+    # CUDA plans whose binaries are built: both launches with their non-pointer arguments packed
+    # (dispatch.Prepared); None takes run_kernel's general path (CPU, JIT fallback, other device).
+    fast_split: object = None
+    fast_merge: object = None
 
 
 def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
@@ -316,22 +323,58 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   table.stride(0), q_heads, group, kv.group, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
-    return _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim),
+    plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim),
                  S.split_grid(batch, kv_heads, group, splits),
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
                  n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
-                 kv.fmt in _FP8_DTYPES, kv.fmt)
+                 kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
+    if q.is_cuda and plan.split_grid[0] and plan.merge_grid[1]:
+        from ..dispatch import prepare
+
+        split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
+        merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)
+        if split is not None and merge is not None:
+            plan.fast_split, plan.fast_merge = split, merge
+    return plan
+
+
+def _fp8_scales(k_scale, v_scale, device):
+    return ((k_scale if k_scale is not None else _one(device)).float(),
+            (v_scale if v_scale is not None else _one(device)).float())
+
+
+def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
+                     stream) -> None:
+    """The steady-state launch: pointers only; grids and every other argument are in the plan."""
+    keep, part_o, part_lse = workspace.pair_pointers(plan.device, stream, plan.n_o, plan.n_lse)
+    if plan.fp8:
+        keep = _fp8_scales(k_scale, v_scale, plan.device)
+        ks, vs = keep[0].data_ptr(), keep[1].data_ptr()
+    elif k_scale is None:
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+    else:
+        ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
+    lens = seq_lens.data_ptr()
+    plan.fast_split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, table.data_ptr(),
+                     lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+    plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr()), stream)
+    del keep
 
 
 def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out) -> None:
+    if plan.fast_split is not None:
+        index = plan.device.index
+        if torch._C._cuda_getDevice() == index:
+            _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
+                             torch._C._cuda_getCurrentRawStream(index))
+            return
     from ..dispatch import run_kernel
 
     if plan.split_grid[0] == 0 or plan.merge_grid[1] == 0:
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
     if plan.fp8:
-        ks = (k_scale if k_scale is not None else _one(q.device)).float()
-        vs = (v_scale if v_scale is not None else _one(q.device)).float()
+        ks, vs = _fp8_scales(k_scale, v_scale, q.device)
     elif k_scale is None:
         ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
     else:
@@ -350,31 +393,33 @@ def _run_decode(d: _Decode, out: torch.Tensor) -> None:
 
 
 def _meta(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+    # size() and get_device() are the cheapest reads of shape and device (-1 on the CPU).
+    return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
 
 
 # Plans by the inputs' metadata: a call whose tensors have the shapes, strides, dtypes and
 # devices of a call already checked skips the checks and the argument derivation. Bounded, so
-# a stream of ever-new shapes cannot grow it without limit.
-_plans: dict = {}
+# a stream of ever-new shapes cannot grow it without limit; emptied by `set_artifacts`.
+_plans: dict = register_plan_cache({})
 _MAX_PLANS = 4096
 
 
-@torch.library.custom_op("aotc::decode", mutates_args=("out",))
-def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-               seq_lens: torch.Tensor, req_idx: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
-               v_scale: Optional[torch.Tensor], kv_format: str, sm_scale: Optional[float], window: Optional[int],
-               sinks: Optional[torch.Tensor], num_splits: Optional[int], out: torch.Tensor) -> None:
+def _decode_op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
+               num_splits, out) -> None:
     d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                       window, sinks, num_splits, out)
     _run_decode(d, out)
 
 
-@_decode_op.register_fake
 def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
                  sinks, num_splits, out) -> None:
     _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
                   sinks, num_splits, out)
+
+
+library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
+               "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
+               "SymInt? num_splits, Tensor(a!) out) -> ()", _decode_op, _decode_fake)
 
 
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
@@ -415,8 +460,12 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
     try:
-        key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(table), _meta(seq_lens), _meta(req_idx),
-               _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(out), kv_format, sm_scale, window, num_splits)
+        key = (q.size(), q.stride(), q.dtype, q.get_device(), k_cache.size(), k_cache.stride(), k_cache.dtype,
+               k_cache.get_device(), v_cache.size(), v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+               table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
+               seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
+               _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), kv_format, sm_scale, window,
+               num_splits)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None

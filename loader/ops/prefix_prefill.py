@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
 from aotc.kernels.prefix_prefill import spec as _spec
+
+from . import library
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -176,13 +177,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     return axes, grid, args
 
 
-@torch.library.custom_op("aotc::prefix_prefill", mutates_args=("out",))
-def _prefix_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, block_table: torch.Tensor, query_start_loc: torch.Tensor,
-                       seq_lens: torch.Tensor, out: torch.Tensor, kv_layout: str, k_scale: Optional[torch.Tensor],
-                       v_scale: Optional[torch.Tensor], sm_scale: float, window: int,
-                       sinks: Optional[torch.Tensor], out_scale: Optional[torch.Tensor], skip_decode: bool,
-                       validate: bool) -> None:
+def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
+                       v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
     from aotc.loader.dispatch import run_kernel
 
     if validate:
@@ -195,10 +191,15 @@ def _prefix_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
     run_kernel(_spec.PREFIX_PREFILL, axes, grid, args)
 
 
-@_prefix_prefill_op.register_fake
-def _(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale, v_scale,
-      sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
-    return None
+def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
+                         v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
+    return None  # the public function validated every argument before calling the op
+
+
+library.define("prefix_prefill(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+               "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, Tensor? k_scale, "
+               "Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, bool skip_decode, "
+               "bool validate) -> ()", _prefix_prefill_op, _prefix_prefill_fake)
 
 
 def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout="nhd",
@@ -240,6 +241,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
         validate = not (torch.compiler.is_compiling()
                         or (query_start_loc.is_cuda and torch.cuda.is_current_stream_capturing()))
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
-    _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
-                       k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode), bool(validate))
+    # Through the dispatcher (fake tensors get the Meta implementation); a prefill kernel runs for
+    # milliseconds, so its few microseconds do not matter here as they do for decode.
+    torch.ops.aotc.prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
+                                  k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode),
+                                  bool(validate))
     return out

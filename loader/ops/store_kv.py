@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from . import library
 from .decode import _FP8_DTYPES, _KV, _check_cache, _skip_value_checks, _tensor
 
 _QMAX = {"int8": 127.0, "int4": 7.0}
@@ -76,17 +77,17 @@ def _check_slots(slots, kv: _KV) -> None:
         raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
 
 
-@torch.library.custom_op("aotc::store_kv", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
-def _store_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slots: torch.Tensor, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
-                 kv_format: str) -> None:
+def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
     kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
     _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
 
 
-@_store_kv_op.register_fake
 def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
     _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+
+
+library.define("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
+               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format) -> ()", _store_kv_op, _store_kv_fake)
 
 
 def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",

@@ -130,3 +130,58 @@ def test_the_generated_hot_path_agrees_with_resolve(target, fake_driver):
         assert list(packed) == vals
         expected = dispatch.resolve(spec, AXES, target.entries, vals).level
         assert ("aligned" if not misaligned else "generic") == expected
+
+
+def _install(spec, axes, target):
+    """What run_kernel's first call on device 0 of an sm90 GPU would have set up."""
+    dispatch._selections[(spec.name, tuple(axes.items()), 0)] = dispatch.Selection(spec, axes, 0, target, (9, 0))
+
+
+def test_a_prepared_launch_packs_its_ints_once_and_its_pointers_per_call(target, fake_driver):
+    spec = get_spec("tiny_axpy")
+    _install(spec, AXES, target)
+    prep = dispatch.prepare(spec, AXES, (3, 1, 1), [128, 100, 3, 0.5], device=0)
+    assert prep is not None and prep.use_aligned
+    prep((0x1000, 0x2002, 0x3000), 77)
+    prep((0x1008, 0x2002, 0x3000), 78)  # x misaligned: the generic binary, same ints
+    (f1, g1, b1, _, st1, s1), (f2, g2, _, _, st2, s2) = fake_driver.launches
+    entries = target.entries
+    assert [l[1] for l in fake_driver.loaded] == [entries[f"tiny_axpy(block=64,dtype=fp16)@{level}"].sha256
+                                                  for level in ("aligned", "generic")]
+    assert (f1, f2) == (1001, 1002)  # the fake driver numbers functions in load order
+    assert (g1, g2, b1, st1, st2) == ((3, 1, 1), (3, 1, 1), (128, 1, 1), 77, 78)
+    assert _slots_to_values(s1) == ([0x1000, 0x2002, 0x3000, 128, 100, 3, 0.5], [0, 0])
+    assert _slots_to_values(s2) == ([0x1008, 0x2002, 0x3000, 128, 100, 3, 0.5], [0, 0])
+
+
+def test_prepared_launches_choose_as_resolve_does(target, fake_driver):
+    import random
+
+    spec = get_spec("tiny_axpy")
+    _install(spec, AXES, target)
+    rng = random.Random(1)
+    for _ in range(100):
+        vals = values(x=0x1000 + rng.choice([0, 2, 8, 16]), y=0x2000 + rng.choice([0, 2]),
+                      out=0x3000 + rng.choice([0, 4, 32]), stride_x=rng.choice([1, 16, 33, 64, 0]))
+        prep = dispatch.prepare(spec, AXES, (1, 1, 1), vals[3:], device=0)
+        fake_driver.launches.clear()
+        prep(tuple(vals[:3]), 0)
+        chosen = prep.sel.l_aligned if fake_driver.launches[0][0] == getattr(prep.sel.l_aligned, "function", 0) \
+            else prep.sel.l_generic
+        assert chosen.entry.key.endswith(dispatch.resolve(spec, AXES, target.entries, vals).level)
+
+
+def test_prepare_declines_what_only_run_kernel_can_do(target, fake_driver):
+    spec = get_spec("tiny_axpy")
+    _install(spec, AXES, target)
+    _install(spec, {"block": 256, "dtype": "fp16"}, target)
+    assert dispatch.prepare(spec, AXES, (0, 1, 1), [128, 100, 3, 0.5], device=0) is None  # empty grid
+    assert dispatch.prepare(spec, {"block": 256, "dtype": "fp16"}, (1, 1, 1), [128, 100, 3, 0.5], 0) is None  # JIT
+    assert dispatch.prepare(spec, AXES, (1, 1, 1), [128, 2 ** 31, 3, 0.5], device=0) is None  # past int32
+    assert fake_driver.loaded == []
+
+
+def test_reset_empties_registered_plan_caches():
+    cache = dispatch.register_plan_cache({"some": "plan"})
+    dispatch.reset()
+    assert cache == {}

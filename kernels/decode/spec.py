@@ -5,7 +5,8 @@ fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp
 scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`.
-Everything else (page size, window, group size, lengths) is a runtime argument.
+Everything else (page size, window, group size, lengths) is a runtime argument; page and
+quantization group sizes are powers of two, passed as their log2.
 """
 from __future__ import annotations
 
@@ -108,8 +109,8 @@ SPLIT_ARGS = (
     Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
     Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
     Arg("sm_scale", "fp32"),
-    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_size", "max_pages", "stride_table",
-                             "q_heads", "group", "quant_group")),
+    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_shift", "max_pages", "stride_table",
+                             "q_heads", "group", "quant_shift")),
     *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_kp", "stride_kt",
                                            "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
     *(Arg(n, _I32) for n in ("stride_ksp", "stride_kst", "stride_ksh",

@@ -205,6 +205,9 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= S.MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an int in [1, {S.MAX_SPLITS}], got {num_splits!r}")
     page_size, max_pages = kv.k.shape[1], table.shape[1]
+    if page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"k_cache: page size {page_size} (dim 1 of {tuple(k_cache.shape)}) is not a power of two; "
+                         f"decode reads pages of 1, 2, 4, ... 2^k tokens")
     if page_size * max_pages > _I32_MAX:
         raise ValueError(f"table: {max_pages} pages of {page_size} tokens exceed int32 token indices")
     for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("table", table), ("out", out),
@@ -319,8 +322,8 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     else:
         ks_strides = vs_strides = (0, 0, 0)
-    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1], table.shape[1],
-                  table.stride(0), q_heads, group, kv.group, q.stride(0), q.stride(1), *kv.k.stride()[:3],
+    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
+                  table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
     plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim),
@@ -428,7 +431,8 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
 
     Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
       q        [B, H, D] fp16 or bf16, last dim contiguous.
-      k_cache, v_cache  [pages, page_size, Hk, Dc] or token-level [slots, Hk, Dc] (page size 1).
+      k_cache, v_cache  [pages, page_size, Hk, Dc] or token-level [slots, Hk, Dc] (page size 1);
+               page_size a power of two.
                Dc = D for fp16/bf16 (same dtype as q), int8 and fp8 (float8_e4m3fn/e5m2, or their
                bytes as int8/uint8 with an explicit kv_format); Dc = D // 2 for int4 (int8 or uint8:
                channel 2i in the low nibble, 2i+1 in the high, each stored as value + 7).

@@ -246,6 +246,8 @@ def _call(**over):
     (lambda g: dict(k_scale=g["k_scale"].to(torch.int32)), TypeError, "k_scale: dtype"),
     (lambda g: dict(k_scale=g["k_scale"][..., :1].expand(*g["k_scale"].shape[:-1], 3)), ValueError, "group"),
     (lambda g: dict(table=g["table"].long()), TypeError, "table: dtype"),
+    (lambda g: dict(k_cache=g["k_cache"][:, :12], v_cache=g["v_cache"][:, :12], k_scale=g["k_scale"][:, :12],
+                    v_scale=g["v_scale"][:, :12]), ValueError, "k_cache: page size 12 .* is not a power of two"),
     (lambda g: dict(seq_lens=g["seq_lens"][:1]), ValueError, "seq_lens"),
     (lambda g: dict(seq_lens=g["seq_lens"] + 1000), ValueError, r"seq_lens\[0\] = 1010 is outside"),
     (lambda g: dict(seq_lens=g["seq_lens"] - 11), ValueError, r"seq_lens\[0\] = -1"),

@@ -93,7 +93,7 @@ def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -
         "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
         "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
         "constexprs": {k: repr(v) for k, v in sorted(spec.constexprs(axes).items())},
-        "divisible": spec.divisible_args(key.level), "launch": asdict(cfg),
+        "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

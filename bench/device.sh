@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: install this checkout (no network there), build
 # the sm90 artifacts, run the GPU tests, then the benchmarks. Results land under $OUT.
-#   usage: bash bench/device.sh [tests|bench|all]   (default all)
+#   usage: bash bench/device.sh [tests|bench|all|sweep]   (default all; sweep: decode only, bench/sweep_decode.py)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/aotc-out}
@@ -11,12 +11,21 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WAR
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 start=$(date +%s.%N)
-aotc build --arch sm90 -j 16 --quiet 2>&1 | tail -20 | tee "$OUT/build.log"
+kernels=""
+[ "$what" = sweep ] && kernels="--kernel decode_split --kernel decode_merge"
+aotc build --arch sm90 -j 16 --quiet $kernels 2>&1 | tail -20 | tee "$OUT/build.log"
 echo "build_seconds $(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/build.log"
 aotc list | tee -a "$OUT/build.log"
 aotc verify | tail -3 | tee -a "$OUT/build.log"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout 420 python3 -m pytest tests/gpu -q -x -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
+fi
+if [ "$what" = sweep ]; then
+  cd bench
+  python3 launch_overhead.py --out "$OUT/bench.jsonl" 2>&1 | tail -12
+  python3 first_call.py --out "$OUT/bench.jsonl" 2>&1 | tail -8
+  python3 sweep_decode.py --out "$OUT/sweep.jsonl" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" | tail -60
+  cd ..
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   cd bench

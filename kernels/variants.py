@@ -11,7 +11,6 @@ Stdlib only: the build and the loader import this without torch or triton.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 # Specialization levels. ALIGNED: every `Arg(aligned=True)` pointer is 16-byte aligned and
@@ -24,8 +23,37 @@ LEVELS = (ALIGNED, GENERIC)
 ARG_KINDS = ("ptr", "i32", "fp32")
 
 
-@dataclass(frozen=True)
-class Arg:
+class _Record:
+    """An immutable record compared and hashed by `_compared`. (A frozen dataclass does the same,
+    but creating each class costs ~1 ms at import, and the loader's first call imports these.)"""
+
+    __slots__ = ()
+    _compared: tuple = ()
+
+    def _init(self, **values) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, f) for f in self._compared)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self._compared}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self._compared)})"
+
+
+class Arg(_Record):
     """One runtime (non-constexpr) kernel parameter, in declaration order.
 
     `aligned`: for a pointer, the ALIGNED binary assumes data_ptr % 16 == 0; for an i32,
@@ -36,12 +64,10 @@ class Arg:
     fixed Triton element type after "=" (e.g. "=i32", "=fp32").
     """
 
-    name: str
-    kind: str
-    aligned: bool = False
-    dtype: str = ""
+    __slots__ = _compared = ("name", "kind", "aligned", "dtype")
 
-    def __post_init__(self):
+    def __init__(self, name: str, kind: str, aligned: bool = False, dtype: str = ""):
+        self._init(name=name, kind=kind, aligned=aligned, dtype=dtype)
         if self.kind not in ARG_KINDS:
             raise ValueError(f"Arg {self.name}: kind must be one of {ARG_KINDS}, got {self.kind!r}")
         if self.kind == "ptr" and not self.dtype:
@@ -50,11 +76,11 @@ class Arg:
             raise ValueError(f"Arg {self.name}: a float cannot be divisibility-specialized")
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    num_warps: int
-    num_stages: int
-    num_ctas: int = 1
+class LaunchConfig(_Record):
+    __slots__ = _compared = ("num_warps", "num_stages", "num_ctas")
+
+    def __init__(self, num_warps: int, num_stages: int, num_ctas: int = 1):
+        self._init(num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas)
 
 
 _KEY_RE = re.compile(r"^(?P<kernel>[A-Za-z_][A-Za-z0-9_]*)\((?P<axes>[^)]*)\)@(?P<level>[a-z]+)$")
@@ -65,13 +91,16 @@ def _axis_value(text: str) -> int | str:
     return int(text) if re.fullmatch(r"-?[0-9]+", text) else text
 
 
-@dataclass(frozen=True)
-class VariantKey:
+class VariantKey(_Record):
     """Names one binary: `kernel(axis=value,...)@level`, axes sorted by name."""
 
-    kernel: str
-    axes: tuple[tuple[str, int | str], ...]
-    level: str = ALIGNED
+    __slots__ = _compared = ("kernel", "axes", "level")
+
+    def __init__(self, kernel: str, axes: tuple[tuple[str, int | str], ...], level: str = ALIGNED):
+        self._init(kernel=kernel, axes=axes, level=level)
+
+    def __lt__(self, other: "VariantKey") -> bool:
+        return self._key() < other._key()
 
     @staticmethod
     def make(kernel: str, axes: Mapping[str, int | str], level: str = ALIGNED) -> "VariantKey":
@@ -111,8 +140,7 @@ class VariantKey:
         return VariantKey.make(self.kernel, self.axis_dict, level)
 
 
-@dataclass(frozen=True)
-class KernelSpec:
+class KernelSpec(_Record):
     """Everything needed to compile and launch one `@triton.jit` kernel, as data.
 
     `constexprs(axes)` maps a variant's axes to the values of every constexpr parameter.
@@ -121,33 +149,29 @@ class KernelSpec:
     the spec's folder) whose bytes feed the provenance hash.
     """
 
-    name: str
-    module: str
-    function: str
-    args: tuple[Arg, ...]
-    constexpr_names: tuple[str, ...]
-    constexprs: Callable[[Mapping[str, int | str]], dict[str, int | str | bool | float]]
-    variants: Callable[[], Iterable[Mapping[str, int | str]]]
-    launch: Callable[[Mapping[str, int | str], int], LaunchConfig]
-    sources: tuple[str, ...] = ("kernel.py",)
-    folder: str = ""
-    arg_index: dict = field(default_factory=dict, compare=False, repr=False)
-    first_ptr: int = field(default=-1, init=False, compare=False, repr=False)
-    leading_ptrs: int = field(default=0, init=False, compare=False, repr=False)
+    __slots__ = ("name", "module", "function", "args", "constexpr_names", "constexprs", "variants", "launch",
+                 "sources", "folder", "arg_index", "first_ptr", "leading_ptrs")
+    _compared = __slots__[:10]
 
-    def __post_init__(self):
+    def __init__(self, name: str, module: str, function: str, args: tuple[Arg, ...],
+                 constexpr_names: tuple[str, ...],
+                 constexprs: Callable[[Mapping[str, int | str]], dict[str, int | str | bool | float]],
+                 variants: Callable[[], Iterable[Mapping[str, int | str]]],
+                 launch: Callable[[Mapping[str, int | str], int], LaunchConfig],
+                 sources: tuple[str, ...] = ("kernel.py",), folder: str = ""):
+        self._init(name=name, module=module, function=function, args=tuple(args),
+                   constexpr_names=tuple(constexpr_names), constexprs=constexprs, variants=variants, launch=launch,
+                   sources=tuple(sources), folder=folder)
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate argument names")
-        self.arg_index.update({n: i for i, n in enumerate(names)})
         ptrs = [i for i, a in enumerate(self.args) if a.kind == "ptr"]
         if not ptrs:
             raise ValueError(f"{self.name}: a kernel needs at least one pointer argument")
-        # The first pointer's tensor tells the op's device.
-        object.__setattr__(self, "first_ptr", ptrs[0])
-        # Pointers before the first non-pointer: the prefix a prepared launch repacks per call.
-        lead = next((i for i, a in enumerate(self.args) if a.kind != "ptr"), len(self.args))
-        object.__setattr__(self, "leading_ptrs", lead)
+        self._init(arg_index={n: i for i, n in enumerate(names)},
+                   first_ptr=ptrs[0],  # the first pointer's tensor tells the op's device
+                   # pointers before the first non-pointer: the prefix a prepared launch repacks per call
+                   leading_ptrs=next((i for i, a in enumerate(self.args) if a.kind != "ptr"), len(self.args)))
 
     def keys(self) -> list[VariantKey]:
         """Every declared binary: each variant at both specialization levels."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey
@@ -25,11 +24,14 @@ from .manifest import Entry
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
-@dataclass
 class Resolution:
-    level: str | None  # ALIGNED, GENERIC, or None for a miss
-    entry: Entry | None
-    rejected: dict[str, str] = field(default_factory=dict)  # level -> reason
+    """resolve()'s answer: the level chosen (ALIGNED, GENERIC, or None for a miss), its entry, and
+    why each level was rejected (level -> reason)."""
+
+    __slots__ = ("level", "entry", "rejected")
+
+    def __init__(self, level: str | None, entry: Entry | None, rejected: dict[str, str] | None = None):
+        self.level, self.entry, self.rejected = level, entry, rejected if rejected is not None else {}
 
 
 def check_assumptions(spec: KernelSpec, entry: Entry, values: Sequence) -> str | None:

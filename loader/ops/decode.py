@@ -8,8 +8,6 @@ it. The public function runs the same checks and code; under compilation it call
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -108,17 +106,19 @@ def _fp8_scale(scale, name, kv_heads, device):
     return scale, scale.stride(0)
 
 
-@dataclass
 class _KV:
-    fmt: str
-    k: torch.Tensor  # [pages, page_size, kv_heads, d] views
-    v: torch.Tensor
-    ks: Optional[torch.Tensor]  # int: [pages, page_size, kv_heads, groups]; fp8: scalar/[kv_heads]
-    vs: Optional[torch.Tensor]
-    group: int
-    scale_name: str
-    ks_head_stride: int = 0
-    vs_head_stride: int = 0
+    """A checked cache: format, [pages, page_size, kv_heads, d] views, scales.
+
+    (Plain classes here and below: a dataclass costs ~1 ms to create at import, which the first
+    `decode` in a process pays.)"""
+
+    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride")
+
+    def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0):
+        self.fmt, self.k, self.v = fmt, k, v
+        self.ks, self.vs = ks, vs  # int: [pages, page_size, kv_heads, groups]; fp8: scalar/[kv_heads]
+        self.group, self.scale_name = group, scale_name
+        self.ks_head_stride, self.vs_head_stride = ks_head_stride, vs_head_stride
 
 
 def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device) -> _KV:
@@ -148,17 +148,14 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
     return kv
 
 
-@dataclass
 class _Decode:
-    q: torch.Tensor
-    kv: _KV
-    table: torch.Tensor
-    seq_lens: torch.Tensor
-    req_idx: Optional[torch.Tensor]
-    sinks: Optional[torch.Tensor]
-    sm_scale: float
-    window: int
-    splits: Optional[int]
+    """A checked decode call."""
+
+    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits")
+
+    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits):
+        self.q, self.kv, self.table, self.seq_lens, self.req_idx = q, kv, table, seq_lens, req_idx
+        self.sinks, self.sm_scale, self.window, self.splits = sinks, sm_scale, window, splits
 
 
 def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
@@ -287,26 +284,23 @@ def _one(device) -> torch.Tensor:
     return _ones[device]
 
 
-@dataclass
 class _Plan:
-    """Everything a decode launch needs that follows from the inputs' metadata alone."""
+    """Everything a decode launch needs that follows from the inputs' metadata alone.
 
-    split_axes: dict
-    split_grid: tuple
-    merge_axes: dict
-    merge_grid: tuple
-    n_o: int
-    n_lse: int
-    split_ints: list  # the split kernel's non-pointer arguments, in order
-    merge_ints: list
-    byte_view: bool  # fp8/int4 caches are read as int8 bytes
-    fp8: bool
-    fmt: str
-    device: torch.device
-    # CUDA plans whose binaries are built: both launches with their non-pointer arguments packed
-    # (dispatch.Prepared); None takes run_kernel's general path (CPU, JIT fallback, other device).
-    fast_split: object = None
-    fast_merge: object = None
+    split_ints / merge_ints: the kernels' non-pointer arguments, in order. byte_view: fp8/int4
+    caches are read as int8 bytes. fast_split / fast_merge: for CUDA plans whose binaries are
+    built, both launches with their non-pointer arguments packed (dispatch.Prepared); None takes
+    run_kernel's general path (CPU, JIT fallback, another device)."""
+
+    __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
+                 "byte_view", "fp8", "fmt", "device", "fast_split", "fast_merge")
+
+    def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
+                 fp8, fmt, device):
+        self.split_axes, self.split_grid, self.merge_axes, self.merge_grid = split_axes, split_grid, merge_axes, merge_grid
+        self.n_o, self.n_lse, self.split_ints, self.merge_ints = n_o, n_lse, split_ints, merge_ints
+        self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
+        self.fast_split = self.fast_merge = None
 
 
 def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:

@@ -18,12 +18,13 @@ def summarize(root: str | Path) -> dict:
     for folder in target_dirs(root):
         try:
             m = read_manifest(folder)
+            entries = m.entries  # builds every Entry: a malformed one raises here
         except ManifestError as e:
             out[folder.name] = {"error": str(e)}
             continue
         kernels: dict[str, dict] = {}
         seen_paths: set[str] = set()
-        for e in m.entries:
+        for e in entries:
             k = kernels.setdefault(e.kernel, {"variants": 0, "binaries": 0, "bytes": 0, "_paths": set()})
             k["binaries"] += 1
             if e.path not in k["_paths"]:
@@ -32,10 +33,10 @@ def summarize(root: str | Path) -> dict:
             seen_paths.add(e.path)
         for kernel, k in kernels.items():
             # A variant is a key's axes; its binaries are the specialization levels.
-            k["variants"] = len({e.key.rsplit("@", 1)[0] for e in m.entries if e.kernel == kernel})
+            k["variants"] = len({e.key.rsplit("@", 1)[0] for e in entries if e.kernel == kernel})
             del k["_paths"]
         out[folder.name] = {
-            "arch": m.target.arch, "backend": m.target.backend, "binaries": len(m.entries),
+            "arch": m.target.arch, "backend": m.target.backend, "binaries": len(entries),
             "files": len(seen_paths), "bytes": sum(k["bytes"] for k in kernels.values()),
             "triton_version": m.triton_version, "aotc_version": m.aotc_version, "kernels": kernels,
         }
@@ -51,11 +52,12 @@ def verify(root: str | Path) -> tuple[list[str], int]:
     for folder in folders:
         try:
             m = read_manifest(folder)
+            entries = m.entries  # builds every Entry: a malformed one raises here
         except ManifestError as e:
             problems.append(str(e))
             continue
         problems += [f"{folder.name}: {p}" for p in verify_files(folder, m)]
-        for e in m.entries:
+        for e in entries:
             checked += 1
             path = folder / e.path
             if not path.is_file():

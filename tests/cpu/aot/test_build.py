@@ -39,6 +39,19 @@ def test_manifest_records_everything_the_loader_needs(tiny_artifacts):
         assert verify_files(tiny_artifacts / target) == []
 
 
+def test_manifest_is_schema_2_with_kernel_fields_once(tiny_artifacts):
+    text = (tiny_artifacts / "sm90" / "manifest.json").read_text()
+    doc = json.loads(text)
+    assert doc["schema_version"] == 2 and list(doc["kernels"]) == ["tiny_axpy"]
+    table = doc["kernels"]["tiny_axpy"]
+    assert {"symbol", "param_names", "num_warps", "provenance.source_sha256"} <= table["common"].keys()
+    assert table["columns"][0] == "sha256" and "path" not in table["columns"] + list(table["common"])
+    assert len(table["entries"]) == 8 and text.count('"param_names"') == 1
+    assert doc["divisible_sets"] == [["x", "out", "stride_x"], []]
+    # Reading and writing again gives the same bytes: nothing is lost or reordered.
+    assert read_manifest(tiny_artifacts / "sm90").to_json() == text
+
+
 def test_second_build_compiles_nothing_and_never_imports_triton(tiny_artifacts):
     code = ("import sys, time; t=time.perf_counter(); from aotc.aot.build import build; "
             f"r = build({str(tiny_artifacts)!r}, ['sm80', 'sm90'], kernels=['tiny_axpy'], progress=False); "

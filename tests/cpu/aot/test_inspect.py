@@ -1,8 +1,9 @@
 """`aotc list` and `aotc verify`, including the damage verify must catch."""
 import json
 import shutil
+from dataclasses import replace
 
-from aotc.loader.manifest import read_manifest
+from aotc.loader.manifest import Manifest, read_manifest
 
 from .conftest import run_cli
 
@@ -26,27 +27,39 @@ def test_verify_passes_on_a_clean_build(tiny_artifacts):
 def test_verify_names_every_bad_entry(tiny_artifacts, tmp_path):
     art = tmp_path / "art"
     shutil.copytree(tiny_artifacts, art)
-    m90 = json.loads((art / "sm90" / "manifest.json").read_text())
-    m80 = json.loads((art / "sm80" / "manifest.json").read_text())
+    m90, m80 = read_manifest(art / "sm90"), read_manifest(art / "sm80")
+    entries = m90.entries
     # 1: flip a byte of one sm90 binary.
-    tampered = m90["entries"][0]
-    path = art / "sm90" / tampered["path"]
+    tampered = entries[0]
+    path = art / "sm90" / tampered.path
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     # 2: put an sm80 cubin where an sm90 entry points, with a matching sha256 (wrong arch).
-    wrong = m90["entries"][1]
-    donor = m80["entries"][1]
-    shutil.copy(art / "sm80" / donor["path"], art / "sm90" / donor["path"])
-    wrong.update(path=donor["path"], sha256=donor["sha256"], size=donor["size"])
+    donor = m80.entries[1]
+    shutil.copy(art / "sm80" / donor.path, art / "sm90" / donor.path)
+    entries[1] = replace(entries[1], path=donor.path, sha256=donor.sha256, size=donor.size)
     # 3: a symbol the cubin does not define.
-    m90["entries"][2]["symbol"] = "not_there"
-    (art / "sm90" / "manifest.json").write_text(json.dumps(m90))
+    entries[2] = replace(entries[2], symbol="not_there")
+    rewritten = Manifest(m90.target, m90.aotc_version, m90.triton_version, entries)
+    (art / "sm90" / "manifest.json").write_text(rewritten.to_json())
     r = run_cli("verify", art)
     assert r.returncode == 1
-    assert tampered["key"] in r.stderr and "sha256" in r.stderr
-    assert wrong["key"] in r.stderr and "is for sm80" in r.stderr
-    assert m90["entries"][2]["key"] in r.stderr and "not_there" in r.stderr
+    assert tampered.key in r.stderr and "sha256" in r.stderr
+    assert entries[1].key in r.stderr and "is for sm80" in r.stderr
+    assert entries[2].key in r.stderr and "not_there" in r.stderr
+
+
+def test_verify_and_list_report_a_malformed_entry_instead_of_failing(tiny_artifacts, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts, art)
+    doc = json.loads((art / "sm90" / "manifest.json").read_text())
+    del doc["kernels"]["tiny_axpy"]["common"]["symbol"]  # read_manifest passes; building an Entry fails
+    (art / "sm90" / "manifest.json").write_text(json.dumps(doc))
+    r = run_cli("verify", art)
+    assert r.returncode == 1 and "BAD" in r.stderr and "symbol" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("list", art, "--json")
+    assert r.returncode == 0 and "symbol" in json.loads(r.stdout)["sm90"]["error"]
 
 
 def test_verify_refuses_an_incompatible_manifest(tiny_artifacts, tmp_path):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from aotc.aot.hub_commands import push_artifacts
 from aotc.loader import hub as hubmod
 from aotc.loader.hub import (CorruptArtifactsError, NotCachedError, TargetNotFoundError, fetch_target,
                              parse_hub_source)
-from aotc.loader.manifest import ManifestError, read_manifest, verify_files
+from aotc.loader.manifest import Manifest, ManifestError, read_manifest, verify_files
 
 REPO = "org/kern"
 
@@ -113,12 +114,11 @@ def test_consistently_tampered_manifest_is_caught_by_its_hub_hash(hub, artifacts
     original = {p: p.read_bytes() for p in [folder / "manifest.json", *_cubins(root)]}
     victim = _cubins(root)[0]
     evil = os.urandom(victim.stat().st_size)
-    doc = json.loads((folder / "manifest.json").read_text())
-    for e in doc["entries"]:
-        if e["path"] == f"bin/{victim.name}":
-            e["sha256"] = hashlib.sha256(evil).hexdigest()
+    m = read_manifest(folder)
+    entries = [replace(e, sha256=hashlib.sha256(evil).hexdigest()) if e.path == f"bin/{victim.name}" else e
+               for e in m.entries]
     victim.write_bytes(evil)
-    (folder / "manifest.json").write_text(json.dumps(doc))
+    (folder / "manifest.json").write_text(Manifest(m.target, m.aotc_version, m.triton_version, entries).to_json())
     assert verify_files(folder) == []  # self-consistent: the manifest alone cannot catch it
 
     assert fetch_target(f"hf://{REPO}@{sha}", "sm90") == root

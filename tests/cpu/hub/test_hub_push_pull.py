@@ -144,7 +144,7 @@ def test_pull_surfaces_incompatible_manifest_and_missing_target(hub, artifacts):
     sha = hub.commit(REPO, "main", {"sm90/manifest.json": json.dumps(doc).encode()}, "from the future")
     code, out = _run(pull_command, ["--repo", REPO, "--revision", sha, "--arch", "sm90"])
     assert code != 0
-    assert "manifest schema 7" in out and "aotc 9.9.9" in out and "reads schema 1" in out
+    assert "manifest schema 7" in out and "aotc 9.9.9" in out and "reads schema 2" in out
 
 
 @pytest.mark.parametrize("args", [["--repo", REPO, "--revision", "nope", "--arch", "sm90"],

@@ -10,11 +10,11 @@ export PYTHONUNBUFFERED=1 AOTC_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-start=$(date +%s.%N)
+start=$(date +%s)
 kernels=""
 [ "$what" = sweep ] && kernels="--kernel decode_split --kernel decode_merge"
 aotc build --arch sm90 -j 16 --quiet $kernels 2>&1 | tail -20 | tee "$OUT/build.log"
-echo "build_seconds $(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$OUT/build.log"
+echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
 aotc list | tee -a "$OUT/build.log"
 aotc verify | tail -3 | tee -a "$OUT/build.log"
 if [ "$what" = tests ] || [ "$what" = all ]; then

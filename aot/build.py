@@ -28,7 +28,7 @@ from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, 
 
 from .triton_compat import triton_version
 
-AOTC_VERSION = "0.1.0"
+AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
 # Bump when the compile path changes in a way the other hash inputs do not show.
 COMPILE_RECIPE = 2  # 2: no line info
 

@@ -7,7 +7,6 @@ loop measures the host. Run after `aotc build --arch sm90 --kernel decode_split 
 from __future__ import annotations
 
 import argparse
-import ctypes
 
 import torch
 
@@ -25,18 +24,18 @@ def capture_launches(call):
     import aotc.loader.ops.decode as decode_module
 
     seen = []
-    real, real_prepare = dispatch.run_kernel, dispatch.prepare
+    real, real_prepare = decode_module.run_kernel, decode_module.prepare
 
     def spy(spec, axes, grid, args):
         seen.append((spec, dict(axes), tuple(grid), list(args)))
         return real(spec, axes, grid, args)
 
-    dispatch.run_kernel, dispatch.prepare = spy, (lambda *a, **k: None)
+    decode_module.run_kernel, decode_module.prepare = spy, (lambda *a, **k: None)
     decode_module._plans.clear()
     try:
         call()
     finally:
-        dispatch.run_kernel, dispatch.prepare = real, real_prepare
+        decode_module.run_kernel, decode_module.prepare = real, real_prepare
         decode_module._plans.clear()
     return seen
 

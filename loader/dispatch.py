@@ -176,11 +176,8 @@ class Prepared:
         with self.lock:
             self.pack_pointers(self.buffer, 0, *pointers)
             code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
-            if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:  # see Launchable._retry_or_raise
-                la.driver.make_current(la.device)
-                code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
-            if code:
-                la.driver.check(f"launch of {la.entry.key}", code)
+            if code:  # retried under the lock: the packed arguments are still this call's
+                la._retry_or_raise(code, self.grid, stream, self.pointers)
 
 
 def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Prepared | None:

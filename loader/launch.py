@@ -88,19 +88,21 @@ class Launchable:
                 self._retry_or_raise(code, grid, stream)
         del keep
 
-    def _issue(self, grid, stream) -> int:
-        """One driver launch with the arguments already packed; the status code."""
+    def _issue(self, grid, stream, pointers=None) -> int:
+        """One driver launch with the arguments already packed (in this binary's buffer, or in
+        the `void**` array `pointers`, a dispatch.Prepared's); the status code."""
+        pointers = pointers or self.pointers
         if self.needs_ex:
-            return self._launch_ex(grid, stream)
+            return self._launch_ex(grid, stream, pointers)
         gx, gy, gz = grid
-        return self.cu_launch(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, self.pointers, None)
+        return self.cu_launch(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream, pointers, None)
 
-    def _retry_or_raise(self, code, grid, stream) -> None:
+    def _retry_or_raise(self, code, grid, stream, pointers=None) -> None:
         if code == cuda_driver.CUDA_ERROR_INVALID_CONTEXT:
             # A thread that never touched this device has no current context: adopt the
             # primary context torch uses, then retry once with the arguments still packed.
             self.driver.make_current(self.device)
-            code = self._issue(grid, stream)
+            code = self._issue(grid, stream, pointers)
         if code:
             self.driver.check(f"launch of {self.entry.key}", code)
 
@@ -108,11 +110,11 @@ class Launchable:
         return ValueError(f"{self.entry.kernel}: an argument does not fit its parameter type "
                           f"({', '.join(self.entry.params)}): {e}")
 
-    def _launch_ex(self, grid, stream) -> int:
+    def _launch_ex(self, grid, stream, pointers) -> int:
         e = self.entry
         config, _attrs = cuda_driver.cluster_launch_config(
             grid, self.block, self.shared, stream, e.num_ctas, e.launch_cooperative_grid, e.launch_pdl)
-        return self.driver.cuLaunchKernelEx(ctypes.byref(config), self.function, self.pointers, None)
+        return self.driver.cuLaunchKernelEx(ctypes.byref(config), self.function, pointers, None)
 
     def _scratch(self, programs: int):
         import torch

@@ -15,7 +15,7 @@ from aotc.kernels.decode import spec as S
 
 from .. import workspace
 from . import library
-from ..dispatch import register_plan_cache
+from ..dispatch import prepare, register_plan_cache, run_kernel
 
 _FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -326,8 +326,6 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                  n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
                  kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
     if q.is_cuda and plan.split_grid[0] and plan.merge_grid[1]:
-        from ..dispatch import prepare
-
         split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
         merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)
         if split is not None and merge is not None:
@@ -365,8 +363,6 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
             _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
                              torch._C._cuda_getCurrentRawStream(index))
             return
-    from ..dispatch import run_kernel
-
     if plan.split_grid[0] == 0 or plan.merge_grid[1] == 0:
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)

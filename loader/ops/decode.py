@@ -132,6 +132,10 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
     _unit_last(v_cache, "v_cache")
     kv = _KV(fmt, _as_paged(k_cache), _as_paged(v_cache), None, None, S.MAX_QUANT_GROUP, "fp32")
     if fmt in S.INT_FORMATS:
+        for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
+            if any(st % 2 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+                raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time, so its strides must be "
+                                 f"even; got {t.stride()}")
         if k_scale is None or v_scale is None:
             raise ValueError(f"a {fmt} cache needs k_scale and v_scale")
         kv.group = _group_scales(k_scale, "k_scale", k_cache, head_dim, device)
@@ -146,6 +150,14 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"k_scale/v_scale are for int8, int4 and fp8 caches, not {fmt}")
     return kv
+
+
+def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str) -> None:
+    # Checked on every call, the plan's too: a plan is keyed by metadata, not by address.
+    if (k_ptr | v_ptr) & 1:
+        name = "k_cache" if k_ptr & 1 else "v_cache"
+        raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time; its data must start at an even "
+                         f"address (it is a view at an odd byte offset)")
 
 
 class _Decode:
@@ -288,18 +300,20 @@ class _Plan:
     """Everything a decode launch needs that follows from the inputs' metadata alone.
 
     split_ints / merge_ints: the kernels' non-pointer arguments, in order. byte_view: fp8/int4
-    caches are read as int8 bytes. fast_split / fast_merge: for CUDA plans whose binaries are
+    caches are read as int8 bytes. halfword: int8/int4 caches, which the kernel reads as int16
+    words, so their addresses must be even (checked every call). fast_split / fast_merge: for CUDA plans whose binaries are
     built, both launches with their non-pointer arguments packed (dispatch.Prepared); None takes
     run_kernel's general path (CPU, JIT fallback, another device)."""
 
     __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
-                 "byte_view", "fp8", "fmt", "device", "fast_split", "fast_merge")
+                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge")
 
     def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
                  fp8, fmt, device):
         self.split_axes, self.split_grid, self.merge_axes, self.merge_grid = split_axes, split_grid, merge_axes, merge_grid
         self.n_o, self.n_lse, self.split_ints, self.merge_ints = n_o, n_lse, split_ints, merge_ints
         self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
+        self.halfword = fmt in S.INT_FORMATS  # int8/int4 caches are read as int16 words
         self.fast_split = self.fast_merge = None
 
 
@@ -350,7 +364,10 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
     else:
         ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
     lens = seq_lens.data_ptr()
-    plan.fast_split((q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, table.data_ptr(),
+    kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
+    if plan.halfword:
+        _check_halfword_aligned(kp, vp, plan.fmt)
+    plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
                      lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
     plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr()), stream)
     del keep
@@ -363,6 +380,8 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
             _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
                              torch._C._cuda_getCurrentRawStream(index))
             return
+    if plan.halfword:
+        _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
     if plan.split_grid[0] == 0 or plan.merge_grid[1] == 0:
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)

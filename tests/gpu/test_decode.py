@@ -16,41 +16,48 @@ FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 
 @triton.jit
-def _dequant_probe(X, S, LO, HI, N: tl.constexpr, KIND: tl.constexpr):
-    offs = tl.arange(0, N)
+def _dequant_probe(X, S, O0, O1, O2, O3, BLOCK: tl.constexpr, KIND: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + offs)
     s = tl.load(S + offs)
     if KIND == 1:
-        tl.store(LO + offs, kernel._int8_dequant(x, s))
+        c0, c1 = kernel._i8x2_dequant(x, s)
+        tl.store(O0 + offs, c0)
+        tl.store(O1 + offs, c1)
     elif KIND == 2:
-        lo, hi = kernel._int4_dequant(x, s)
-        tl.store(LO + offs, lo)
-        tl.store(HI + offs, hi)
+        c0, c1, c2, c3 = kernel._i4x4_dequant(x, s)
+        tl.store(O0 + offs, c0)
+        tl.store(O1 + offs, c1)
+        tl.store(O2 + offs, c2)
+        tl.store(O3 + offs, c3)
     else:
-        tl.store(LO + offs, kernel._fp8_bits_to_fp16(x, KIND))
+        tl.store(O0 + offs, kernel._fp8_bits_to_fp16(x, KIND))
 
 
 @pytest.mark.parametrize("kind", [1, 2, 3, 4])
 def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
-    """The PTX dequantizers on every byte value, against the formulas the interpreter runs."""
-    n = 2048
-    x = (torch.arange(n, device="cuda") % 256).to(torch.uint8).view(torch.int8)
+    """The PTX dequantizers against the formulas the interpreter runs: int8/int4 on every int16
+    word (each byte and nibble value in each position), fp8 on every byte."""
+    n = 65536 if kind <= 2 else 2048
+    words = torch.arange(n, device="cuda", dtype=torch.int32)
+    x = words.to(torch.int16) if kind <= 2 else (words % 256).to(torch.uint8).view(torch.int8)
     # Scales from fp16 subnormals (2^-20) to 2^9, so products round, underflow and stay exact in turn.
     s = (torch.exp2(torch.randint(-20, 9, (n,), device="cuda").float()) * (1 + torch.rand(n, device="cuda"))).half()
-    lo, hi = torch.empty(n, dtype=torch.float16, device="cuda"), torch.empty(n, dtype=torch.float16, device="cuda")
-    _dequant_probe[(1,)](x, s, lo, hi, N=n, KIND=kind)
-    b = x.view(torch.uint8).int()
-    if kind == 1:
-        want = [(x.float() * s.float()).half()]
-    elif kind == 2:
-        want = [(((b & 15) - 7).float() * s.float()).half(), (((b >> 4) - 7).float() * s.float()).half()]
+    outs = [torch.full((n,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(4)]
+    _dequant_probe[(n // 1024,)](x, s, *outs, BLOCK=1024, KIND=kind)
+    if kind == 1:  # int16 word = (even channel: low byte, odd channel: high byte), two's complement
+        lo, hi = words & 0xFF, (words >> 8) & 0xFF
+        want = [((c - 256 * (c >= 128)).float() * s.float()).half() for c in (lo, hi)]
+    elif kind == 2:  # nibble i = channel 4j + i, stored as code + 7
+        want = [((((words >> (4 * i)) & 15) - 7).float() * s.float()).half() for i in range(4)]
     else:
+        b = x.view(torch.uint8).int()
         fp8 = torch.float8_e4m3fn if kind == 3 else torch.float8_e5m2
         want = [x.view(fp8).float().mul(2.0 ** -8 if kind == 3 else 1.0).half()]
         if kind == 3:
             keep = (b & 0x7F) != 0x7F  # e4m3's NaN bytes have no fp16 image here; never stored
-            lo, want = lo[keep], [want[0][keep]]
-    for got, w in zip((lo, hi), want):
+            outs, want = [outs[0][keep]], [want[0][keep]]
+    for got, w in zip(outs, want):
         assert torch.equal(got.view(torch.int16), w.view(torch.int16)) or torch.allclose(got, w, equal_nan=True, rtol=0, atol=0)
 
 

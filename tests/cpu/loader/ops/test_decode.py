@@ -267,6 +267,35 @@ def test_bad_input_names_the_argument(over, exc, match):
         _call(**over(_good()))
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_int_caches_with_odd_strides_or_addresses_are_refused(fmt):
+    """int8/int4 caches are read as int16 words: an odd stride or start address is refused before
+    any launch (the output keeps its poison), on the planned call and on a repeat of a planned one."""
+    case = make_case([10, 20], fmt=fmt, seed=17)
+    k, v = case.k_cache, case.v_cache
+    out = torch.full_like(case.q, float("nan"))
+    decode(case.q, k, v, case.table, case.seq_lens, out=out, **case.kwargs)  # the plan for these shapes
+
+    def odd_stride(t):
+        return torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype)[..., :t.shape[-1]].copy_(t)
+
+    for over, match in [(dict(k_cache=odd_stride(k)), "k_cache: .* strides must be even"),
+                        (dict(v_cache=odd_stride(v)), "v_cache: .* strides must be even")]:
+        poison = torch.full_like(case.q, float("nan"))
+        kw = {"k_cache": k, "v_cache": v}
+        kw.update(over)
+        with pytest.raises(ValueError, match=match):
+            decode(case.q, kw["k_cache"], kw["v_cache"], case.table, case.seq_lens, out=poison, **case.kwargs)
+        assert poison.isnan().all()
+    flat = torch.zeros(k.numel() + 1, dtype=k.dtype)
+    odd_address = flat[1:].view(k.shape).copy_(k)
+    for validate in (True, False):  # validate=False takes the planned path straight to the launch
+        poison = torch.full_like(case.q, float("nan"))
+        with pytest.raises(ValueError, match="k_cache: .* even address"):
+            decode(case.q, odd_address, v, case.table, case.seq_lens, out=poison, validate=validate, **case.kwargs)
+        assert poison.isnan().all()
+
+
 def test_cache_dtype_must_match_a_float_query():
     case = make_case([5], fmt="bf16")
     with pytest.raises(TypeError, match="bf16 cache needs an bf16 query"):

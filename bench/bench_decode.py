@@ -1,6 +1,7 @@
 """Decode bandwidth: KV bytes (plus scales) read once over kernel time, for bf16, int8 and int4
 caches, next to the device-to-device copy bandwidth measured in the same run; aotc (AOT) and the
-same kernels through Triton's JIT side by side."""
+same kernels through Triton's JIT side by side. int8/int4 run with one scale a token (group =
+head_dim, the kernel's per-token path) and with groups of 64 and 8 channels (the per-group path)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ import torch
 from aotc import loader
 from harness import Rows, copy_bandwidth, device_time
 
+FORMATS = [("bf16", 0), ("int8", 128), ("int8", 64), ("int8", 8), ("int4", 128), ("int4", 64), ("int4", 8)]
 SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
     (32, 4096, 32, 8, 128, 16),
     (64, 4096, 32, 8, 128, 16),
@@ -52,13 +54,13 @@ def main():
     copy_bw = copy_bandwidth()
     rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
-    print(f"{'fmt':5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} {'jit GB/s':>9s}")
+    print(f"{'fmt':5s} {'group':>5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} {'jit GB/s':>9s}")
     import tempfile
 
     empty = tempfile.mkdtemp()
-    for fmt in ("bf16", "int8", "int4"):
+    for fmt, group in FORMATS:
         for batch, ctx, hq, hkv, hd, page in SHAPES:
-            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page)
+            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=group or 64)
             out = torch.empty_like(args[0])
             t_aot = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             loader.set_artifacts(empty)
@@ -68,11 +70,12 @@ def main():
             loader.set_artifacts(None)
             bw_aot, bw_jit = nbytes / t_aot, nbytes / t_jit
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
-            print(f"{fmt:5s} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
+            print(f"{fmt:5s} {group or '-':>5} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
                   f"{t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f}")
-            rows.add("decode", fmt, "aot", shape, "GBps", bw_aot / 1e9)
-            rows.add("decode", fmt, "aot", shape, "pct_of_copy", 100 * bw_aot / copy_bw)
-            rows.add("decode", fmt, "jit", shape, "GBps", bw_jit / 1e9)
+            variant = f"{fmt} group{group}" if group else fmt
+            rows.add("decode", variant, "aot", shape, "GBps", bw_aot / 1e9)
+            rows.add("decode", variant, "aot", shape, "pct_of_copy", 100 * bw_aot / copy_bw)
+            rows.add("decode", variant, "jit", shape, "GBps", bw_jit / 1e9)
             del args, kw, out
             torch.cuda.empty_cache()
 

@@ -110,6 +110,51 @@ def _i4x4_dequant(x, s):
 
 
 @triton.jit
+def _i8x2_codes(x):
+    # _i8x2_dequant without the scale: the codes, exact in fp16.
+    if _INTERPRET:
+        return ((x << 8) >> 8).to(tl.float16), (x >> 8).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 e, o, m;
+            mov.b32 m, 0x64806480;
+            lop3.b32 e, $2, 0x00FF00FF, 0x64806480, 0x6A;
+            shr.b32 o, $2, 8;
+            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
+            sub.rn.f16x2 $0, e, m;
+            sub.rn.f16x2 $1, o, m;
+            }""",
+            "=r,=r,r", [x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _i4x4_codes(x):
+    # _i4x4_dequant without the scale: the codes, exact in fp16.
+    if _INTERPRET:
+        return ((x & 15) - 7).to(tl.float16), (((x >> 4) & 15) - 7).to(tl.float16), \
+            (((x >> 8) & 15) - 7).to(tl.float16), (((x >> 12) & 15) - 7).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, m;
+            mov.b32 m, 0x64076407;
+            lop3.b32 t, $4, 0x000F000F, 0x64006400, 0xEA;
+            sub.rn.f16x2 $0, t, m;
+            shr.b32 t, $4, 4;
+            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+            sub.rn.f16x2 $1, t, m;
+            shr.b32 t, $4, 8;
+            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+            sub.rn.f16x2 $2, t, m;
+            shr.b32 t, $4, 12;
+            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+            sub.rn.f16x2 $3, t, m;
+            }""",
+            "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
 def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr):
     # x: int8 bytes of fp8 values -> fp16 holding the value (e5m2) or the value * 2^-8 (e4m3, whose
     # exponent bias is 7 to fp16's 15), subnormals included. e5m2 is the top byte of an fp16.
@@ -317,60 +362,118 @@ def _attend_int(
         acc2 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
 
-    # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
-    # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
-    # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
-    # 16K: 606 -> 498 us).
-    sg = tl.arange(0, BLOCK_D // 8)
-    offs_n = lo + tl.arange(0, BLOCK_N)
-    page_n = _pages(table_row, offs_n, hi, page_shift)
-    ks = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
-                 quant_shift, HEAD_DIM // 8)
-    vs = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
-                 quant_shift, HEAD_DIM // 8)
-    page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
-    for t0 in range(lo, hi, BLOCK_N):
-        offs_t = t0 + tl.arange(0, BLOCK_N)
-        t_mask = offs_t < hi
-        page = _pages(table_row, offs_t, hi, page_shift)
-        slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
-        # Byte offsets halved: the op checks that int8/int4 cache strides are even.
-        k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
-        v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
-        mask = t_mask[:, None] & c_mask[None, :]
-        offs_n = offs_t + BLOCK_N
-        ks_next = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
-                          quant_shift, HEAD_DIM // 8)
-        vs_next = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
-                          quant_shift, HEAD_DIM // 8)
+    # One scale a token (group == head_dim, the common int8 layout): K's scale multiplies the
+    # scores after an exact dot over the codes and V's is a per-token broadcast, so a tile loads
+    # BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none.
+    if (1 << quant_shift) >= HEAD_DIM:
+        ks_row = KS + kvh64 * stride_ksh
+        vs_row = VS + kvh64 * stride_vsh
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        page_n = _pages(table_row, offs_n, hi, page_shift)
+        n_mask = offs_n < hi
+        slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
+        kst = tl.load(ks_row + page_n * stride_ksp + slot_n * stride_kst, mask=n_mask, other=0.0).to(tl.float32)
+        vst = tl.load(vs_row + page_n * stride_vsp + slot_n * stride_vst, mask=n_mask, other=0.0).to(tl.float16)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        for t0 in range(lo, hi, BLOCK_N):
+            offs_t = t0 + tl.arange(0, BLOCK_N)
+            t_mask = offs_t < hi
+            page = _pages(table_row, offs_t, hi, page_shift)
+            slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+            k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
+            v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
+            mask = t_mask[:, None] & c_mask[None, :]
+            offs_n = offs_t + BLOCK_N
+            n_mask = offs_n < hi
+            slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
+            kst_next = tl.load(ks_row + page_n * stride_ksp + slot_n * stride_kst, mask=n_mask,
+                               other=0.0).to(tl.float32)
+            vst_next = tl.load(vs_row + page_n * stride_vsp + slot_n * stride_vst, mask=n_mask,
+                               other=0.0).to(tl.float16)
+            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
 
-        kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
-        if INT4:
-            k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
-                + tl.dot(q3, tl.trans(k3))
-        else:
-            k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
-        qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-        pd = p.to(tl.float16)
-        vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
-        if INT4:
-            v0, v1, v2, v3 = _i4x4_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
-            acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
-            acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
-        else:
-            v0, v1 = _i8x2_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
-        acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
-        acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
-        ks = ks_next
-        vs = vs_next
+            kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
+            if INT4:
+                k0, k1, k2, k3 = _i4x4_codes(kx)
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
+                    + tl.dot(q3, tl.trans(k3))
+            else:
+                k0, k1 = _i8x2_codes(kx)
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
+            qk = tl.where(t_mask[None, :], qk * (kst * qk_scale)[None, :], float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+            pd = p.to(tl.float16)
+            vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
+            vse = tl.broadcast_to(vst[:, None], [BLOCK_N, DCOLS])
+            if INT4:
+                v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
+                acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
+                acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
+            else:
+                v0, v1 = _i8x2_dequant(vx, vse)
+            acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
+            acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
+            kst = kst_next
+            vst = vst_next
+    else:
+        # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
+        # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
+        # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
+        # 16K: 606 -> 498 us).
+        sg = tl.arange(0, BLOCK_D // 8)
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        page_n = _pages(table_row, offs_n, hi, page_shift)
+        ks = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
+                     quant_shift, HEAD_DIM // 8)
+        vs = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
+                     quant_shift, HEAD_DIM // 8)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        for t0 in range(lo, hi, BLOCK_N):
+            offs_t = t0 + tl.arange(0, BLOCK_N)
+            t_mask = offs_t < hi
+            page = _pages(table_row, offs_t, hi, page_shift)
+            slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+            # Byte offsets halved: the op checks that int8/int4 cache strides are even.
+            k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
+            v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
+            mask = t_mask[:, None] & c_mask[None, :]
+            offs_n = offs_t + BLOCK_N
+            ks_next = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
+                              quant_shift, HEAD_DIM // 8)
+            vs_next = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
+                              quant_shift, HEAD_DIM // 8)
+            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+
+            kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
+            if INT4:
+                k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
+                    + tl.dot(q3, tl.trans(k3))
+            else:
+                k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
+            qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+            pd = p.to(tl.float16)
+            vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
+            if INT4:
+                v0, v1, v2, v3 = _i4x4_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
+                acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
+                acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
+            else:
+                v0, v1 = _i8x2_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
+            acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
+            acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
+            ks = ks_next
+            vs = vs_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]

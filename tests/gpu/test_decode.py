@@ -83,6 +83,17 @@ def test_formats_long_context_batch_32(fmt, page_size):
     assert_close(run(case), case.reference(), f"{fmt} page {page_size}")
 
 
+@pytest.mark.parametrize("quant_group,scale_dtype", [(8, "bf16"), (64, "fp32"), (128, "fp16"), (128, "bf16")])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quant_groups_at_length(fmt, quant_group, scale_dtype):
+    """Group 128 at head_dim 128 is one scale a token: the kernel's per-token path; the others its
+    per-group path."""
+    lens = long_lens(32, quant_group, block=S.block_n(128))
+    case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=16, quant_group=quant_group,
+                     scale_dtype=scale_dtype, extra_pages=7, device="cuda", seed=quant_group)
+    assert_close(run(case), case.reference(), f"{fmt} group {quant_group} {scale_dtype}")
+
+
 @pytest.mark.parametrize("head_dim", [64, 96, 256])
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8_e4m3"])
 def test_head_dims(fmt, head_dim):

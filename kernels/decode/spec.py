@@ -2,7 +2,9 @@
 
 Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
 fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
-scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), plus `cache`,
+scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
+(int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
+kernel, else "group"; "none" for other formats), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`.
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
@@ -19,6 +21,7 @@ SCALE_DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 96, 128, 256)
 MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
 MAX_QUANT_GROUP = 128
+PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
 
 KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
 CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
@@ -41,8 +44,9 @@ def block_n(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 64
 
 
-def split_axes(q: str, kv: str, scale: str, head_dim: int) -> dict:
-    """The split kernel's axes for a call; ValueError if no variant can serve it."""
+def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False) -> dict:
+    """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
+    int8/int4 cache with one scale a token (quantization group == head_dim)."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
     if kv not in KV_FORMATS:
@@ -56,7 +60,11 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int) -> dict:
         raise ValueError(f"a {kv} cache takes fp32 scales (placeholder for fp16/bf16), got {scale}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv]}
+    if per_token and (kv not in INT_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
+        raise ValueError(f"one scale a token is for int8/int4 caches of head_dim {PER_TOKEN_HEAD_DIMS}, not "
+                         f"{kv} at head_dim {head_dim}")
+    scales = ("token" if per_token else "group") if kv in INT_FORMATS else "none"
+    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales}
 
 
 def merge_axes(out: str, head_dim: int) -> dict:
@@ -121,7 +129,7 @@ SPLIT_ARGS = (
 def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd), "BLOCK_H": BLOCK_H,
-            "KV_KIND": KV_KIND[str(axes["kv"])]}
+            "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token")}
 
 
 def split_variants():
@@ -130,6 +138,8 @@ def split_variants():
             for scale in SCALE_DTYPES if kv in INT_FORMATS else ("fp32",):
                 for hd in HEAD_DIMS:
                     yield split_axes(q, kv, scale, hd)
+                    if kv in INT_FORMATS and hd in PER_TOKEN_HEAD_DIMS:
+                        yield split_axes(q, kv, scale, hd, per_token=True)
 
 
 def split_launch(axes, arch: int) -> LaunchConfig:
@@ -144,7 +154,7 @@ SPLIT = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_split_kernel",
     args=SPLIT_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

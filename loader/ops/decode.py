@@ -334,7 +334,8 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
-    plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim),
+    per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
+    plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token),
                  S.split_grid(batch, kv_heads, group, splits),
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
                  n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",

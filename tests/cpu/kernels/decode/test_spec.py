@@ -31,10 +31,11 @@ def test_variant_count_and_keys():
     split = list(S.SPLIT.variants())
     merge = list(S.MERGE.variants())
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 == 72
+    # int8/int4 add a per-token variant (group == head_dim) at head dims 64 and 128
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 == 96
     assert len(merge) == 2 * 4
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * 80
+    assert len(set(keys)) == len(keys) == 2 * (96 + 8)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 

@@ -34,7 +34,7 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)
     elif kv in ("int8", "int4"):
         width = hd // 2 if kv == "int4" else hd
-        qg = 32
+        qg = hd if axes.get("scales") == "token" else 32  # one scale a token: the per-token variant
         kc = torch.zeros(num_pages, page, kv_heads, width, device="cuda", dtype=torch.int8)
         vc = torch.zeros_like(kc)
         ks = torch.zeros(num_pages, page, kv_heads, hd // qg, device="cuda", dtype=TORCH[axes["scale"]])

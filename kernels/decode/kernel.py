@@ -211,6 +211,23 @@ def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
+    # One scale a token (group == head_dim) for tokens offs_t: [len(offs_t)], in S's dtype.
+    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+    return tl.load(S_row + page * sp + slot * st, mask=offs_t < hi, other=0.0)
+
+
+@triton.jit
+def _softmax_step(qk, m_i, l_i):
+    # Online softmax over one tile of base-2 scores qk [heads, tokens]: the tile's probabilities,
+    # the factor that rescales what was accumulated before, and the new running max and sum.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr):
     # One [ROWS, COLS] tile of K or V at `base + row[:, None] + cols[None, :]`, as the dot reads it:
     # the query's dtype for fp16/bf16 caches, fp16 for fp8.
@@ -316,11 +333,7 @@ def _attend_float(
         k = _load_tile(K, k_row, offs_c, mask, KV_KIND)
         qk = tl.dot(q, tl.trans(k))
         qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         v = _load_tile(V, v_row, offs_c, mask, KV_KIND)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
@@ -362,120 +375,84 @@ def _attend_int(
         acc2 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
 
-    # One scale a token (group == head_dim, the common int8 layout): K's scale multiplies the
-    # scores after an exact dot over the codes and V's is a per-token broadcast, so a tile loads
-    # BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A constexpr,
-    # not a runtime branch: with both loops in one binary the per-group loop lost 7 points of copy
-    # bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
+    # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
+    # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
+    # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
+    # 16K: 606 -> 498 us).
+    # PER_TOKEN, one scale a token (group == head_dim, the common int8 layout): K's scale
+    # multiplies the scores after an exact dot over the codes and V's is a per-token broadcast, so
+    # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
+    # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
+    # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
+    sg = tl.arange(0, BLOCK_D // 8)
+    ks_row = KS + kvh64 * stride_ksh
+    vs_row = VS + kvh64 * stride_vsh
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    page_n = _pages(table_row, offs_n, hi, page_shift)
     if PER_TOKEN:
-        ks_row = KS + kvh64 * stride_ksh
-        vs_row = VS + kvh64 * stride_vsh
-        offs_n = lo + tl.arange(0, BLOCK_N)
-        page_n = _pages(table_row, offs_n, hi, page_shift)
-        n_mask = offs_n < hi
-        slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
-        kst = tl.load(ks_row + page_n * stride_ksp + slot_n * stride_kst, mask=n_mask, other=0.0).to(tl.float32)
-        vst = tl.load(vs_row + page_n * stride_vsp + slot_n * stride_vst, mask=n_mask, other=0.0).to(tl.float16)
-        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
-        for t0 in range(lo, hi, BLOCK_N):
-            offs_t = t0 + tl.arange(0, BLOCK_N)
-            t_mask = offs_t < hi
-            page = _pages(table_row, offs_t, hi, page_shift)
-            slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
-            k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
-            v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
-            mask = t_mask[:, None] & c_mask[None, :]
-            offs_n = offs_t + BLOCK_N
-            n_mask = offs_n < hi
-            slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
-            kst_next = tl.load(ks_row + page_n * stride_ksp + slot_n * stride_kst, mask=n_mask,
-                               other=0.0).to(tl.float32)
-            vst_next = tl.load(vs_row + page_n * stride_vsp + slot_n * stride_vst, mask=n_mask,
-                               other=0.0).to(tl.float16)
-            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
-
-            kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
-            if INT4:
-                k0, k1, k2, k3 = _i4x4_codes(kx)
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
-                    + tl.dot(q3, tl.trans(k3))
-            else:
-                k0, k1 = _i8x2_codes(kx)
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
-            qk = tl.where(t_mask[None, :], qk * (kst * qk_scale)[None, :], float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-            pd = p.to(tl.float16)
-            vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
-            vse = tl.broadcast_to(vst[:, None], [BLOCK_N, DCOLS])
-            if INT4:
-                v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
-                acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
-                acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
-            else:
-                v0, v1 = _i8x2_dequant(vx, vse)
-            acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
-            acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
-            kst = kst_next
-            vst = vst_next
+        ks = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst).to(tl.float32)
+        vs = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst).to(tl.float16)
     else:
-        # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
-        # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
-        # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
-        # 16K: 606 -> 498 us).
-        sg = tl.arange(0, BLOCK_D // 8)
-        offs_n = lo + tl.arange(0, BLOCK_N)
-        page_n = _pages(table_row, offs_n, hi, page_shift)
         ks = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
                      quant_shift, HEAD_DIM // 8)
         vs = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
                      quant_shift, HEAD_DIM // 8)
-        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
-        for t0 in range(lo, hi, BLOCK_N):
-            offs_t = t0 + tl.arange(0, BLOCK_N)
-            t_mask = offs_t < hi
-            page = _pages(table_row, offs_t, hi, page_shift)
-            slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
-            # Byte offsets halved: the op checks that int8/int4 cache strides are even.
-            k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
-            v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
-            mask = t_mask[:, None] & c_mask[None, :]
-            offs_n = offs_t + BLOCK_N
+    page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+    for t0 in range(lo, hi, BLOCK_N):
+        offs_t = t0 + tl.arange(0, BLOCK_N)
+        t_mask = offs_t < hi
+        page = _pages(table_row, offs_t, hi, page_shift)
+        slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+        # Byte offsets halved: the op checks that int8/int4 cache strides are even.
+        k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
+        v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
+        mask = t_mask[:, None] & c_mask[None, :]
+        offs_n = offs_t + BLOCK_N
+        if PER_TOKEN:
+            ks_next = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst).to(tl.float32)
+            vs_next = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst).to(tl.float16)
+        else:
             ks_next = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
                               quant_shift, HEAD_DIM // 8)
             vs_next = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
                               quant_shift, HEAD_DIM // 8)
-            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
 
-            kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
-            if INT4:
+        kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
+        if INT4:
+            if PER_TOKEN:
+                k0, k1, k2, k3 = _i4x4_codes(kx)
+            else:
                 k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
-                    + tl.dot(q3, tl.trans(k3))
+            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
+                + tl.dot(q3, tl.trans(k3))
+        else:
+            if PER_TOKEN:
+                k0, k1 = _i8x2_codes(kx)
             else:
                 k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
+            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
+        if PER_TOKEN:
+            qk = tl.where(t_mask[None, :], qk * (ks * qk_scale)[None, :], float("-inf"))
+        else:
             qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-            pd = p.to(tl.float16)
-            vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
-            if INT4:
-                v0, v1, v2, v3 = _i4x4_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
-                acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
-                acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
-            else:
-                v0, v1 = _i8x2_dequant(vx, _expand(vs, BLOCK_N, DCOLS))
-            acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
-            acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
-            ks = ks_next
-            vs = vs_next
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+        pd = p.to(tl.float16)
+        vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
+        if PER_TOKEN:
+            vse = tl.broadcast_to(vs[:, None], [BLOCK_N, DCOLS])
+        else:
+            vse = _expand(vs, BLOCK_N, DCOLS)
+        if INT4:
+            v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
+            acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
+            acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
+        else:
+            v0, v1 = _i8x2_dequant(vx, vse)
+        acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
+        acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
+        ks = ks_next
+        vs = vs_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]

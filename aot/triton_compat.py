@@ -80,8 +80,7 @@ def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                     attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                                     "num_ctas": cfg.num_ctas})
+                            options=cfg.triton_options())
     md = kernel.metadata
     params = [sig_by_name[a.name] for a in spec.args] + ["*i8", "*i8"]
     names = [a.name for a in spec.args] + ["global_scratch", "profile_scratch"]

@@ -1,15 +1,19 @@
-"""Launch-config sweep of the decode split kernel: BLOCK_N x num_warps x num_stages per cache
-format, through Triton's JIT (so configs that are not built can be timed), next to the copy
-bandwidth measured in the same run. Each config's output (split + merge) is checked against the
-built default's before it is timed. Used to choose `spec.block_n` and `spec.split_launch`."""
+"""Launch-config sweep of the decode split kernel: BLOCK_N x num_warps x num_stages x maxnreg per
+cache format (and quantization group), through Triton's JIT (so configs that are not built can be
+timed), next to the copy bandwidth measured in the same run. Each config's output (split + merge)
+is checked against the built default's before it is timed. `--kernels` times other copies of
+kernel.py (files) side by side with the shipped one. Used to choose `spec.block_n` and
+`spec.split_launch`, and to compare kernel rewrites in one run."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 
 import torch
 
 from aotc import loader
+from aotc.kernels.decode import spec as S
 from aotc.loader.fallback import jit_function
 from bench_decode import make
 from harness import Rows, copy_bandwidth, device_time
@@ -18,10 +22,26 @@ from launch_overhead import capture_launches
 SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16)]
 
 
+def load_kernel(path: str):
+    """decode_split_kernel of a kernel.py copy at `path` ("" = the shipped one)."""
+    if not path:
+        return None
+    mod_spec = importlib.util.spec_from_file_location(f"sweep_kernel_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    fn = mod.decode_split_kernel
+    fn.swap_grid = getattr(mod, "SWAP_GRID", False)  # the copy reads (kv head, batch) as program ids 0, 1
+    return fn
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--formats", default="bf16,int8,int4")
+    ap.add_argument("--formats", default="bf16,int8:128,int8:64,int4:128,int4:64", help="format[:group],...")
+    ap.add_argument("--kernels", default="", help="comma-separated kernel.py copies; empty entry = shipped")
+    ap.add_argument("--maxnreg", default="0", help="register caps to try; 0 = none")
+    ap.add_argument("--shapes", default="0,1", help="indices into SHAPES")
+    ap.add_argument("--split-scale", default="1", help="multiples of the op's split count to try (max 64 splits)")
     ap.add_argument("--block-n", default="64,128")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3")
@@ -29,36 +49,52 @@ def main():
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
-    configs = list(itertools.product(*(map(int, x.split(",")) for x in (a.block_n, a.warps, a.stages))))
-    for fmt in a.formats.split(","):
-        for batch, ctx, hq, hkv, hd, page in SHAPES:
-            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page)
+    configs = list(itertools.product(*(map(int, x.split(",")) for x in (a.block_n, a.warps, a.stages, a.maxnreg,
+                                                                          a.split_scale))))
+    kernels = [(path, load_kernel(path)) for path in a.kernels.split(",")]
+    for fmt_group in a.formats.split(","):
+        fmt, _, group = fmt_group.partition(":")
+        for batch, ctx, hq, hkv, hd, page in (SHAPES[int(i)] for i in a.shapes.split(",")):
+            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=int(group or 64))
             out = torch.empty_like(args[0])
             call = lambda: loader.decode(*args, **kw, out=out, validate=False)  # noqa: E731
             call()
             want = out.float().clone()
             (spec, axes, grid, sargs), (mspec, maxes, mgrid, margs) = capture_launches(call)
-            split, merge = jit_function(spec), jit_function(mspec)
+            merge = jit_function(mspec)
             mce = mspec.constexprs(maxes)
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
-            for bn, w, st in configs:
+            for (path, kernel), (bn, w, st, nreg, scale) in itertools.product(kernels, configs):
+                split = kernel or jit_function(spec)
+                splits = min(S.MAX_SPLITS, grid[2] * scale)
+                if scale > 1 and splits == grid[2]:
+                    continue
+                g = (grid[1], grid[0], splits) if getattr(kernel, "swap_grid", False) else (grid[0], grid[1], splits)
+                sa, ma = list(sargs), list(margs)  # workspace for `splits` (PartO, PartLse)
+                sa[8] = ma[0] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)
+                sa[9] = ma[1] = torch.empty(batch * hq * splits, device="cuda", dtype=torch.float32)
+                ma[6] = splits
                 ce = dict(spec.constexprs(axes), BLOCK_N=bn)
                 if hd > 128 and bn > 64:
                     continue
-                run = lambda: split[grid](*sargs, **ce, num_warps=w, num_stages=st)  # noqa: E731
+                opts = dict(num_warps=w, num_stages=st, **({"maxnreg": nreg} if nreg else {}))
+                run = lambda: split[g](*sa, **ce, **opts)  # noqa: E731
                 try:
                     out.fill_(float("nan"))
                     run()
-                    merge[mgrid](*margs, **mce, num_warps=4, num_stages=1)
+                    merge[mgrid](*ma, **mce, num_warps=4, num_stages=1)
                     err = ((out.float() - want).norm() / want.norm()).item()
                     t = device_time(run)
                 except Exception as e:  # a config that does not compile (shared memory, registers)
-                    print(f"{fmt:5s} {shape:28s} BLOCK_N={bn:3d} w{w} s{st}: failed: {str(e)[:120]}")
+                    print(f"{fmt_group:8s} {path or 'shipped':10s} {shape:28s} BLOCK_N={bn:3d} w{w} s{st} r{nreg} x{splits}: "
+                          f"failed: {str(e)[:120]}")
                     continue
                 pct = 100 * nbytes / t / copy_bw
-                print(f"{fmt:5s} {shape:28s} BLOCK_N={bn:3d} w{w} s{st}: {t * 1e6:8.1f} us split "
-                      f"{nbytes / t / 1e9:6.0f} GB/s {pct:5.1f}% copy  rel.err {err:.1e}")
-                rows.add("decode_sweep", f"{fmt} BLOCK_N={bn} w{w} s{st}", "jit_split", shape, "pct_of_copy", pct)
+                name = path.rsplit("/", 1)[-1] or "shipped"
+                print(f"{fmt_group:8s} {name:10s} {shape:28s} BLOCK_N={bn:3d} w{w} s{st} r{nreg} x{splits}: {t * 1e6:8.1f} us "
+                      f"split {nbytes / t / 1e9:6.0f} GB/s {pct:5.1f}% copy  rel.err {err:.1e}")
+                rows.add("decode_sweep", f"{fmt_group} {name} BLOCK_N={bn} w{w} s{st} r{nreg} splits{splits}", "jit_split", shape,
+                         "pct_of_copy", pct)
             del args, kw, out
             torch.cuda.empty_cache()
 

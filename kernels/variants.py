@@ -77,10 +77,22 @@ class Arg(_Record):
 
 
 class LaunchConfig(_Record):
-    __slots__ = _compared = ("num_warps", "num_stages", "num_ctas")
+    """Triton compile options of a variant. `maxnreg` (0: none) caps registers a thread, which
+    ptxas bakes into the binary; the JIT fallback passes the same cap, so its bytes match."""
 
-    def __init__(self, num_warps: int, num_stages: int, num_ctas: int = 1):
-        self._init(num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas)
+    __slots__ = _compared = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+    def __init__(self, num_warps: int, num_stages: int, num_ctas: int = 1, maxnreg: int = 0):
+        self._init(num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas, maxnreg=maxnreg)
+        if self.maxnreg and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"maxnreg must be 0 (none) or 24..255, got {self.maxnreg}")
+
+    def triton_options(self) -> dict:
+        """The compile options Triton takes, for triton.compile and for a JIT launch alike."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages, "num_ctas": self.num_ctas}
+        if self.maxnreg:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 _KEY_RE = re.compile(r"^(?P<kernel>[A-Za-z_][A-Za-z0-9_]*)\((?P<axes>[^)]*)\)@(?P<level>[a-z]+)$")

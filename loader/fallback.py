@@ -117,8 +117,7 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     if device.type == "cuda":
         with torch.cuda.device(device), aot_compile_options():
-            fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                     num_ctas=cfg.num_ctas)
+            fn[grid](*args, **constexprs, **cfg.triton_options())
     else:
         from .interpreter import patch_interpreter
 

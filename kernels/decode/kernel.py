@@ -1,7 +1,7 @@
 """Flash-decoding over a paged KV cache: one query token per request, split-K over the sequence.
 
-`decode_split_kernel` runs on a grid (batch, kv_heads * cdiv(group, BLOCK_H), num_splits) that
-depends on no sequence length, so one CUDA graph serves every step. Program (b, g, s) takes
+`decode_split_kernel` runs on a grid (kv_heads * cdiv(group, BLOCK_H), batch, num_splits) that
+depends on no sequence length, so one CUDA graph serves every step. Program (g, b, s) takes
 BLOCK_H query heads of one KV group (K/V read once per group; QK^T is a [BLOCK_H, D] x [D, BLOCK_N]
 tensor-core dot) over split s's contiguous chunk of request b's tokens. The chunk is derived here
 from the runtime length, rounded up to BLOCK_N, and every program starts from fresh accumulators
@@ -129,27 +129,64 @@ def _i8x2_codes(x):
 
 
 @triton.jit
-def _i4x4_codes(x):
-    # _i4x4_dequant without the scale: the codes, exact in fp16.
+def _i8x2_biased(x):
+    # The codes plus 1152, exact in fp16, for a dot whose bias the caller subtracts: one lop3 a
+    # register of two channels (no f16x2 subtraction).
     if _INTERPRET:
-        return ((x & 15) - 7).to(tl.float16), (((x >> 4) & 15) - 7).to(tl.float16), \
-            (((x >> 8) & 15) - 7).to(tl.float16), (((x >> 12) & 15) - 7).to(tl.float16)
+        return (((x << 8) >> 8) + 1152).to(tl.float16), ((x >> 8) + 1152).to(tl.float16)
     else:
         return tl.inline_asm_elementwise(
             """{
-            .reg .b32 t, m;
-            mov.b32 m, 0x64076407;
-            lop3.b32 t, $4, 0x000F000F, 0x64006400, 0xEA;
-            sub.rn.f16x2 $0, t, m;
-            shr.b32 t, $4, 4;
-            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-            sub.rn.f16x2 $1, t, m;
+            .reg .b32 o;
+            lop3.b32 $0, $2, 0x00FF00FF, 0x64806480, 0x6A;
+            shr.b32 o, $2, 8;
+            lop3.b32 $1, o, 0x00FF00FF, 0x64806480, 0x6A;
+            }""",
+            "=r,=r,r", [x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _i4x4_biased(x):
+    # Nibbles of int16 words as fp16 1024 + n (parts 0, 2) and 1024 + 16 n (parts 1, 3: the nibble
+    # is masked in place, no shift), exact, for a dot whose bias and 1/16 the caller removes: five
+    # instructions a register of eight channels.
+    if _INTERPRET:
+        return ((x & 15) + 1024).to(tl.float16), ((x & 240) + 1024).to(tl.float16), \
+            (((x >> 8) & 15) + 1024).to(tl.float16), (((x >> 8) & 240) + 1024).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t;
+            lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 $1, $4, 0x00F000F0, 0x64006400, 0xEA;
             shr.b32 t, $4, 8;
-            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-            sub.rn.f16x2 $2, t, m;
-            shr.b32 t, $4, 12;
-            lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-            sub.rn.f16x2 $3, t, m;
+            lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 $3, t, 0x00F000F0, 0x64006400, 0xEA;
+            }""",
+            "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _i4x4_codes16(x):
+    # The codes (nibble - 7), exact in fp16, parts 1 and 3 times 16 (see _i4x4_biased).
+    if _INTERPRET:
+        return ((x & 15) - 7).to(tl.float16), ((x & 240) - 112).to(tl.float16), \
+            (((x >> 8) & 15) - 7).to(tl.float16), (((x >> 8) & 240) - 112).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, t, m0, m1;
+            mov.b32 m0, 0x64076407;
+            mov.b32 m1, 0x64706470;
+            lop3.b32 a, $4, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 b, $4, 0x00F000F0, 0x64006400, 0xEA;
+            shr.b32 t, $4, 8;
+            lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+            sub.rn.f16x2 $0, a, m0;
+            sub.rn.f16x2 $1, b, m1;
+            sub.rn.f16x2 $2, c, m0;
+            sub.rn.f16x2 $3, d, m1;
             }""",
             "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
 
@@ -211,6 +248,15 @@ def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask):
+    # One [len(offs_t), len(offs_c)] tile of int16 words of an int8/int4 cache (byte offsets halved:
+    # the op checks that those caches' strides are even).
+    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+    row = (page * sp + slot * st + head * sh) >> 1
+    return tl.load(W16 + row[:, None] + offs_c[None, :], mask=(offs_t < hi)[:, None] & c_mask[None, :], other=0)
+
+
+@triton.jit
 def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
     # One scale a token (group == head_dim) for tokens offs_t: [len(offs_t)], in S's dtype.
     slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
@@ -255,8 +301,8 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    b = tl.program_id(1)
+    pid_h = tl.program_id(0)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     h_blocks = tl.cdiv(group, BLOCK_H)
@@ -374,6 +420,16 @@ def _attend_int(
         q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
         acc2 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
+    # PER_TOKEN dots over biased codes (_i8x2_biased: code + 1152; _i4x4_biased: code + 1031, and
+    # 16 code + 1136 in parts 1, 3, which are scaled by 1/16) give the code dot plus k_bias: each
+    # head's sum of q times the offset, subtracted from the fp32 scores. Exact products; the
+    # subtraction costs ~2^-17 of the score's magnitude, against the f16x2 subtraction an element
+    # it saves (int4: 11 -> 5 instructions a register of eight channels).
+    if INT4:
+        k_bias = 1031.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)) \
+            + 71.0 * (tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1))
+    else:
+        k_bias = 1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1))
 
     # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
     # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
@@ -401,12 +457,6 @@ def _attend_int(
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
-        page = _pages(table_row, offs_t, hi, page_shift)
-        slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
-        # Byte offsets halved: the op checks that int8/int4 cache strides are even.
-        k_row = (page * stride_kp + slot * stride_kt + kvh64 * stride_kh) >> 1
-        v_row = (page * stride_vp + slot * stride_vt + kvh64 * stride_vh) >> 1
-        mask = t_mask[:, None] & c_mask[None, :]
         offs_n = offs_t + BLOCK_N
         if PER_TOKEN:
             ks_next = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst).to(tl.float32)
@@ -417,38 +467,47 @@ def _attend_int(
             vs_next = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
                               quant_shift, HEAD_DIM // 8)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        page = _pages(table_row, offs_t, hi, page_shift)
+        kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, offs_c, c_mask)
 
-        kx = tl.load(K16 + k_row[:, None] + offs_c[None, :], mask=mask, other=0)
-        if INT4:
-            if PER_TOKEN:
-                k0, k1, k2, k3 = _i4x4_codes(kx)
+        if PER_TOKEN:
+            # Exact dots over biased codes (see k_bias), then one scale a token on the scores.
+            if INT4:
+                k0, k1, k2, k3 = _i4x4_biased(kx)
+                qk = tl.dot(q0, tl.trans(k0), tl.dot(q2, tl.trans(k2))) \
+                    + tl.dot(q1, tl.trans(k1), tl.dot(q3, tl.trans(k3))) * 0.0625
             else:
-                k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
-                + tl.dot(q3, tl.trans(k3))
+                k0, k1 = _i8x2_biased(kx)
+                qk = tl.dot(q0, tl.trans(k0), tl.dot(q1, tl.trans(k1)))
+            qk = tl.where(t_mask[None, :], (qk - k_bias[:, None]) * (ks * qk_scale)[None, :], float("-inf"))
         else:
-            if PER_TOKEN:
-                k0, k1 = _i8x2_codes(kx)
+            if INT4:
+                k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
+                    + tl.dot(q3, tl.trans(k3))
             else:
                 k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
-        if PER_TOKEN:
-            qk = tl.where(t_mask[None, :], qk * (ks * qk_scale)[None, :], float("-inf"))
-        else:
+                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
             qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
-        pd = p.to(tl.float16)
-        vx = tl.load(V16 + v_row[:, None] + offs_c[None, :], mask=mask, other=0)
+        vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, offs_c, c_mask)
         if PER_TOKEN:
-            vse = tl.broadcast_to(vs[:, None], [BLOCK_N, DCOLS])
+            # V's scale joins the probabilities; the dots read exact codes (int4 parts 1, 3 times 16).
+            pd = (p * vs.to(tl.float32)[None, :]).to(tl.float16)
+            if INT4:
+                v0, v1, v2, v3 = _i4x4_codes16(vx)
+            else:
+                v0, v1 = _i8x2_codes(vx)
         else:
+            pd = p.to(tl.float16)
             vse = _expand(vs, BLOCK_N, DCOLS)
+            if INT4:
+                v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
+            else:
+                v0, v1 = _i8x2_dequant(vx, vse)
         if INT4:
-            v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
             acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
             acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
-        else:
-            v0, v1 = _i8x2_dequant(vx, vse)
         acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
         acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
         ks = ks_next
@@ -458,10 +517,13 @@ def _attend_int(
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
     o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * offs_c[None, :]
     tl.store(o_cols, acc0 * inv_l[:, None], mask=om)
-    tl.store(o_cols + 1, acc1 * inv_l[:, None], mask=om)
     if INT4:
+        inv_l13 = inv_l * (0.0625 if PER_TOKEN else 1.0)  # PER_TOKEN: parts 1, 3 summed 16 x code
+        tl.store(o_cols + 1, acc1 * inv_l13[:, None], mask=om)
         tl.store(o_cols + 2, acc2 * inv_l[:, None], mask=om)
-        tl.store(o_cols + 3, acc3 * inv_l[:, None], mask=om)
+        tl.store(o_cols + 3, acc3 * inv_l13[:, None], mask=om)
+    else:
+        tl.store(o_cols + 1, acc1 * inv_l[:, None], mask=om)
     return m_i, l_i
 
 

@@ -178,6 +178,8 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     batch, q_heads, head_dim = q.shape
     if head_dim not in S.HEAD_DIMS:
         raise ValueError(f"q: head_dim {head_dim} is not supported; expected one of {S.HEAD_DIMS}")
+    if batch > S.MAX_BATCH:
+        raise ValueError(f"q: batch {batch} is over {S.MAX_BATCH} (the split grid's second dimension)")
     _unit_last(q, "q")
     kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
     if kv.fmt in ("fp16", "bf16") and kv.fmt != _FLOAT_NAMES[q.dtype]:
@@ -340,7 +342,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
                  n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
                  kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
-    if q.is_cuda and plan.split_grid[0] and plan.merge_grid[1]:
+    if q.is_cuda and all(plan.split_grid) and all(plan.merge_grid):
         split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
         merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)
         if split is not None and merge is not None:
@@ -383,7 +385,7 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
             return
     if plan.halfword:
         _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
-    if plan.split_grid[0] == 0 or plan.merge_grid[1] == 0:
+    if not all(plan.split_grid) or not all(plan.merge_grid):
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
     if plan.fp8:

@@ -39,3 +39,14 @@ def test_tiny_signature():
     assert spec.signature({"dtype": "fp16", "block": 64}) == {
         "x": "*fp16", "y": "*fp16", "out": "*fp16", "stride_x": "i32", "n": "i32", "rows": "i32", "alpha": "fp32",
         "BLOCK": "constexpr", "SCALE_Y": "constexpr"}
+
+
+def test_launch_config_passes_a_register_cap_only_when_set():
+    from aotc.kernels.variants import LaunchConfig
+
+    assert LaunchConfig(4, 2).triton_options() == {"num_warps": 4, "num_stages": 2, "num_ctas": 1}
+    assert LaunchConfig(4, 3, maxnreg=168).triton_options() == {"num_warps": 4, "num_stages": 3, "num_ctas": 1,
+                                                                 "maxnreg": 168}
+    assert LaunchConfig(4, 2) != LaunchConfig(4, 2, maxnreg=168)  # part of the build hash
+    with pytest.raises(ValueError, match="maxnreg"):
+        LaunchConfig(4, 2, maxnreg=300)

@@ -30,17 +30,29 @@ def _dequant_probe(X, S, O0, O1, O2, O3, BLOCK: tl.constexpr, KIND: tl.constexpr
         tl.store(O1 + offs, c1)
         tl.store(O2 + offs, c2)
         tl.store(O3 + offs, c3)
-    else:
+    elif KIND <= 4:
         tl.store(O0 + offs, kernel._fp8_bits_to_fp16(x, KIND))
+    elif KIND == 5 or KIND == 8:
+        c0, c1 = kernel._i8x2_biased(x) if KIND == 5 else kernel._i8x2_codes(x)
+        tl.store(O0 + offs, c0)
+        tl.store(O1 + offs, c1)
+    else:
+        c0, c1, c2, c3 = kernel._i4x4_biased(x) if KIND == 6 else kernel._i4x4_codes16(x)
+        tl.store(O0 + offs, c0)
+        tl.store(O1 + offs, c1)
+        tl.store(O2 + offs, c2)
+        tl.store(O3 + offs, c3)
 
 
-@pytest.mark.parametrize("kind", [1, 2, 3, 4])
+@pytest.mark.parametrize("kind", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
     """The PTX dequantizers against the formulas the interpreter runs: int8/int4 on every int16
-    word (each byte and nibble value in each position), fp8 on every byte."""
-    n = 65536 if kind <= 2 else 2048
+    word (each byte and nibble value in each position), fp8 on every byte; 5-8 are the unscaled
+    forms (biased codes for the per-token K dot, exact codes for V)."""
+    words16 = kind <= 2 or kind >= 5
+    n = 65536 if words16 else 2048
     words = torch.arange(n, device="cuda", dtype=torch.int32)
-    x = words.to(torch.int16) if kind <= 2 else (words % 256).to(torch.uint8).view(torch.int8)
+    x = words.to(torch.int16) if words16 else (words % 256).to(torch.uint8).view(torch.int8)
     # Scales from fp16 subnormals (2^-20) to 2^9, so products round, underflow and stay exact in turn.
     s = (torch.exp2(torch.randint(-20, 9, (n,), device="cuda").float()) * (1 + torch.rand(n, device="cuda"))).half()
     outs = [torch.full((n,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(4)]
@@ -50,6 +62,15 @@ def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
         want = [((c - 256 * (c >= 128)).float() * s.float()).half() for c in (lo, hi)]
     elif kind == 2:  # nibble i = channel 4j + i, stored as code + 7
         want = [((((words >> (4 * i)) & 15) - 7).float() * s.float()).half() for i in range(4)]
+    elif kind in (5, 8):  # int8 codes, + 1152 for the biased form
+        codes = [c - 256 * (c >= 128) for c in (words & 0xFF, (words >> 8) & 0xFF)]
+        want = [(c + (1152 if kind == 5 else 0)).half() for c in codes]
+    elif kind in (6, 7):  # nibbles: parts 0, 2 as n, parts 1, 3 as 16 n; + 1024 biased, - 7 (x16) as codes
+        nib = [(words >> (4 * i)) & 15 for i in range(4)]
+        if kind == 6:
+            want = [(n * (16 if i % 2 else 1) + 1024).half() for i, n in enumerate(nib)]
+        else:
+            want = [((n - 7) * (16 if i % 2 else 1)).half() for i, n in enumerate(nib)]
     else:
         b = x.view(torch.uint8).int()
         fp8 = torch.float8_e4m3fn if kind == 3 else torch.float8_e5m2

@@ -80,3 +80,10 @@ def test_num_splits_fills_the_gpu_and_stays_bounded(batch, kv_heads, group):
 def test_batch_one_long_context_spreads_over_an_h100():
     splits = S.num_splits(1, 8, 4, 132)
     assert splits == S.MAX_SPLITS and 8 * splits >= 132
+
+
+def test_register_cap_is_for_per_group_int_variants_up_to_head_dim_128():
+    for axes in S.split_variants():
+        cfg = S.split_launch(axes, 90)
+        want = 168 if axes["scales"] == "group" and axes["head_dim"] <= 128 else 0
+        assert cfg.maxnreg == want, axes

@@ -233,6 +233,7 @@ def _call(**over):
     (lambda g: dict(q=g["q"].float()), TypeError, "q: dtype"),
     (lambda g: dict(q=g["q"][0]), ValueError, "q: expected 3 dims"),
     (lambda g: dict(q=g["q"][..., :48]), ValueError, "head_dim 48"),
+    (lambda g: dict(q=g["q"][:1].expand(65536, -1, -1)), ValueError, "q: batch 65536 is over 65535"),
     (lambda g: dict(q=g["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "q: the last dim"),
     (lambda g: dict(q=g["q"][:, :7]), ValueError, r"q_heads \(7\) must be a multiple of kv_heads \(2\)"),
     (lambda g: dict(k_cache=g["k_cache"].float(), v_cache=g["v_cache"].float()), TypeError, "k_cache: cannot infer"),

@@ -126,7 +126,7 @@ def main():
         cx = pp_spec.constexprs(axes)
 
         def jit():
-            prefix_prefill_kernel[grid](*args, **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            prefix_prefill_kernel[grid](*args, **cx, **cfg.triton_options())
         t_jit = device_time(jit)
 
         fn, why = sdpa_flash(dense, window)

@@ -103,8 +103,7 @@ def main():
     jit = []
     for spec, axes, grid, args in launches:
         cfg = spec.launch(axes, 90)
-        jit.append((jit_function(spec), grid, args, dict(spec.constexprs(axes), num_warps=cfg.num_warps,
-                                                          num_stages=cfg.num_stages)))
+        jit.append((jit_function(spec), grid, args, dict(spec.constexprs(axes), **cfg.triton_options())))
 
     def triton_jit():
         for fn, grid, args, kw in jit:

@@ -23,15 +23,14 @@ SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16)]
 
 
 def load_kernel(path: str):
-    """decode_split_kernel of a kernel.py copy at `path` ("" = the shipped one)."""
+    """decode_split_kernel of a kernel.py copy at `path` ("" = the shipped one); the copy must read
+    its program ids in the shipped grid's order (spec.split_grid)."""
     if not path:
         return None
     mod_spec = importlib.util.spec_from_file_location(f"sweep_kernel_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
-    fn = mod.decode_split_kernel
-    fn.swap_grid = getattr(mod, "SWAP_GRID", False)  # the copy reads (kv head, batch) as program ids 0, 1
-    return fn
+    return mod.decode_split_kernel
 
 
 def main():
@@ -69,7 +68,7 @@ def main():
                 splits = min(S.MAX_SPLITS, grid[2] * scale)
                 if scale > 1 and splits == grid[2]:
                     continue
-                g = (grid[1], grid[0], splits) if getattr(kernel, "swap_grid", False) else (grid[0], grid[1], splits)
+                g = (grid[0], grid[1], splits)
                 sa, ma = list(sargs), list(margs)  # workspace for `splits` (PartO, PartLse)
                 sa[8] = ma[0] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)
                 sa[9] = ma[1] = torch.empty(batch * hq * splits, device="cuda", dtype=torch.float32)

@@ -266,6 +266,19 @@ def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
 
 
 @triton.jit
+def _tile_scales(KS, VS, ks_row, vs_row, page, offs_t, hi, page_shift, head, sg, quant_shift,
+                 ksp, kst, ksh, vsp, vst, vsh, HEAD_DIM: tl.constexpr, PER_TOKEN: tl.constexpr):
+    # K's and V's scales for tokens offs_t: PER_TOKEN, one a token (K's fp32 for the scores, V's
+    # fp16 for the probabilities); else [len(offs_t), BLOCK_D // 8] fp16 runs (see _scales).
+    if PER_TOKEN:
+        return (_token_scales(ks_row, page, offs_t, hi, page_shift, ksp, kst).to(tl.float32),
+                _token_scales(vs_row, page, offs_t, hi, page_shift, vsp, vst).to(tl.float16))
+    else:
+        return (_scales(KS, page, offs_t, hi, page_shift, head, ksp, kst, ksh, sg, quant_shift, HEAD_DIM // 8),
+                _scales(VS, page, offs_t, hi, page_shift, head, vsp, vst, vsh, sg, quant_shift, HEAD_DIM // 8))
+
+
+@triton.jit
 def _softmax_step(qk, m_i, l_i):
     # Online softmax over one tile of base-2 scores qk [heads, tokens]: the tile's probabilities,
     # the factor that rescales what was accumulated before, and the new running max and sum.
@@ -438,7 +451,7 @@ def _attend_int(
     # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
     # 16K: 606 -> 498 us).
     # PER_TOKEN, one scale a token (group == head_dim, the common int8 layout): K's scale
-    # multiplies the scores after an exact dot over the codes and V's is a per-token broadcast, so
+    # multiplies the scores after an exact dot over the codes and V's joins the probabilities, so
     # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
     # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
     # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
@@ -447,28 +460,20 @@ def _attend_int(
     vs_row = VS + kvh64 * stride_vsh
     offs_n = lo + tl.arange(0, BLOCK_N)
     page_n = _pages(table_row, offs_n, hi, page_shift)
-    if PER_TOKEN:
-        ks = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst).to(tl.float32)
-        vs = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst).to(tl.float16)
-    else:
-        ks = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
-                     quant_shift, HEAD_DIM // 8)
-        vs = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
-                     quant_shift, HEAD_DIM // 8)
+    ks, vs = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg, quant_shift,
+                          stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+                          HEAD_DIM, PER_TOKEN)
     page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
         offs_n = offs_t + BLOCK_N
-        if PER_TOKEN:
-            ks_next = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst).to(tl.float32)
-            vs_next = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst).to(tl.float16)
-        else:
-            ks_next = _scales(KS, page_n, offs_n, hi, page_shift, kvh64, stride_ksp, stride_kst, stride_ksh, sg,
-                              quant_shift, HEAD_DIM // 8)
-            vs_next = _scales(VS, page_n, offs_n, hi, page_shift, kvh64, stride_vsp, stride_vst, stride_vsh, sg,
-                              quant_shift, HEAD_DIM // 8)
+        ks_next, vs_next = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg,
+                                        quant_shift, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
+                                        stride_vsh, HEAD_DIM, PER_TOKEN)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        # This tile's page ids again, though page_n held them last iteration: with K/V addresses from
+        # a loop-carried load, Triton's pipeliner stops turning the K/V loads into cp.async.
         page = _pages(table_row, offs_t, hi, page_shift)
         kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, offs_c, c_mask)
 

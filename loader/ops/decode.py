@@ -442,7 +442,8 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     """Attention of one new query token per request over its paged KV cache (flash-decoding).
 
     Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
-      q        [B, H, D] fp16 or bf16, last dim contiguous.
+      q        [B, H, D] fp16 or bf16, last dim contiguous; B <= 65535 (the split grid's second
+               dimension), else ValueError.
       k_cache, v_cache  [pages, page_size, Hk, Dc] or token-level [slots, Hk, Dc] (page size 1);
                page_size a power of two.
                Dc = D for fp16/bf16 (same dtype as q), int8 and fp8 (float8_e4m3fn/e5m2, or their

@@ -12,7 +12,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 start=$(date +%s)
 kernels=""
-[ "$what" = sweep ] && kernels="--kernel decode_split"
+[ "$what" = sweep ] && kernels="--kernel decode_split --kernel decode_merge"
 aotc build --arch sm90 -j 16 --quiet $kernels 2>&1 | tail -20 | tee "$OUT/build.log"
 echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
 aotc list | tee -a "$OUT/build.log"

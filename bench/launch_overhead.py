@@ -2,7 +2,7 @@
 prepacked ctypes cuLaunchKernel, measured side by side in one run.
 
 Small shapes, so the GPU finishes each kernel faster than the host can issue the next: the
-loop measures the host. Run after `aotc build --arch sm90 --kernel decode_split`.
+loop measures the host. Run after `aotc build --arch sm90 --kernel decode_split --kernel decode_merge`.
 """
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def main():
     (plan,) = decode_module._plans.values()
     assert plan.fast_split is not None, "decode did not take the prepared path"
     prepared = [(plan.fast_split, tuple(a.data_ptr() if hasattr(a, "data_ptr") else a
-                                        for a in launches[0][3][:S.SPLIT.leading_ptrs]))]
+                                        for a in launches[0][3][:S.SPLIT.leading_ptrs])),
+                (plan.fast_merge, tuple(a.data_ptr() for a in launches[1][3][:S.MERGE.leading_ptrs]))]
 
     def prepared_launches():
         stream = torch._C._cuda_getCurrentRawStream(0)
@@ -117,7 +118,7 @@ def main():
                      ("aot_run_kernel", run_kernel_path), ("aot_loader_decode", call), ("triton_jit", triton_jit),
                      ("aot_decode_validated", validated)):
         results[name] = host_time_per_call(fn, a.iters) / n
-    print(f"host time per kernel launch ({n} launch(es) per decode call), median of 7 x {a.iters}:")
+    print(f"host time per kernel launch ({n} launches per decode call), median of 7 x {a.iters}:")
     for name, t in results.items():
         ratio = t / results["bare_cuLaunchKernel"]
         print(f"  {name:22s} {t * 1e6:7.2f} us   {ratio:5.2f}x bare")

@@ -4,7 +4,7 @@ plus `Manifest.get` of two keys, median of N runs in this process. CPU only, no 
     python bench/manifest_parse.py artifacts/sm90            # or .../sm90/manifest.json
     python bench/manifest_parse.py artifacts/sm90 --key 'decode_split(...)@aligned' --key ...
 
-Without --key it gets the first key of each of the first two kernels.
+Without --key it gets the first key of the first two kernels (a decode call's split + merge).
 """
 from __future__ import annotations
 

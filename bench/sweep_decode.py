@@ -1,6 +1,6 @@
 """Launch-config sweep of the decode split kernel: BLOCK_N x num_warps x num_stages x maxnreg per
 cache format (and quantization group), through Triton's JIT (so configs that are not built can be
-timed), next to the copy bandwidth measured in the same run. Each config's output
+timed), next to the copy bandwidth measured in the same run. Each config's output (split + merge)
 is checked against the built default's before it is timed. `--kernels` times other copies of
 kernel.py (files) side by side with the shipped one. Used to choose `spec.block_n` and
 `spec.split_launch`, and to compare kernel rewrites in one run."""
@@ -59,7 +59,9 @@ def main():
             call = lambda: loader.decode(*args, **kw, out=out, validate=False)  # noqa: E731
             call()
             want = out.float().clone()
-            ((spec, axes, grid, sargs),) = capture_launches(call)
+            (spec, axes, grid, sargs), (mspec, maxes, mgrid, margs) = capture_launches(call)
+            merge = jit_function(mspec)
+            mce = mspec.constexprs(maxes)
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
             for (path, kernel), (bn, w, st, nreg, scale) in itertools.product(kernels, configs):
                 split = kernel or jit_function(spec)
@@ -67,9 +69,10 @@ def main():
                 if scale > 1 and splits == grid[2]:
                     continue
                 g = (grid[0], grid[1], splits)
-                sa = list(sargs)  # workspace for `splits` (PartO, PartLse); the counters serve any split count
-                sa[8] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)
-                sa[9] = torch.empty(batch * hq * splits, device="cuda", dtype=torch.float32)
+                sa, ma = list(sargs), list(margs)  # workspace for `splits` (PartO, PartLse)
+                sa[8] = ma[0] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)
+                sa[9] = ma[1] = torch.empty(batch * hq * splits, device="cuda", dtype=torch.float32)
+                ma[6] = splits
                 ce = dict(spec.constexprs(axes), BLOCK_N=bn)
                 if hd > 128 and bn > 64:
                     continue
@@ -78,6 +81,7 @@ def main():
                 try:
                     out.fill_(float("nan"))
                     run()
+                    merge[mgrid](*ma, **mce, num_warps=4, num_stages=1)
                     err = ((out.float() - want).norm() / want.norm()).item()
                     t = device_time(run)
                 except Exception as e:  # a config that does not compile (shared memory, registers)

@@ -6,7 +6,7 @@ turns them into `Entry` objects and wraps a ValueError into a ManifestError nami
      "defaults": {"num_ctas": 1, "cluster_dims": [1, 1, 1], "shared": 0, ...},
      "signatures": [["*fp32", "*bf16", "i32", ...], ...],      distinct Entry.params lists
      "divisible_sets": [[], ["Q", "K", ...], ...],             distinct Entry.divisible lists
-     "kernels": {"decode_merge": {                             (a kernel of an earlier build)
+     "kernels": {"decode_merge": {
         "common": {"symbol": "decode_merge_kernel", "param_names": [...], "num_stages": 1,
                    "provenance.source_sha256": "c34b...", ...},
         "columns": ["sha256", "size", "signature", "divisible_set", "num_warps", "shared", "constexprs.BLOCK_D",

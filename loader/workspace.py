@@ -1,9 +1,7 @@
-"""Scratch buffers for ops that need device memory across the programs of a launch (decode's split
-partials, and the counters its programs count themselves in on).
+"""Scratch buffers for ops that need device memory between two launches (decode's split partials).
 
-One fp32 buffer, and one int32 buffer of counters, per (device, stream), grown and never shrunk,
-so steady-state calls allocate nothing. Counters start at zero and every launch that uses them
-leaves them at zero (see kernels/decode/kernel.py). A buffer that is replaced by a larger one stays referenced here: a CUDA graph captured
+One fp32 buffer per (device, stream), grown and never shrunk, so steady-state calls allocate
+nothing. A buffer that is replaced by a larger one stays referenced here: a CUDA graph captured
 earlier may still point at it. While the current stream is capturing, a buffer too small is not
 grown here: the call gets a fresh tensor from the graph's private pool, which lives as long as
 the graph does. Two graphs that use one stream's buffer must not replay concurrently on
@@ -83,34 +81,3 @@ def get(device, numel: int):
             size = max(numel, 2 * buf.numel() if buf is not None else 0)
             buf = _buffers[key] = torch.empty(size, dtype=torch.float32, device=device)
     return buf[:numel]
-
-
-_counters: dict[tuple[int, int], object] = {}
-
-
-def counters(device, n: int, stream: int | None = None):
-    """`n` int32 zeros for the current stream of `device`: (owner, pointer) on CUDA, where
-    `owner` must be held until the launch is issued, or (tensor, tensor) on the CPU. `stream`:
-    the current stream's handle, where the caller has it (a CUDA device with an index). Launches
-    return them to zero, so one zeroed buffer serves every call on the stream. While the stream
-    is capturing, a buffer too small is not grown: the graph gets fresh zeros from its own pool
-    (their memset is captured and replays with it)."""
-    import torch
-
-    if device.type != "cuda":
-        t = torch.zeros(max(n, 1), dtype=torch.int32, device=device)
-        return t, t
-    key = _buffer_key(device) if stream is None else (device.index, stream)
-    buf = _counters.get(key)
-    if buf is None or buf.numel() < n:
-        if torch.cuda.is_current_stream_capturing():
-            buf = torch.zeros(max(n, 1), dtype=torch.int32, device=device)
-            return buf, buf.data_ptr()
-        with _lock:
-            buf = _counters.get(key)
-            if buf is None or buf.numel() < n:
-                if buf is not None:
-                    _retired.append(buf)
-                size = max(n, 2 * buf.numel() if buf is not None else 0, 64)
-                buf = _counters[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return buf, buf.data_ptr()

@@ -9,12 +9,9 @@ and writes its own workspace slot: the two bugs review found in LightLLM's fixed
 (accumulators carried across the blocks a program visits, every block's partial stored to one
 slot) cannot occur. A split with no tokens writes lse = -inf and no partial output.
 
-The splits are merged in the same launch: each program counts itself in (an int32 per request
-and head block, `Arrivals`, zero between launches), and the last to arrive combines the splits by
-log-sum-exp, adds the attention sink to the denominator, writes zeros for a request of length 0
-(no NaN: padded graph rows have length 0) and sets the counter back to zero. One split writes
-the output directly. A second merge kernel cost ~8 us a call on an H100 (its launch gap and run,
-batch 32 x 4K: int8 122 vs 114 us).
+`decode_merge_kernel` combines the splits of one (request, head) by log-sum-exp, adds the
+attention sink to the denominator, and writes zeros for a request of length 0 (no NaN: padded
+graph rows have length 0).
 
 Page size and quantization group size (both powers of two, passed as their log2 so that token ->
 page and channel -> group are shifts: runtime integer division cost ~20 instructions a token and
@@ -304,20 +301,20 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr):
 
 @triton.jit(
     do_not_specialize=[
-        "sm_scale", "window", "use_req_idx", "use_sinks", "page_shift", "max_pages", "stride_table", "q_heads",
+        "sm_scale", "window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
         "group", "quant_shift", "stride_ksp", "stride_kst", "stride_ksh", "stride_vsp", "stride_vst",
         "stride_vsh",
     ],
-    do_not_specialize_on_alignment=["KS", "VS", "Table", "ReqIdx", "SeqLens", "Sinks", "Arrivals"],
+    do_not_specialize_on_alignment=["KS", "VS", "Table", "ReqIdx", "SeqLens"],
 )
 def decode_split_kernel(
-    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse, Sinks, Out, Arrivals,
-    sm_scale, window, use_req_idx, use_sinks, page_shift, max_pages, stride_table, q_heads, group, quant_shift,
-    stride_qb, stride_qh, stride_ob, stride_oh,
+    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse,
+    sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group, quant_shift,
+    stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, BLOCK_S: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
     b = tl.program_id(1)
     pid_h = tl.program_id(0)
@@ -347,97 +344,28 @@ def decode_split_kernel(
     kvh64 = kvh.to(tl.int64)
     q_rows = Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split
-    direct = num_splits == 1  # the split's result is the output: no workspace, no merge
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     if KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
-            Q, K, V, KS, VS, PartO, Out, Sinks, q_rows, slot_ids, b, heads, h_mask, table_row, lo, hi, kvh64,
-            m_i, l_i, qk_scale, direct, use_sinks, page_shift, quant_shift, stride_ob, stride_oh,
-            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+            Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+            page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
             HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN)
     else:
         m_i, l_i = _attend_float(
-            Q, K, V, KS, VS, PartO, Out, Sinks, q_rows, slot_ids, b, heads, h_mask, table_row, lo, hi, kvh,
-            m_i, l_i, qk_scale, direct, use_sinks, page_shift, stride_ob, stride_oh,
-            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
+            Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
+            page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
             HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND)
-    if not direct:
-        # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
-        lse = tl.where(hi > lo, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-        tl.store(PartLse + slot_ids, lse, mask=h_mask)
-        # The last split of (request, head block) to arrive merges them all. The barrier orders every
-        # thread's partial stores before the counter's release (acq_rel at GPU scope); that split then
-        # resets the counter, so each launch (and each CUDA graph replay) starts from zero.
-        tl.debug_barrier()
-        arrival = b.to(tl.int64) * tl.num_programs(0) + pid_h
-        if tl.atomic_add(Arrivals + arrival, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            h0 = kvh * group + (pid_h % h_blocks) * BLOCK_H
-            _merge_splits(PartO, PartLse, Sinks, Out, b, h0, tl.minimum(h0 + BLOCK_H, (kvh + 1) * group), use_sinks,
-                          q_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, BLOCK_D, BLOCK_S)
-            tl.atomic_xchg(Arrivals + arrival, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _emit(PartO, out_rows, slot_ids, cols, acc, inv_l, mask, nonempty, direct, HEAD_DIM: tl.constexpr):
-    # Columns `cols` of the heads' results: the output itself for one split (inv_l then holds the
-    # sink's share too; a length-0 request writes zeros), else the split's partial in the workspace
-    # (none for a split with no tokens).
-    if direct:
-        tl.store(out_rows[:, None] + cols[None, :], (acc * inv_l[:, None]).to(out_rows.dtype.element_ty), mask=mask)
-    else:
-        tl.store(PartO + slot_ids[:, None] * HEAD_DIM + cols[None, :], acc * inv_l[:, None], mask=mask & nonempty)
-
-
-@triton.jit
-def _epilogue(Out, Sinks, use_sinks, b, heads, stride_ob, stride_oh, m_i, l_i, h_mask, direct):
-    # After the loop (so that none of it is live during the loop): 1 / l per head, for one split
-    # times the share the sink leaves to the tokens, 1 / (1 + 2^(sink - lse)); and the heads'
-    # output rows.
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    if direct:
-        if use_sinks != 0:
-            sink = tl.load(Sinks + heads, mask=h_mask, other=float("-inf")).to(tl.float32) * LOG2E
-            lse = m_i + tl.log2(tl.where(has, l_i, 1.0))
-            inv_l = tl.where(has, inv_l / (1.0 + tl.exp2(sink - tl.where(has, lse, 0.0))), 0.0)
-    return inv_l, Out + b.to(tl.int64) * stride_ob + heads.to(tl.int64) * stride_oh
-
-
-@triton.jit
-def _merge_splits(PartO, PartLse, Sinks, Out, b, h0, h1, use_sinks, q_heads, num_splits, stride_ob, stride_oh,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    # Heads [h0, h1) of request b: the splits combined by log-sum-exp, the sink added to the
-    # denominator, zeros for a request of length 0 (no NaN: padded graph rows have length 0).
-    # Workspace reads bypass L1 (.cg): other programs wrote it during this launch.
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    for h in range(h0, h1):
-        slot0 = (b * q_heads + h).to(tl.int64) * num_splits
-        lse = tl.load(PartLse + slot0 + offs_s, mask=offs_s < num_splits, other=float("-inf"), cache_modifier=".cg")
-        m = tl.max(lse, 0)
-        sink = tl.full([], float("-inf"), tl.float32)
-        if use_sinks != 0:
-            sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
-            m = tl.maximum(m, sink)
-        m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
-        w = tl.exp2(lse - m)
-        denom = tl.sum(w, 0) + tl.exp2(sink - m)
-        valid = lse > float("-inf")  # empty splits wrote no partial: never read it (may hold NaN)
-        o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=valid[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-        out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
-        out_ptr = Out + b.to(tl.int64) * stride_ob + (h * stride_oh + offs_d)
-        tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=d_mask)
+    # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
+    lse = tl.where(hi > lo, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    tl.store(PartLse + slot_ids, lse, mask=h_mask)
 
 
 @triton.jit
 def _attend_float(
-    Q, K, V, KS, VS, PartO, Out, Sinks, q_rows, slot_ids, b, heads, h_mask, table_row, lo, hi, kvh,
-    m_i, l_i, qk_scale, direct, use_sinks, page_shift, stride_ob, stride_oh,
-    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
+    Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
+    page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr,
 ):
@@ -469,17 +397,16 @@ def _attend_float(
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         v = _load_tile(V, v_row, offs_c, mask, KV_KIND)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
-    inv_l, out_rows = _epilogue(Out, Sinks, use_sinks, b, heads, stride_ob, stride_oh, m_i, l_i, h_mask, direct)
-    inv_l = inv_l * v_scale
-    _emit(PartO, out_rows, slot_ids, offs_c, acc, inv_l, h_mask[:, None] & c_mask[None, :], hi > lo, direct, HEAD_DIM)
+    inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
+    om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
+    tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
     return m_i, l_i
 
 
 @triton.jit
 def _attend_int(
-    Q, K, V, KS, VS, PartO, Out, Sinks, q_rows, slot_ids, b, heads, h_mask, table_row, lo, hi, kvh64,
-    m_i, l_i, qk_scale, direct, use_sinks, page_shift, quant_shift, stride_ob, stride_oh,
-    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+    page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr,
@@ -593,16 +520,48 @@ def _attend_int(
         ks = ks_next
         vs = vs_next
 
-    inv_l, out_rows = _epilogue(Out, Sinks, use_sinks, b, heads, stride_ob, stride_oh, m_i, l_i, h_mask, direct)
-    om = h_mask[:, None] & c_mask[None, :]
-    nonempty = hi > lo
-    cols = PARTS * offs_c
-    _emit(PartO, out_rows, slot_ids, cols, acc0, inv_l, om, nonempty, direct, HEAD_DIM)
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
+    o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * offs_c[None, :]
+    tl.store(o_cols, acc0 * inv_l[:, None], mask=om)
     if INT4:
         inv_l13 = inv_l * (0.0625 if PER_TOKEN else 1.0)  # PER_TOKEN: parts 1, 3 summed 16 x code
-        _emit(PartO, out_rows, slot_ids, cols + 1, acc1, inv_l13, om, nonempty, direct, HEAD_DIM)
-        _emit(PartO, out_rows, slot_ids, cols + 2, acc2, inv_l, om, nonempty, direct, HEAD_DIM)
-        _emit(PartO, out_rows, slot_ids, cols + 3, acc3, inv_l13, om, nonempty, direct, HEAD_DIM)
+        tl.store(o_cols + 1, acc1 * inv_l13[:, None], mask=om)
+        tl.store(o_cols + 2, acc2 * inv_l[:, None], mask=om)
+        tl.store(o_cols + 3, acc3 * inv_l13[:, None], mask=om)
     else:
-        _emit(PartO, out_rows, slot_ids, cols + 1, acc1, inv_l, om, nonempty, direct, HEAD_DIM)
+        tl.store(o_cols + 1, acc1 * inv_l[:, None], mask=om)
     return m_i, l_i
+
+
+@triton.jit(
+    do_not_specialize=["use_sinks", "q_heads", "num_splits"],
+    do_not_specialize_on_alignment=["Sinks"],
+)
+def decode_merge_kernel(
+    PartO, PartLse, Sinks, Out,
+    use_sinks, q_heads, num_splits,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    slot0 = (b * q_heads + h).to(tl.int64) * num_splits
+    lse = tl.load(PartLse + slot0 + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    m = tl.max(lse, 0)
+    sink = tl.full([], float("-inf"), tl.float32)
+    if use_sinks != 0:
+        sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0) + tl.exp2(sink - m)
+    valid = lse > float("-inf")  # empty splits wrote no partial: never read it (may hold NaN)
+    o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=valid[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    out_ptr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_d
+    tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=d_mask)

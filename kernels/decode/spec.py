@@ -6,8 +6,7 @@ scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 
 (int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
 kernel, else "group"; "none" for other formats), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
-bytes, see kernel.py) and multiplies nothing. The output has the query's dtype. The splits are
-merged in the same launch (kernel.py), so decode is one kernel.
+bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`.
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """
@@ -29,7 +28,7 @@ CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
                "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
 
 BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
-MAX_SPLITS = 64  # bounds the workspace; the merging program reads a head's splits in one tile
+MAX_SPLITS = 64  # bounds the workspace; the merge kernel reads all splits in one tile
 MAX_BATCH = 65535  # the split grid's second dimension (CUDA's limit)
 PROGRAMS_PER_SM = 4  # splits are added until the grid fills this many programs per SM
 
@@ -69,6 +68,14 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
     return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales}
 
 
+def merge_axes(out: str, head_dim: int) -> dict:
+    if out not in Q_DTYPES:
+        raise ValueError(f"output dtype must be one of {Q_DTYPES}, got {out}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    return {"out": out, "head_dim": head_dim}
+
+
 def head_blocks(group: int) -> int:
     return -(-group // BLOCK_H)
 
@@ -90,18 +97,13 @@ def split_grid(batch: int, kv_heads: int, group: int, splits: int) -> tuple[int,
     return (kv_heads * head_blocks(group), batch, splits)
 
 
+def merge_grid(batch: int, q_heads: int) -> tuple[int, int, int]:
+    return (batch, q_heads, 1)
+
+
 def workspace_elements(batch: int, q_heads: int, splits: int, head_dim: int) -> tuple[int, int]:
-    """fp32 elements of the partial outputs and of the log-sum-exps (none for one split, whose
-    programs write the output directly)."""
-    if splits == 1:
-        return 0, 0
+    """fp32 elements of the partial outputs and of the log-sum-exps."""
     return batch * q_heads * splits * head_dim, batch * q_heads * splits
-
-
-def arrival_counters(batch: int, kv_heads: int, group: int) -> int:
-    """int32 counters the split kernel's programs count themselves in on, one a (request, head
-    block): zero before a launch, and the launch leaves them zero."""
-    return batch * kv_heads * head_blocks(group)
 
 
 # --- split kernel ---------------------------------------------------------------------------
@@ -118,14 +120,11 @@ SPLIT_ARGS = (
     Arg("SeqLens", "ptr", dtype="=i32"),
     Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
     Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
-    Arg("Sinks", "ptr", dtype="=fp32"),
-    Arg("Out", "ptr", aligned=True, dtype="q"),
-    Arg("Arrivals", "ptr", dtype="=i32"),
     Arg("sm_scale", "fp32"),
-    *(Arg(n, _I32) for n in ("window", "use_req_idx", "use_sinks", "page_shift", "max_pages", "stride_table",
+    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_shift", "max_pages", "stride_table",
                              "q_heads", "group", "quant_shift")),
-    *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_kp",
-                                           "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
+    *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_kp", "stride_kt",
+                                           "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
     *(Arg(n, _I32) for n in ("stride_ksp", "stride_kst", "stride_ksh",
                              "stride_vsp", "stride_vst", "stride_vsh")),
 )
@@ -134,7 +133,7 @@ SPLIT_ARGS = (
 def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd), "BLOCK_H": BLOCK_H,
-            "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"), "BLOCK_S": MAX_SPLITS}
+            "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token")}
 
 
 def split_variants():
@@ -153,10 +152,8 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # and 36.4 -> 37.5% of copy bandwidth); bf16 was within 1% and int4 slower.
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
-    # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80%). int8 per-token sits at
-    # 168 uncapped with a separate merge kernel, but the in-launch merge's epilogue took it to 192
-    # (sm90); capped it is back at 168, no spills.
-    cap = 168 if axes["kv"] in INT_FORMATS and int(axes["head_dim"]) <= 128 else 0
+    # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
+    cap = 168 if axes["scales"] == "group" and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
     # batch 32 x 4K 77.3 vs 73.1%).
     stages = 3 if axes["kv"] == "int8" and axes["scales"] == "group" else 2
@@ -168,10 +165,52 @@ SPLIT = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_split_kernel",
     args=SPLIT_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "BLOCK_S"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,
 )
 
-KERNELS = (SPLIT,)
+# --- merge kernel ---------------------------------------------------------------------------
+
+MERGE_ARGS = (
+    Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
+    Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    Arg("Sinks", "ptr", dtype="=fp32"),
+    Arg("Out", "ptr", aligned=True, dtype="out"),
+    Arg("use_sinks", "i32"),
+    Arg("q_heads", "i32"),
+    Arg("num_splits", "i32"),
+    Arg("stride_ob", "i32", aligned=True),
+    Arg("stride_oh", "i32", aligned=True),
+)
+
+
+def merge_constexprs(axes) -> dict:
+    hd = int(axes["head_dim"])
+    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": MAX_SPLITS}
+
+
+def merge_variants():
+    for out in Q_DTYPES:
+        for hd in HEAD_DIMS:
+            yield merge_axes(out, hd)
+
+
+def merge_launch(axes, arch: int) -> LaunchConfig:
+    # The [MAX_SPLITS, BLOCK_D] fp32 tile: 64 registers a thread at 4 warps for BLOCK_D 128.
+    return LaunchConfig(num_warps=8 if int(axes["head_dim"]) > 128 else 4, num_stages=1)
+
+
+MERGE = KernelSpec(
+    name="decode_merge",
+    module="aotc.kernels.decode.kernel",
+    function="decode_merge_kernel",
+    args=MERGE_ARGS,
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S"),
+    constexprs=merge_constexprs,
+    variants=merge_variants,
+    launch=merge_launch,
+)
+
+KERNELS = (SPLIT, MERGE)

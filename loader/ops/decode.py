@@ -301,22 +301,22 @@ def _one(device) -> torch.Tensor:
 class _Plan:
     """Everything a decode launch needs that follows from the inputs' metadata alone.
 
-    split_ints: the kernel's non-pointer arguments, in order. n_o, n_lse: workspace elements (0
-    for one split); n_arrivals: the kernel's counters. byte_view: fp8/int4 caches are read as int8
-    bytes. halfword: int8/int4 caches, which the kernel reads as int16 words, so their addresses
-    must be even (checked every call). fast_split: for CUDA plans whose binary is built, the launch
-    with its non-pointer arguments packed (dispatch.Prepared); None takes run_kernel's general
-    path (CPU, JIT fallback, another device)."""
+    split_ints / merge_ints: the kernels' non-pointer arguments, in order. byte_view: fp8/int4
+    caches are read as int8 bytes. halfword: int8/int4 caches, which the kernel reads as int16
+    words, so their addresses must be even (checked every call). fast_split / fast_merge: for CUDA plans whose binaries are
+    built, both launches with their non-pointer arguments packed (dispatch.Prepared); None takes
+    run_kernel's general path (CPU, JIT fallback, another device)."""
 
-    __slots__ = ("split_axes", "split_grid", "n_o", "n_lse", "n_arrivals", "split_ints", "byte_view", "fp8",
-                 "halfword", "fmt", "device", "fast_split")
+    __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
+                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge")
 
-    def __init__(self, split_axes, split_grid, n_o, n_lse, n_arrivals, split_ints, byte_view, fp8, fmt, device):
-        self.split_axes, self.split_grid, self.n_o, self.n_lse = split_axes, split_grid, n_o, n_lse
-        self.n_arrivals, self.split_ints = n_arrivals, split_ints
+    def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
+                 fp8, fmt, device):
+        self.split_axes, self.split_grid, self.merge_axes, self.merge_grid = split_axes, split_grid, merge_axes, merge_grid
+        self.n_o, self.n_lse, self.split_ints, self.merge_ints = n_o, n_lse, split_ints, merge_ints
         self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
         self.halfword = fmt in S.INT_FORMATS  # int8/int4 caches are read as int16 words
-        self.fast_split = None
+        self.fast_split = self.fast_merge = None
 
 
 def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
@@ -332,17 +332,21 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     else:
         ks_strides = vs_strides = (0, 0, 0)
-    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), int(d.sinks is not None),
-                  kv.k.shape[1].bit_length() - 1, table.shape[1], table.stride(0), q_heads, group,
-                  kv.group.bit_length() - 1, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-                  *kv.k.stride()[:3], *kv.v.stride()[:3], *ks_strides, *vs_strides]
+    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
+                  table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
+                  *kv.v.stride()[:3], *ks_strides, *vs_strides]
+    merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
     per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
     plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token),
-                 S.split_grid(batch, kv_heads, group, splits), n_o, n_lse,
-                 S.arrival_counters(batch, kv_heads, group), split_ints,
-                 kv.fmt in _FP8_DTYPES or kv.fmt == "int4", kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
-    if q.is_cuda and all(plan.split_grid):
-        plan.fast_split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
+                 S.split_grid(batch, kv_heads, group, splits),
+                 S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
+                 n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
+                 kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
+    if q.is_cuda and all(plan.split_grid) and all(plan.merge_grid):
+        split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
+        merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)
+        if split is not None and merge is not None:
+            plan.fast_split, plan.fast_merge = split, merge
     return plan
 
 
@@ -353,14 +357,13 @@ def _fp8_scales(k_scale, v_scale, device):
 
 def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
                      stream) -> None:
-    """The steady-state launch: pointers only; the grid and every other argument are in the plan."""
+    """The steady-state launch: pointers only; grids and every other argument are in the plan."""
     keep, part_o, part_lse = workspace.pair_pointers(plan.device, stream, plan.n_o, plan.n_lse)
-    keep_arrivals, arrivals = workspace.counters(plan.device, plan.n_arrivals, stream)
     if plan.fp8:
-        keep = (keep, _fp8_scales(k_scale, v_scale, plan.device))
-        ks, vs = keep[1][0].data_ptr(), keep[1][1].data_ptr()
+        keep = _fp8_scales(k_scale, v_scale, plan.device)
+        ks, vs = keep[0].data_ptr(), keep[1].data_ptr()
     elif k_scale is None:
-        ks = vs = _one(plan.device).data_ptr()  # never read: fp16/bf16 caches have no scales
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
     else:
         ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
     lens = seq_lens.data_ptr()
@@ -368,10 +371,9 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
     if plan.halfword:
         _check_halfword_aligned(kp, vp, plan.fmt)
     plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
-                     lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse,
-                     _one(plan.device).data_ptr() if sinks is None else sinks.data_ptr(), out.data_ptr(), arrivals),
-                    stream)
-    del keep, keep_arrivals
+                     lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+    plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr()), stream)
+    del keep
 
 
 def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out) -> None:
@@ -383,21 +385,22 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
             return
     if plan.halfword:
         _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
-    if not all(plan.split_grid):
+    if not all(plan.split_grid) or not all(plan.merge_grid):
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
-    arrivals, _ = workspace.counters(q.device, plan.n_arrivals)
     if plan.fp8:
         ks, vs = _fp8_scales(k_scale, v_scale, q.device)
     elif k_scale is None:
-        ks = vs = _one(q.device)  # never read: fp16/bf16 caches have no scales
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
     else:
         ks, vs = k_scale, v_scale
     if plan.byte_view and k_cache.dtype != torch.int8:
         k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
     run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
                [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
-                part_o, part_lse, sinks if sinks is not None else _one(q.device), out, arrivals, *plan.split_ints])
+                part_o, part_lse, *plan.split_ints])
+    run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
+               [part_o, part_lse, sinks if sinks is not None else part_lse, out, *plan.merge_ints])
 
 
 def _run_decode(d: _Decode, out: torch.Tensor) -> None:

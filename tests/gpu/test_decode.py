@@ -167,40 +167,6 @@ def test_cache_past_2_31_elements(fmt):
     assert_close(out, ref, f"{fmt} past 2^31")
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
-def test_one_split_writes_the_output_with_sinks(fmt):
-    """num_splits=1: each program writes its heads' output directly (no workspace, no merge)."""
-    case = make_case(long_lens(8, 7), fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=128,
-                     device="cuda", seed=7)
-    sinks = torch.randn(32, device="cuda") * 3
-    out = run(case, sinks=sinks, num_splits=1)
-    assert_close(out, case.reference(sinks=sinks), f"{fmt} one split")
-    assert (out[0] == 0).all()
-
-
-def test_streams_keep_their_own_counters_and_leave_them_zero():
-    """Two streams decode different batches at once, 20 times over: each stream has its own
-    workspace and arrival counters, and every launch leaves the counters at zero."""
-    from aotc.loader import workspace
-
-    cases = [make_case(long_lens(8, s, base=4096), fmt="int8", kv_heads=8, group=4, head_dim=128, device="cuda",
-                       seed=s) for s in (11, 12)]
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    outs = [torch.full_like(c.q, float("nan")) for c in cases]
-    torch.cuda.synchronize()
-    for _ in range(20):
-        for c, st, out in zip(cases, streams, outs):
-            with torch.cuda.stream(st):
-                decode(c.q, c.k_cache, c.v_cache, c.table, c.seq_lens, out=out, validate=False, **c.kwargs)
-    torch.cuda.synchronize()
-    for c, out in zip(cases, outs):
-        assert_close(out, c.reference(), "stream")
-    keys = [(0, st.cuda_stream) for st in streams]
-    assert all(k in workspace._counters for k in keys)
-    for k in keys:
-        assert int(workspace._counters[k].abs().sum()) == 0
-
-
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8_e4m3"])
 def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
     """Capture store_kv + decode once; then new lengths (0 included), a reshuffled table, new cache

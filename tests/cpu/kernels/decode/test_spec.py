@@ -29,12 +29,13 @@ def test_decorator_matches_spec(spec):
 
 def test_variant_count_and_keys():
     split = list(S.SPLIT.variants())
+    merge = list(S.MERGE.variants())
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4
     # int8/int4 add a per-token variant (group == head_dim) at head dims 64 and 128
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 == 96
-    assert S.KERNELS == (S.SPLIT,)  # the splits merge in the same launch: one kernel
-    keys = S.SPLIT.keys()
-    assert len(set(keys)) == len(keys) == 2 * 96
+    assert len(merge) == 2 * 4
+    keys = S.SPLIT.keys() + S.MERGE.keys()
+    assert len(set(keys)) == len(keys) == 2 * (96 + 8)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
@@ -81,8 +82,8 @@ def test_batch_one_long_context_spreads_over_an_h100():
     assert splits == S.MAX_SPLITS and 8 * splits >= 132
 
 
-def test_register_cap_is_for_int_variants_up_to_head_dim_128():
+def test_register_cap_is_for_per_group_int_variants_up_to_head_dim_128():
     for axes in S.split_variants():
         cfg = S.split_launch(axes, 90)
-        want = 168 if axes["kv"] in S.INT_FORMATS and axes["head_dim"] <= 128 else 0
+        want = 168 if axes["scales"] == "group" and axes["head_dim"] <= 128 else 0
         assert cfg.maxnreg == want, axes

@@ -167,6 +167,18 @@ def test_cache_past_2_31_elements(fmt):
     assert_close(out, ref, f"{fmt} past 2^31")
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_one_split_with_sinks_at_length(fmt):
+    """num_splits=1 (what batch >= 66 with 8 KV heads gets on an H100): one partial a head, merged
+    with the sink."""
+    case = make_case(long_lens(8, 7), fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=128,
+                     device="cuda", seed=7)
+    sinks = torch.randn(32, device="cuda") * 3
+    out = run(case, sinks=sinks, num_splits=1)
+    assert_close(out, case.reference(sinks=sinks), f"{fmt} one split")
+    assert (out[0] == 0).all()
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8_e4m3"])
 def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
     """Capture store_kv + decode once; then new lengths (0 included), a reshuffled table, new cache

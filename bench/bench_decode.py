@@ -1,7 +1,9 @@
 """Decode bandwidth: KV bytes (plus scales) read once over kernel time, for bf16, int8 and int4
 caches, next to the device-to-device copy bandwidth measured in the same run; aotc (AOT) and the
 same kernels through Triton's JIT side by side. int8/int4 run with one scale a token (group =
-head_dim, the kernel's per-token path) and with groups of 64 and 8 channels (the per-group path)."""
+head_dim, the kernel's per-token path) and with groups of 64 and 8 channels (the per-group path).
+Beside each, the layout's ceiling (layout_ceiling.py): the same bytes read with decode's grid and
+no attention math, one KV head a program (decode's grid) and two."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +12,9 @@ import warnings
 import torch
 
 from aotc import loader
+from aotc.kernels.decode import spec as S
 from harness import Rows, copy_bandwidth, device_time
+from layout_ceiling import ceiling
 
 FORMATS = [("bf16", 0), ("int8", 128), ("int8", 64), ("int8", 8), ("int4", 128), ("int4", 64), ("int4", 8)]
 SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
@@ -54,7 +58,9 @@ def main():
     copy_bw = copy_bandwidth()
     rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
-    print(f"{'fmt':5s} {'group':>5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} {'jit GB/s':>9s}")
+    print(f"{'fmt':5s} {'group':>5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} "
+          f"{'jit GB/s':>9s} {'ceil 1h %':>9s} {'ceil 2h %':>9s} {'aot/ceil':>8s}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     import tempfile
 
     empty = tempfile.mkdtemp()
@@ -69,13 +75,19 @@ def main():
                 t_jit = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             loader.set_artifacts(None)
             bw_aot, bw_jit = nbytes / t_aot, nbytes / t_jit
+            splits = S.num_splits(batch, hkv, hq // hkv, sms)
+            ceil = ceiling(args[1], args[2], kw.get("k_scale"), kw.get("v_scale"), args[3], ctx, splits)
+            pct = {h: 100 * nbytes / t / copy_bw for h, t in ceil.items()}
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
             print(f"{fmt:5s} {group or '-':>5} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
-                  f"{t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f}")
+                  f"{t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f} {pct.get(1, float('nan')):8.1f}% {pct.get(2, float('nan')):8.1f}% "
+                  f"{ceil[1] / t_aot:8.2f}")
             variant = f"{fmt} group{group}" if group else fmt
             rows.add("decode", variant, "aot", shape, "GBps", bw_aot / 1e9)
             rows.add("decode", variant, "aot", shape, "pct_of_copy", 100 * bw_aot / copy_bw)
             rows.add("decode", variant, "jit", shape, "GBps", bw_jit / 1e9)
+            for h, p in pct.items():
+                rows.add("decode", variant, f"layout_ceiling_{h}head", shape, "pct_of_copy", p)
             del args, kw, out
             torch.cuda.empty_cache()
 

@@ -19,7 +19,7 @@ from bench_decode import make
 from harness import Rows, copy_bandwidth, device_time
 from launch_overhead import capture_launches
 
-SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16)]
+SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16), (64, 4096, 32, 8, 128, 16)]
 
 
 def load_kernel(path: str):
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--maxnreg", default="0", help="register caps to try; 0 = none")
     ap.add_argument("--shapes", default="0,1", help="indices into SHAPES")
     ap.add_argument("--split-scale", default="1", help="multiples of the op's split count to try (max 64 splits)")
+    ap.add_argument("--splits", default="", help="split counts to try in place of --split-scale's multiples")
     ap.add_argument("--block-n", default="64,128")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3")
@@ -49,7 +50,7 @@ def main():
     copy_bw = copy_bandwidth()
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
     configs = list(itertools.product(*(map(int, x.split(",")) for x in (a.block_n, a.warps, a.stages, a.maxnreg,
-                                                                          a.split_scale))))
+                                                                          a.splits or a.split_scale))))
     kernels = [(path, load_kernel(path)) for path in a.kernels.split(",")]
     for fmt_group in a.formats.split(","):
         fmt, _, group = fmt_group.partition(":")
@@ -65,9 +66,12 @@ def main():
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
             for (path, kernel), (bn, w, st, nreg, scale) in itertools.product(kernels, configs):
                 split = kernel or jit_function(spec)
-                splits = min(S.MAX_SPLITS, grid[2] * scale)
-                if scale > 1 and splits == grid[2]:
-                    continue
+                if a.splits:
+                    splits = scale
+                else:
+                    splits = min(S.MAX_SPLITS, grid[2] * scale)
+                    if scale > 1 and splits == grid[2]:
+                        continue
                 g = (grid[0], grid[1], splits)
                 sa, ma = list(sargs), list(margs)  # workspace for `splits` (PartO, PartLse)
                 sa[8] = ma[0] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)

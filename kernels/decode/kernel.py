@@ -231,6 +231,28 @@ def _pages(table_row, offs_t, hi, page_shift):
 
 
 @triton.jit
+def _pages_nc(table_row, offs_t, hi, page_shift):
+    # _pages through inline PTX (ld.global.nc), which Triton's pipeliner does not see: it then
+    # pipelines only the K/V copies, and at 3 stages waits for one tile's copies while the next
+    # tile's are in flight (its own pipelining of the table load made every iteration wait for
+    # all copies). H100, split kernel, int4 group 64 batch 32 / 64 x 4K: 44.2 -> 45.3% / 43.5 ->
+    # 48.5% of copy; group 8 30.9 -> 32.7% / 29.7 -> 33.5%. int8 and the per-token loops lost
+    # (int8 group 64 68.8 -> 59.6%, int4 per-token 57.9 -> 55.2%), so they keep _pages.
+    ptr = table_row + (offs_t >> page_shift)
+    inside = offs_t < hi
+    if _INTERPRET:
+        return tl.load(ptr, mask=inside, other=0).to(tl.int64)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.ne.b32 p, $2, 0;
+            mov.b32 $0, 0;
+            @p ld.global.nc.b32 $0, [$1];
+            }""", "=r,l,r", [ptr, inside.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1).to(tl.int64)
+
+
+@triton.jit
 def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, VALID: tl.constexpr):
     # fp16 scales of tokens offs_t, one per aligned run of 8 channels (groups are >= 8 wide):
     # [len(offs_t), BLOCK_D // 8], sg the run index.
@@ -474,7 +496,10 @@ def _attend_int(
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         # This tile's page ids again, though page_n held them last iteration: with K/V addresses from
         # a loop-carried load, Triton's pipeliner stops turning the K/V loads into cp.async.
-        page = _pages(table_row, offs_t, hi, page_shift)
+        if INT4 and not PER_TOKEN:
+            page = _pages_nc(table_row, offs_t, hi, page_shift)
+        else:
+            page = _pages(table_row, offs_t, hi, page_shift)
         kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, offs_c, c_mask)
 
         if PER_TOKEN:

@@ -61,6 +61,7 @@ _SIGNATURES = {
     "cuFuncSetAttribute": [_P, _I, _I],
     "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P],
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _P, _P, _P],
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor": [ctypes.POINTER(_I), _P, _I, ctypes.c_size_t],
     "cuGetErrorName": [_I, ctypes.POINTER(ctypes.c_char_p)],
     "cuGetErrorString": [_I, ctypes.POINTER(ctypes.c_char_p)],
 }
@@ -139,6 +140,19 @@ class Driver:
                 self.check("cuFuncSetAttribute", self.cuFuncSetAttribute(
                     function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin.value - static.value))
             return function.value
+        finally:
+            popped = _P()
+            self.check("cuCtxPopCurrent", self.cuCtxPopCurrent_v2(ctypes.byref(popped)))
+
+    def occupancy(self, device: int, function: int, block: int, shared: int) -> int:
+        """Blocks of `block` threads and `shared` dynamic bytes of `function` that fit one SM at once."""
+        ctx = self.primary_context(device)
+        self.check("cuCtxPushCurrent", self.cuCtxPushCurrent_v2(ctx))
+        try:
+            n = _I()
+            self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                       self.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), function, block, shared))
+            return n.value
         finally:
             popped = _P()
             self.check("cuCtxPopCurrent", self.cuCtxPopCurrent_v2(ctypes.byref(popped)))

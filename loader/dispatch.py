@@ -196,6 +196,28 @@ def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, dev
         return None
 
 
+def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int) -> int | None:
+    """How many programs of the binary that `args` (CUDA tensors and ints, in `spec.args` order)
+    would launch fit one SM at once: the driver's occupancy of the built binary (ALIGNED when the
+    ints meet its assumptions, as `Prepared` picks), or of the JIT's compile when the key is not
+    built. None where the JIT is switched off or the launch takes the general path."""
+    sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
+    generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
+    if generic is None:
+        if fallback.jit_disabled():
+            return None
+        return fallback.jit_programs_per_sm(spec, axes, args, sel.arch)
+    if any(_needs_general_launch(e) for e in sel.entries.values() if e):
+        return None
+    values = [0] * spec.leading_ptrs + list(args[spec.leading_ptrs:])
+    level = ALIGNED if aligned is not None and check_assumptions(spec, aligned, values) is None else GENERIC
+    la = sel.l_aligned if level == ALIGNED else sel.l_generic
+    la = la or sel._launchable(level)
+    if la.occupancy is None:
+        la.occupancy = la.driver.occupancy(sel.device, la.function, la.block, la.shared)
+    return la.occupancy
+
+
 def _values_function(spec: KernelSpec, aligned_idx: tuple):
     """A generated `values(args) -> (packed values, misaligned bits)` for one kernel: pointers
     read with data_ptr(), the ALIGNED binary's assumptions OR-ed into one test. Straight-line

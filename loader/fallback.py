@@ -123,3 +123,20 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
 
         patch_interpreter()
         fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: int) -> int:
+    """What `dispatch.programs_per_sm` gives a built binary, for the binary Triton's JIT compiles
+    for these arguments (the same bytes as the build's, so the same count): an op that sizes its
+    grid from it launches the same grid either way, and AOT and JIT outputs stay equal bit for bit."""
+    import torch
+
+    from . import cuda_driver
+
+    fn = jit_function(spec)
+    cfg = spec.launch(axes, arch)
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    with torch.cuda.device(device), aot_compile_options():
+        kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.constexprs(axes), **cfg.triton_options())
+    kernel._init_handles()
+    return cuda_driver.driver().occupancy(device.index, kernel.function, 32 * cfg.num_warps, kernel.metadata.shared)

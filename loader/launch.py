@@ -55,6 +55,7 @@ class Launchable:
         self.scratch = entry.global_scratch_size > 0 or entry.profile_scratch_size > 0
         self.slow = self.needs_ex or self.scratch
         self.cu_launch = self.driver.cuLaunchKernel
+        self.occupancy: int | None = None  # programs an SM, once dispatch.programs_per_sm asks
 
     def launch(self, grid: tuple[int, int, int], values: list, stream: int) -> None:
         gx, gy, gz = grid

@@ -15,7 +15,7 @@ from aotc.kernels.decode import spec as S
 
 from .. import workspace
 from . import library
-from ..dispatch import prepare, register_plan_cache, run_kernel
+from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
 
 _FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -324,8 +324,6 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     batch, q_heads, head_dim = q.shape
     kv_heads = kv.k.shape[2]
     group = q_heads // kv_heads
-    splits = d.splits or S.num_splits(batch, kv_heads, group, _sm_count(q.device))
-    n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
     if kv.fmt in S.INT_FORMATS:
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
     elif kv.fmt in _FP8_DTYPES:
@@ -335,10 +333,20 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
-    merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
     per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-    plan = _Plan(S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token),
-                 S.split_grid(batch, kv_heads, group, splits),
+    split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token)
+    splits = d.splits
+    if not splits:
+        per_sm = None
+        if q.is_cuda and batch:
+            ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
+            per_sm = programs_per_sm(S.SPLIT, split_axes, _split_args(
+                kv.fmt in _FP8_DTYPES, kv.fmt in _FP8_DTYPES or kv.fmt == "int4", q, kv.k, kv.v, kv.ks, kv.vs,
+                table, d.req_idx, d.seq_lens, ws, ws, split_ints), q.device.index)
+        splits = S.num_splits(batch, kv_heads, group, _sm_count(q.device), per_sm)
+    n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
+    merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
+    plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits),
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
                  n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
                  kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
@@ -376,6 +384,21 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
     del keep
 
 
+def _split_args(fp8, byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse,
+                split_ints) -> list:
+    """The split kernel's arguments as run_kernel takes them (tensors, then the plan's ints)."""
+    if fp8:
+        ks, vs = _fp8_scales(k_scale, v_scale, q.device)
+    elif k_scale is None:
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+    else:
+        ks, vs = k_scale, v_scale
+    if byte_view and k_cache.dtype != torch.int8:
+        k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
+    return [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
+            part_o, part_lse, *split_ints]
+
+
 def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out) -> None:
     if plan.fast_split is not None:
         index = plan.device.index
@@ -388,17 +411,9 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
     if not all(plan.split_grid) or not all(plan.merge_grid):
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
-    if plan.fp8:
-        ks, vs = _fp8_scales(k_scale, v_scale, q.device)
-    elif k_scale is None:
-        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
-    else:
-        ks, vs = k_scale, v_scale
-    if plan.byte_view and k_cache.dtype != torch.int8:
-        k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
     run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
-               [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
-                part_o, part_lse, *plan.split_ints])
+               _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens,
+                           part_o, part_lse, plan.split_ints))
     run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
                [part_o, part_lse, sinks if sinks is not None else part_lse, out, *plan.merge_ints])
 

@@ -23,6 +23,7 @@ class FakeDriver:
     def __init__(self):
         self.loaded = []  # (device, sha-prefix of image, symbol, shared)
         self.launches = []  # (function, grid, block, shared, stream, [raw 8-byte slots])
+        self.occupancy_calls = []  # (device, function, block, shared)
 
     def load_function(self, device, image, symbol, shared):
         import hashlib
@@ -36,6 +37,10 @@ class FakeDriver:
         slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
         self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, slots))
         return 0
+
+    def occupancy(self, device, function, block, shared):
+        self.occupancy_calls.append((device, function, block, shared))
+        return 3
 
     def check(self, call, code):
         if code:

@@ -185,3 +185,19 @@ def test_reset_empties_registered_plan_caches():
     cache = dispatch.register_plan_cache({"some": "plan"})
     dispatch.reset()
     assert cache == {}
+
+
+def test_programs_per_sm_asks_the_driver_once_for_the_binary_the_ints_select(target, fake_driver, monkeypatch):
+    spec = get_spec("tiny_axpy")
+    sel = dispatch.Selection(spec, AXES, 0, target, (9, 0))
+    monkeypatch.setattr(dispatch, "_selection", lambda spec, axes, device: sel)
+    args = [FakeTensor(0x1000), FakeTensor(0x2000), FakeTensor(0x3000), 128, 100, 3, 0.5]
+    assert dispatch.programs_per_sm(spec, AXES, args, 0) == 3
+    assert dispatch.programs_per_sm(spec, AXES, args, 0) == 3
+    (device, function, block, shared), = fake_driver.occupancy_calls  # cached on the loaded binary
+    assert device == 0 and block == 128
+    assert [l[1] for l in fake_driver.loaded] == [target.entries["tiny_axpy(block=64,dtype=fp16)@aligned"].sha256]
+    # An odd stride breaks the ALIGNED binary's assumption: the GENERIC one is asked.
+    assert dispatch.programs_per_sm(spec, AXES, [*args[:3], 127, 100, 3, 0.5], 0) == 3
+    assert len(fake_driver.occupancy_calls) == 2
+    assert fake_driver.loaded[1][1] == target.entries["tiny_axpy(block=64,dtype=fp16)@generic"].sha256

@@ -87,3 +87,30 @@ def test_register_cap_is_for_per_group_int_variants_up_to_head_dim_128():
         cfg = S.split_launch(axes, 90)
         want = 168 if axes["scales"] == "group" and axes["head_dim"] <= 128 else 0
         assert cfg.maxnreg == want, axes
+
+
+@pytest.mark.parametrize("per_sm", [2, 3, 4, 5])
+@pytest.mark.parametrize("batch", [1, 2, 3, 7, 16, 32, 64, 128, 1024])
+@pytest.mark.parametrize("kv_heads,group", [(8, 4), (1, 32), (32, 1)])
+def test_split_count_with_occupancy_fills_whole_waves_or_keeps_the_base(batch, kv_heads, group, per_sm):
+    sms = 132
+    base = S.num_splits(batch, kv_heads, group, sms)
+    splits = S.num_splits(batch, kv_heads, group, sms, per_sm)
+    assert 1 <= splits <= S.MAX_SPLITS
+    programs, slots = batch * kv_heads * S.head_blocks(group), per_sm * sms
+    n = programs * splits
+    if splits != base:
+        assert n >= 0.95 * slots * -(-n // slots), "moved to a count whose last wave is not full"
+        assert programs * base < 4 * slots
+        # nothing nearer to the base count qualifies
+        for s in range(1, S.MAX_SPLITS + 1):
+            if abs(s - base) < abs(splits - base):
+                m = programs * s
+                assert m < 0.95 * slots * -(-m // slots)
+
+
+def test_split_count_on_an_h100_at_three_programs_an_sm():
+    # The counts the H100 sweep timed (bench/results/2026-11-22-h100-session5-notes.txt).
+    assert [S.num_splits(b, 8, 4, 132, 3) for b in (1, 32, 64)] == [49, 3, 3]
+    assert [S.num_splits(b, 8, 4, 132, 2) for b in (1, 32, 64)] == [64, 3, 2]
+    assert S.num_splits(1, 8, 4, 132, None) == 64

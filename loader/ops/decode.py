@@ -477,7 +477,8 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
       out      [B, H, D] in q's dtype, written and returned; allocated when None.
-      num_splits  sequence splits per request (default from batch, heads and the SM count, <= 64).
+      num_splits  sequence splits per request (default from batch, heads, the SM count and how many
+               programs of the kernel's binary fit an SM, <= 64; never from lengths).
       validate  read lengths, req_idx and used page ids back to check them (one device sync;
                skipped under torch.compile and CUDA graph capture). The kernel clamps lengths to
                the table either way; out-of-range page ids are undefined behaviour.

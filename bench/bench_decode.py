@@ -12,8 +12,8 @@ import warnings
 import torch
 
 from aotc import loader
-from aotc.kernels.decode import spec as S
 from harness import Rows, copy_bandwidth, device_time
+from launch_overhead import capture_launches
 from layout_ceiling import ceiling
 
 FORMATS = [("bf16", 0), ("int8", 128), ("int8", 64), ("int8", 8), ("int4", 128), ("int4", 64), ("int4", 8)]
@@ -60,7 +60,6 @@ def main():
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
     print(f"{'fmt':5s} {'group':>5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} {'jit us':>8s} "
           f"{'jit GB/s':>9s} {'ceil 1h %':>9s} {'ceil 2h %':>9s} {'aot/ceil':>8s}")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     import tempfile
 
     empty = tempfile.mkdtemp()
@@ -75,7 +74,8 @@ def main():
                 t_jit = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             loader.set_artifacts(None)
             bw_aot, bw_jit = nbytes / t_aot, nbytes / t_jit
-            splits = S.num_splits(batch, hkv, hq // hkv, sms)
+            ((_, _, grid, _), _) = capture_launches(lambda: loader.decode(*args, **kw, out=out, validate=False))
+            splits = grid[2]  # decode's own split count (it follows the binary's occupancy)
             ceil = ceiling(args[1], args[2], kw.get("k_scale"), kw.get("v_scale"), args[3], ctx, splits)
             pct = {h: 100 * nbytes / t / copy_bw for h, t in ceil.items()}
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"

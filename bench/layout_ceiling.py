@@ -52,7 +52,7 @@ def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, he
     """Best seconds over tilings of one full read, for each `heads` (a dict heads -> seconds).
     Caches [pages, page, kv_heads, bytes] of any dtype (read as int16 words); scales None or
     [pages, page, kv_heads, groups] of a 2-byte dtype (fp32 scales are read as two words each)."""
-    pages, page, kv_heads = k_cache.shape[:3]
+    page, kv_heads = k_cache.shape[1:3]
     k16, v16 = k_cache.view(torch.int16), v_cache.view(torch.int16)
     W = k16.shape[-1]
     if k_scale is not None:

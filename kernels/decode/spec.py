@@ -87,9 +87,10 @@ def num_splits(batch: int, kv_heads: int, group: int, sm_count: int, programs_pe
     PROGRAMS_PER_SM programs an SM: batch 1 with 8 KV heads on a 132-SM H100 gets 64 splits (512
     programs), batch 32 gets 3. Given the variant's real occupancy (`programs_per_sm`, from the
     binary), the count moves to the nearest one whose programs fill their last wave to >= 95%
-    (none within MAX_SPLITS, or four waves and more already: the base count). H100, split kernel, int8/int4 per-token at 3 programs
-    an SM: batch 1 x 32K 64 -> 49 splits, int8 50.4 -> 55.2% of copy, int4 33.0 -> 37.5%; batch 64
-    x 4K 2 -> 3, int8 83.7 -> 85.4%, int4 59.7 -> 62.9%; bf16 at 2 an SM keeps its counts.
+    (none within MAX_SPLITS, or four waves and more already: the base count). H100, split kernel,
+    int8/int4 per-token at 3 programs an SM: batch 1 x 32K 64 -> 49 splits, int8 50.4 -> 55.2% of
+    copy, int4 33.0 -> 37.5%; batch 64 x 4K 2 -> 3, int8 83.7 -> 85.4%, int4 59.7 -> 62.9%; bf16 at
+    2 an SM keeps its counts.
     """
     base = max(1, batch * kv_heads * head_blocks(group))
     splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count // base)))

@@ -335,21 +335,22 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
     split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token)
+    fp8 = kv.fmt in _FP8_DTYPES
+    byte_view = fp8 or kv.fmt == "int4"
     splits = d.splits
     if not splits:
         per_sm = None
         if q.is_cuda and batch:
             ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
             per_sm = programs_per_sm(S.SPLIT, split_axes, _split_args(
-                kv.fmt in _FP8_DTYPES, kv.fmt in _FP8_DTYPES or kv.fmt == "int4", q, kv.k, kv.v, kv.ks, kv.vs,
-                table, d.req_idx, d.seq_lens, ws, ws, split_ints), q.device.index)
+                fp8, byte_view, q, kv.k, kv.v, kv.ks, kv.vs, table, d.req_idx, d.seq_lens, ws, ws, split_ints),
+                q.device.index)
         splits = S.num_splits(batch, kv_heads, group, _sm_count(q.device), per_sm)
     n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
     merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
     plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits),
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim), S.merge_grid(batch, q_heads),
-                 n_o, n_lse, split_ints, merge_ints, kv.fmt in _FP8_DTYPES or kv.fmt == "int4",
-                 kv.fmt in _FP8_DTYPES, kv.fmt, q.device)
+                 n_o, n_lse, split_ints, merge_ints, byte_view, fp8, kv.fmt, q.device)
     if q.is_cuda and all(plan.split_grid) and all(plan.merge_grid):
         split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
         merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)

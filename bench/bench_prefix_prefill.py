@@ -3,7 +3,7 @@ not built), the same kernel through Triton's JIT, and torch SDPA's flash backend
 attention made contiguous (lower-right causal), side by side.
 
 FLOPs count only allowed (query, key) pairs, 4 * head_dim each (QK^T and PV). Times are medians
-of CUDA-event timings (triton.testing.do_bench). Rows: JSON lines at --out.
+of CUDA-event timings, the L2 emptied before each call (harness.device_time). Rows: JSON lines at --out.
 """
 from __future__ import annotations
 

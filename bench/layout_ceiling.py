@@ -48,7 +48,7 @@ def stream_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, H: tl.constexpr, W: 
     tl.store(Out + (b * tl.num_programs(0) + pid_h) * splits + split, tl.sum(acc, 0))
 
 
-def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, heads_options=(1, 2)) -> dict:
+def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, heads_options=(1, 2), flush: str = "clean") -> dict:
     """Best seconds over tilings of one full read, for each `heads` (a dict heads -> seconds).
     Caches [pages, page, kv_heads, bytes] of any dtype (read as int16 words); scales None or
     [pages, page, kv_heads, groups] of a 2-byte dtype (fp32 scales are read as two words each)."""
@@ -74,6 +74,6 @@ def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, he
             f = lambda: stream_kernel[grid](k16, v16, ks16, vs16, table, out, ctx, max_pages,  # noqa: E731
                                             kv_heads, W, G, heads, page, block_n, num_warps=4, num_stages=2)
             f()
-            t = device_time(f)
+            t = device_time(f, flush=flush)
             best[heads] = min(best.get(heads, t), t)
     return best

@@ -584,9 +584,12 @@ def decode_merge_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
     w = tl.exp2(lse - m)
     denom = tl.sum(w, 0) + tl.exp2(sink - m)
-    valid = lse > float("-inf")  # empty splits wrote no partial: never read it (may hold NaN)
+    # Empty splits wrote no partial (their slot may hold NaN from an earlier call): selected away,
+    # not masked, so this load does not wait for the log-sum-exps.
+    valid = lse > float("-inf")
     o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=valid[:, None] & d_mask[None, :], other=0.0)
+                mask=(offs_s < num_splits)[:, None] & d_mask[None, :], other=0.0)
+    o = tl.where(valid[:, None], o, 0.0)
     out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_d
     tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=d_mask)

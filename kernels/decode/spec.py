@@ -6,7 +6,9 @@ scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 
 (int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
 kernel, else "group"; "none" for other formats), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
-bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`.
+bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
+`splits` (the tile of partial results it reads at once: 4, 16 or 64, the smallest that holds the
+call's split count).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """
@@ -68,12 +70,24 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
     return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales}
 
 
-def merge_axes(out: str, head_dim: int) -> dict:
+MERGE_SPLIT_TILES = (4, 16, MAX_SPLITS)
+
+
+def merge_split_tile(splits: int) -> int:
+    """The smallest merge tile that holds `splits` partial results. One [MAX_SPLITS, BLOCK_D] tile
+    for every call made the merge a wave of register-heavy programs: 7-12 us at batch 32-64 with 3
+    splits on an H100, next to a 75-200 us split kernel (bench/l2_state.py)."""
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {splits}")
+    return next(t for t in MERGE_SPLIT_TILES if splits <= t)
+
+
+def merge_axes(out: str, head_dim: int, splits: int = MAX_SPLITS) -> dict:
     if out not in Q_DTYPES:
         raise ValueError(f"output dtype must be one of {Q_DTYPES}, got {out}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    return {"out": out, "head_dim": head_dim}
+    return {"out": out, "head_dim": head_dim, "splits": merge_split_tile(splits)}
 
 
 def head_blocks(group: int) -> int:
@@ -208,18 +222,20 @@ MERGE_ARGS = (
 
 def merge_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
-    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": MAX_SPLITS}
+    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": int(axes["splits"])}
 
 
 def merge_variants():
     for out in Q_DTYPES:
         for hd in HEAD_DIMS:
-            yield merge_axes(out, hd)
+            for tile in MERGE_SPLIT_TILES:
+                yield merge_axes(out, hd, tile)
 
 
 def merge_launch(axes, arch: int) -> LaunchConfig:
-    # The [MAX_SPLITS, BLOCK_D] fp32 tile: 64 registers a thread at 4 warps for BLOCK_D 128.
-    return LaunchConfig(num_warps=8 if int(axes["head_dim"]) > 128 else 4, num_stages=1)
+    # The [BLOCK_S, BLOCK_D] fp32 tile at <= 64 elements a thread (64 x 128 at 4 warps).
+    elements = int(axes["splits"]) * block_d(int(axes["head_dim"]))
+    return LaunchConfig(num_warps=max(1, min(8, elements // (64 * 32))), num_stages=1)
 
 
 MERGE = KernelSpec(

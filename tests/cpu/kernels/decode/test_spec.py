@@ -33,11 +33,20 @@ def test_variant_count_and_keys():
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4
     # int8/int4 add a per-token variant (group == head_dim) at head dims 64 and 128
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 == 96
-    assert len(merge) == 2 * 4
+    assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (96 + 8)
+    assert len(set(keys)) == len(keys) == 2 * (96 + 24)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
+
+
+def test_merge_tile_is_the_smallest_that_holds_the_splits():
+    assert [S.merge_split_tile(s) for s in (1, 4, 5, 16, 17, 64)] == [4, 4, 16, 16, 64, 64]
+    assert S.merge_axes("bf16", 128, 3)["splits"] == 4
+    assert S.merge_constexprs(S.merge_axes("fp16", 96, 40))["BLOCK_S"] == 64
+    for bad in (0, S.MAX_SPLITS + 1):
+        with pytest.raises(ValueError, match="splits"):
+            S.merge_split_tile(bad)
 
 
 def test_signature_reads_fp8_and_int4_as_bytes():

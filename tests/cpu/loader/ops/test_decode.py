@@ -332,10 +332,11 @@ def test_default_sm_scale_is_inverse_sqrt_head_dim():
     assert torch.equal(run(case), run(case, sm_scale=1 / math.sqrt(64)))
 
 
-def test_stale_workspace_is_never_read(monkeypatch):
+@pytest.mark.parametrize("splits", [4, 5, 8, 16, 17, 64])  # both sides of each merge tile (4, 16, 64)
+def test_stale_workspace_is_never_read(monkeypatch, splits):
     """Empty splits leave their partial slots as they were: NaN there must not reach the output."""
     from aotc.loader import workspace
 
     monkeypatch.setattr(workspace, "get", lambda device, n: torch.full((n,), float("nan"), device=device))
-    case = make_case([0, 1, 65], fmt="bf16", seed=18)
-    assert_close(run(case, num_splits=8), case.reference(), "NaN workspace")
+    case = make_case([0, 1, 65, 1000], fmt="bf16", seed=18)
+    assert_close(run(case, num_splits=splits), case.reference(), f"NaN workspace, {splits} splits")

@@ -32,6 +32,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 launch_overhead.py --out "$OUT/bench.jsonl" 2>&1 | tail -12
   python3 first_call.py --out "$OUT/bench.jsonl" 2>&1 | tail -6
   [ -f bench_decode.py ] && python3 bench_decode.py --out "$OUT/bench.jsonl" 2>&1 | tail -40
+  [ -f l2_state.py ] && python3 l2_state.py --out "$OUT/bench.jsonl" 2>&1 | tail -22
   [ -f bench_prefix_prefill.py ] && python3 bench_prefix_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -30
   cd ..
 fi

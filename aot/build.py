@@ -92,7 +92,7 @@ def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -
     doc = {
         "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
         "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
-        "constexprs": {k: repr(v) for k, v in sorted(spec.constexprs(axes).items())},
+        "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, target.arch).items())},
         "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -168,7 +168,7 @@ def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash
         global_scratch_size=md["global_scratch_size"], global_scratch_align=md["global_scratch_align"],
         profile_scratch_size=md["profile_scratch_size"], profile_scratch_align=md["profile_scratch_align"],
         launch_cooperative_grid=md["launch_cooperative_grid"], launch_pdl=md["launch_pdl"],
-        constexprs={k: v for k, v in spec.constexprs(key.axis_dict).items()},
+        constexprs=spec.compile_constexprs(key.axis_dict, arch),
         provenance={"source_sha256": source_hash(spec), "build_hash": bhash, "triton_hash": out.triton_hash,
                     "triton_version": triton_version()},
     )

@@ -70,7 +70,7 @@ def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
     sig_by_name = spec.signature(axes)
     # The JIT orders the signature by the function's parameters; so do we.
     signature = {name: sig_by_name[name] for name in fn.arg_names}
-    constexprs = spec.constexprs(axes)
+    constexprs = spec.compile_constexprs(axes, arch)
     missing = set(spec.constexpr_names) - set(constexprs)
     if missing:
         raise ValueError(f"{key}: spec.constexprs gave no value for {sorted(missing)}")

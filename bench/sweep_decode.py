@@ -62,7 +62,7 @@ def main():
             want = out.float().clone()
             (spec, axes, grid, sargs), (mspec, maxes, mgrid, margs) = capture_launches(call)
             merge = jit_function(mspec)
-            mce = dict(mspec.constexprs(maxes), BLOCK_S=S.MAX_SPLITS)  # any split count the sweep tries
+            mce = dict(mspec.compile_constexprs(maxes, 90), BLOCK_S=S.MAX_SPLITS)  # any split count the sweep tries
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
             for (path, kernel), (bn, w, st, nreg, scale) in itertools.product(kernels, configs):
                 split = kernel or jit_function(spec)

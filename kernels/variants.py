@@ -78,12 +78,18 @@ class Arg(_Record):
 
 class LaunchConfig(_Record):
     """Triton compile options of a variant. `maxnreg` (0: none) caps registers a thread, which
-    ptxas bakes into the binary; the JIT fallback passes the same cap, so its bytes match."""
+    ptxas bakes into the binary; the JIT fallback passes the same cap, so its bytes match.
+    `launch_pdl`: launch as a programmatic dependent launch (sm90+): the kernel may start while
+    the previous kernel on the stream finishes, so it must wait for it (griddepcontrol.wait)
+    before reading what that kernel wrote; a kernel declares a `PDL` constexpr for that (see
+    KernelSpec.compile_constexprs)."""
 
-    __slots__ = _compared = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+    __slots__ = _compared = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
 
-    def __init__(self, num_warps: int, num_stages: int, num_ctas: int = 1, maxnreg: int = 0):
-        self._init(num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas, maxnreg=maxnreg)
+    def __init__(self, num_warps: int, num_stages: int, num_ctas: int = 1, maxnreg: int = 0,
+                 launch_pdl: bool = False):
+        self._init(num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas, maxnreg=maxnreg,
+                   launch_pdl=bool(launch_pdl))
         if self.maxnreg and not 24 <= self.maxnreg <= 255:
             raise ValueError(f"maxnreg must be 0 (none) or 24..255, got {self.maxnreg}")
 
@@ -92,6 +98,8 @@ class LaunchConfig(_Record):
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages, "num_ctas": self.num_ctas}
         if self.maxnreg:
             opts["maxnreg"] = self.maxnreg
+        if self.launch_pdl:
+            opts["launch_pdl"] = True
         return opts
 
 
@@ -184,6 +192,15 @@ class KernelSpec(_Record):
                    first_ptr=ptrs[0],  # the first pointer's tensor tells the op's device
                    # pointers before the first non-pointer: the prefix a prepared launch repacks per call
                    leading_ptrs=next((i for i, a in enumerate(self.args) if a.kind != "ptr"), len(self.args)))
+
+    def compile_constexprs(self, axes: Mapping[str, int | str], arch: int) -> dict:
+        """Every constexpr value for a variant on a target: `constexprs(axes)`, plus `PDL` (1 when
+        the target's launch config asks for a programmatic dependent launch) for a kernel that
+        declares it. The wait it guards is an sm90+ instruction, so it follows the target."""
+        values = dict(self.constexprs(axes))
+        if "PDL" in self.constexpr_names:
+            values["PDL"] = int(self.launch(axes, arch).launch_pdl)
+        return values
 
     def keys(self) -> list[VariantKey]:
         """Every declared binary: each variant at both specialization levels."""

@@ -125,7 +125,8 @@ def _misaligned_function(idx: tuple):
 
 
 def _needs_general_launch(entry: Entry) -> bool:
-    return (entry.num_ctas != 1 or entry.launch_cooperative_grid or entry.launch_pdl
+    # A PDL binary is fine: Prepared launches it through cuLaunchKernelEx with a config it keeps.
+    return (entry.num_ctas != 1 or entry.launch_cooperative_grid
             or entry.global_scratch_size > 0 or entry.profile_scratch_size > 0)
 
 
@@ -165,6 +166,7 @@ class Prepared:
         self.pointers = ctypes.addressof(self.pointer_array)
         self.pack_pointers = struct.Struct("<" + "Q" * n_ptr).pack_into
         self.lock = threading.Lock()
+        self.ex_configs: dict = {}  # Launchable -> (cuLaunchKernelEx config, its attributes): PDL binaries
 
     def __call__(self, pointers: tuple, stream: int) -> None:
         sel = self.sel
@@ -175,15 +177,28 @@ class Prepared:
         gx, gy, gz = self.grid
         with self.lock:
             self.pack_pointers(self.buffer, 0, *pointers)
-            code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
+            if la.needs_ex:
+                config = (self.ex_configs.get(la) or self._ex_config(la))[0]
+                config.hStream = stream
+                code = la.driver.cuLaunchKernelEx(ctypes.byref(config), la.function, self.pointers, None)
+            else:
+                code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
             if code:  # retried under the lock: the packed arguments are still this call's
                 la._retry_or_raise(code, self.grid, stream, self.pointers)
+
+    def _ex_config(self, la):
+        e = la.entry
+        pair = cuda_driver.cluster_launch_config(self.grid, la.block, la.shared, None, e.num_ctas,
+                                                 e.launch_cooperative_grid, e.launch_pdl)
+        self.ex_configs[la] = pair
+        return pair
 
 
 def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Prepared | None:
     """A `Prepared` launch of `spec`'s built binaries on CUDA device `device`, or None where calls
     must take `run_kernel`'s path: a key that was not built (the JIT fallback), a binary that
-    needs scratch buffers or a cluster/cooperative launch, an empty grid, or ints no binary takes."""
+    needs scratch buffers or a cluster/cooperative launch, an empty grid, or ints no binary takes.
+    A binary built for a programmatic dependent launch (PDL) is prepared: cuLaunchKernelEx."""
     gx, gy, gz = grid
     if not gx * gy * gz or any(a.kind == "ptr" for a in spec.args[spec.leading_ptrs:]):
         return None

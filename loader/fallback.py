@@ -111,7 +111,7 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
     its interpreter under TRITON_INTERPRET=1."""
     fn = jit_function(spec)
     cfg = spec.launch(axes, arch)
-    constexprs = spec.constexprs(axes)
+    constexprs = spec.compile_constexprs(axes, arch)
     import torch
 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -137,6 +137,6 @@ def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: i
     cfg = spec.launch(axes, arch)
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     with torch.cuda.device(device), aot_compile_options():
-        kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.constexprs(axes), **cfg.triton_options())
+        kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.compile_constexprs(axes, arch), **cfg.triton_options())
     kernel._init_handles()
     return cuda_driver.driver().occupancy(device.index, kernel.function, 32 * cfg.num_warps, kernel.metadata.shared)

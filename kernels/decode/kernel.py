@@ -11,7 +11,8 @@ slot) cannot occur. A split with no tokens writes lse = -inf and no partial outp
 
 `decode_merge_kernel` combines the splits of one (request, head) by log-sum-exp, adds the
 attention sink to the denominator, and writes zeros for a request of length 0 (no NaN: padded
-graph rows have length 0).
+graph rows have length 0). On sm90 it is launched as a programmatic dependent launch of the split
+kernel and waits for it on the device (PDL).
 
 Page size and quantization group size (both powers of two, passed as their log2 so that token ->
 page and channel -> group are shifts: runtime integer division cost ~20 instructions a token and
@@ -35,6 +36,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -567,8 +569,14 @@ def decode_merge_kernel(
     PartO, PartLse, Sinks, Out,
     use_sinks, q_heads, num_splits,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    # PDL (sm90+): launched as a programmatic dependent launch, this grid may start while the
+    # split kernel finishes; griddepcontrol.wait returns once the split grid has completed and its
+    # writes are visible. Nothing is read before it. (H100, batch 32 x 4K int8 per-token: 108.0 ->
+    # 106.3 us a call; batch 1 x 32K bf16 60.6 -> 58.5 us.)
+    if PDL and not _INTERPRET:
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)

@@ -233,9 +233,10 @@ def merge_variants():
 
 
 def merge_launch(axes, arch: int) -> LaunchConfig:
-    # The [BLOCK_S, BLOCK_D] fp32 tile at <= 64 elements a thread (64 x 128 at 4 warps).
+    # The [BLOCK_S, BLOCK_D] fp32 tile at <= 64 elements a thread (64 x 128 at 4 warps). sm90+:
+    # a programmatic dependent launch (the kernel's PDL constexpr follows it).
     elements = int(axes["splits"]) * block_d(int(axes["head_dim"]))
-    return LaunchConfig(num_warps=max(1, min(8, elements // (64 * 32))), num_stages=1)
+    return LaunchConfig(num_warps=max(1, min(8, elements // (64 * 32))), num_stages=1, launch_pdl=arch >= 90)
 
 
 MERGE = KernelSpec(
@@ -243,7 +244,7 @@ MERGE = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_merge_kernel",
     args=MERGE_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "PDL"),
     constexprs=merge_constexprs,
     variants=merge_variants,
     launch=merge_launch,

@@ -20,7 +20,7 @@ def jit_sha(spec_name, axes, args, arch):
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     cfg = spec.launch(axes, arch)
-    kwargs = dict(spec.constexprs(axes), **cfg.triton_options())
+    kwargs = dict(spec.compile_constexprs(axes, arch), **cfg.triton_options())
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     kwargs["debug"] = False

@@ -24,6 +24,7 @@ class FakeDriver:
         self.loaded = []  # (device, sha-prefix of image, symbol, shared)
         self.launches = []  # (function, grid, block, shared, stream, [raw 8-byte slots])
         self.occupancy_calls = []  # (device, function, block, shared)
+        self.ex_attributes = []  # per cuLaunchKernelEx: [(attribute id, first value word)]
 
     def load_function(self, device, image, symbol, shared):
         import hashlib
@@ -36,6 +37,16 @@ class FakeDriver:
         pointers = (ctypes.c_void_p * n).from_address(params)
         slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
         self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, slots))
+        return 0
+
+    def cuLaunchKernelEx(self, config, function, params, extra):
+        c = config._obj  # ctypes.byref(LaunchConfig)
+        n = self.n_params
+        pointers = (ctypes.c_void_p * n).from_address(params)
+        slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
+        self.launches.append((function, (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ),
+                              c.sharedMemBytes, c.hStream, slots))
+        self.ex_attributes.append([(c.attrs[i].id, c.attrs[i].value[0]) for i in range(c.numAttrs)])
         return 0
 
     def occupancy(self, device, function, block, shared):

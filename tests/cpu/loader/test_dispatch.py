@@ -154,6 +154,37 @@ def test_a_prepared_launch_packs_its_ints_once_and_its_pointers_per_call(target,
     assert _slots_to_values(s2) == ([0x1008, 0x2002, 0x3000, 128, 100, 3, 0.5], [0, 0])
 
 
+def test_a_prepared_pdl_binary_is_launched_with_its_attribute_on_the_call_stream(target, fake_driver):
+    """A binary built with launch_pdl (decode's merge on sm90) keeps the fast path: one
+    cuLaunchKernelEx with the programmatic-stream-serialization attribute, on each call's stream."""
+    from dataclasses import replace
+
+    from aotc.loader import cuda_driver
+
+    class PdlManifest:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def get(self, key):
+            e = self.inner.get(key)
+            return e and replace(e, launch_pdl=True)
+
+    spec = get_spec("tiny_axpy")
+    pdl = artifacts.TargetArtifacts("sm90", target.folder, PdlManifest(target.entries))
+    _install(spec, AXES, pdl)
+    prep = dispatch.prepare(spec, AXES, (3, 2, 1), [128, 100, 3, 0.5], device=0)
+    assert prep is not None
+    prep((0x1000, 0x2002, 0x3000), 77)
+    prep((0x1000, 0x2002, 0x3000), 78)
+    prep((0x1008, 0x2002, 0x3000), 79)  # the generic binary: its own config
+    assert [(l[1], l[2][0], l[4]) for l in fake_driver.launches] == [((3, 2, 1), 128, 77), ((3, 2, 1), 128, 78),
+                                                                     ((3, 2, 1), 128, 79)]
+    pdl_attr = (cuda_driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    assert fake_driver.ex_attributes == [[pdl_attr]] * 3
+    assert _slots_to_values(fake_driver.launches[2][5]) == ([0x1008, 0x2002, 0x3000, 128, 100, 3, 0.5], [0, 0])
+    assert len(prep.ex_configs) == 2  # built once per binary, not per call
+
+
 def test_prepared_launches_choose_as_resolve_does(target, fake_driver):
     import random
 

@@ -1,5 +1,7 @@
 """The ALIGNED binaries read K and V in 16-byte vectors, which the GENERIC one cannot assume, and
-every format compiles for sm80 too (fp8 e4m3 is read as bytes: Triton has no e4m3 type there)."""
+every format compiles for sm80 too (fp8 e4m3 is read as bytes: Triton has no e4m3 type there).
+The merge kernel waits for the split grid (griddepcontrol.wait) on sm90, where it is launched as
+a programmatic dependent launch, and holds no such sm90-only instruction on sm80."""
 import json
 import os
 import subprocess
@@ -27,3 +29,4 @@ def test_aligned_binaries_read_kv_in_16_byte_vectors(arch, tmp_path):
     assert got["bf16@generic"]["v4"] == got["bf16@generic"]["v2"] == 0, got
     for kv in ("int8", "fp8_e4m3"):
         assert got[f"{kv}@aligned"]["v4"] > 0, got
+    assert got["merge_grid_waits"] == (1 if arch >= 90 else 0), got

@@ -1,5 +1,5 @@
 """The AOT runtime on a real GPU: AOT output equals the JIT's bit for bit for every built decode
-variant (and the JIT compiles the same cubin), misaligned inputs take the generic binary and
+variant (and the JIT compiles the same split and merge cubins), misaligned inputs take the generic binary and
 stay correct, first loads are thread-safe, and the AOT path never imports triton."""
 import hashlib
 import subprocess
@@ -98,6 +98,12 @@ def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
         assert torch.equal(aot, jit), key_text
         aligned = target.entries[f"{key_text}@{ALIGNED}"].sha256
         assert aligned in _cubin_shas(jit_function(decode_spec.SPLIT)), f"JIT cubin differs for {key_text}"
+    # The merge kernels the JIT compiled (sm90: programmatic dependent launches) are built bytes too.
+    merges = [e for e in target.manifest.entries if e.kernel == "decode_merge"]
+    jit_merges = _cubin_shas(jit_function(decode_spec.MERGE))
+    assert jit_merges and jit_merges <= {e.sha256 for e in merges}
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert all(e.launch_pdl for e in merges)
 
 
 def test_aot_matches_the_reference():

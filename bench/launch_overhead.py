@@ -103,7 +103,7 @@ def main():
     jit = []
     for spec, axes, grid, args in launches:
         cfg = spec.launch(axes, 90)
-        jit.append((jit_function(spec), grid, args, dict(spec.constexprs(axes), **cfg.triton_options())))
+        jit.append((jit_function(spec), grid, args, dict(spec.compile_constexprs(axes, 90), **cfg.triton_options())))
 
     def triton_jit():
         for fn, grid, args, kw in jit:

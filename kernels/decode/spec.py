@@ -4,7 +4,8 @@ Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dty
 fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
 scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
 (int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
-kernel, else "group"; "none" for other formats), plus `cache`,
+kernel; "small_group" for groups of 8-32 channels, "group" for groups of 64 and more, which read
+their scales differently (kernel._scales); "none" for other formats), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
 `splits` (the tile of partial results it reads at once: 4, 16 or 64, the smallest that holds the
@@ -24,6 +25,8 @@ HEAD_DIMS = (64, 96, 128, 256)
 MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
 MAX_QUANT_GROUP = 128
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
+MAX_SMALL_GROUP = 32  # groups up to this many channels read each token's scales as one row
+WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with groups of 64+ channels that are not one a token
 
 KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
 CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
@@ -47,9 +50,10 @@ def block_n(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 64
 
 
-def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False) -> dict:
+def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
-    int8/int4 cache with one scale a token (quantization group == head_dim)."""
+    int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
+    channels a scale covers (int8/int4), picks "small_group" (<= MAX_SMALL_GROUP) or "group"."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
     if kv not in KV_FORMATS:
@@ -66,7 +70,17 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
     if per_token and (kv not in INT_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
         raise ValueError(f"one scale a token is for int8/int4 caches of head_dim {PER_TOKEN_HEAD_DIMS}, not "
                          f"{kv} at head_dim {head_dim}")
-    scales = ("token" if per_token else "group") if kv in INT_FORMATS else "none"
+    if kv not in INT_FORMATS:
+        scales = "none"
+    elif per_token:
+        scales = "token"
+    elif quant_group and quant_group <= MAX_SMALL_GROUP:
+        scales = "small_group"
+    else:
+        if head_dim not in WIDE_GROUP_HEAD_DIMS:
+            raise ValueError(f"groups of 64 or more channels that are not one a token are for head dims "
+                             f"{WIDE_GROUP_HEAD_DIMS}, not {head_dim}")
+        scales = "group"
     return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales}
 
 
@@ -166,7 +180,8 @@ SPLIT_ARGS = (
 def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd), "BLOCK_H": BLOCK_H,
-            "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token")}
+            "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
+            "ROW_SCALES": int(axes["scales"] == "small_group")}
 
 
 def split_variants():
@@ -174,8 +189,13 @@ def split_variants():
         for kv in (q, "int8", "int4", "fp8_e4m3", "fp8_e5m2"):
             for scale in SCALE_DTYPES if kv in INT_FORMATS else ("fp32",):
                 for hd in HEAD_DIMS:
-                    yield split_axes(q, kv, scale, hd)
-                    if kv in INT_FORMATS and hd in PER_TOKEN_HEAD_DIMS:
+                    if kv not in INT_FORMATS:
+                        yield split_axes(q, kv, scale, hd)
+                        continue
+                    yield split_axes(q, kv, scale, hd, quant_group=MIN_QUANT_GROUP)
+                    if hd in WIDE_GROUP_HEAD_DIMS:
+                        yield split_axes(q, kv, scale, hd, quant_group=64)
+                    if hd in PER_TOKEN_HEAD_DIMS:
                         yield split_axes(q, kv, scale, hd, per_token=True)
 
 
@@ -186,11 +206,12 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
     # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
-    cap = 168 if axes["scales"] == "group" and int(axes["head_dim"]) <= 128 else 0
+    grouped = axes["scales"] in ("group", "small_group")
+    cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
     # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
     # pipeliner (kernel._pages_nc).
-    stages = 3 if axes["scales"] == "group" else 2
+    stages = 3 if grouped else 2
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap)
 
 
@@ -199,7 +220,7 @@ SPLIT = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_split_kernel",
     args=SPLIT_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

@@ -34,7 +34,8 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)
     elif kv in ("int8", "int4"):
         width = hd // 2 if kv == "int4" else hd
-        qg = hd if axes.get("scales") == "token" else 32  # one scale a token: the per-token variant
+        # the group size that selects the variant: one scale a token, 64 channels, or 32
+        qg = {"token": hd, "group": 64}.get(axes.get("scales"), 32)
         kc = torch.zeros(num_pages, page, kv_heads, width, device="cuda", dtype=torch.int8)
         vc = torch.zeros_like(kc)
         ks = torch.zeros(num_pages, page, kv_heads, hd // qg, device="cuda", dtype=TORCH[axes["scale"]])
@@ -166,7 +167,7 @@ from aotc import loader
 from tests.gpu.test_aot_runtime import make_case
 from aotc.kernels.decode import spec
 for kv, scale in (("bf16", "fp32"), ("int4", "bf16"), ("int8", "fp32")):
-    args, kw = make_case(spec.split_axes("bf16", kv, scale, 128))
+    args, kw = make_case(spec.split_axes("bf16", kv, scale, 128, quant_group=32))
     loader.decode(*args, **kw)
 torch.cuda.synchronize()
 print(sorted(m for m in sys.modules if m == "triton" or m.startswith("triton.")))

@@ -17,7 +17,7 @@ def vector_reads(axes: dict, level: str, arch: int) -> dict:
     aligned = set(sp.divisible_args(level))
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sp.args) if a.name in aligned}
     cfg = sp.launch(axes, arch)
-    src = ASTSource(kernel.decode_split_kernel, sp.signature(axes), constexprs=sp.constexprs(axes), attrs=attrs)
+    src = ASTSource(kernel.decode_split_kernel, sp.signature(axes), constexprs=sp.compile_constexprs(axes, arch), attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
     copies = re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], 0x(\w+)", ptx)
@@ -39,6 +39,6 @@ if __name__ == "__main__":
     out = {}
     for q, kv, scale, level in (("bf16", "bf16", "fp32", "aligned"), ("bf16", "bf16", "fp32", "generic"),
                                 ("fp16", "int8", "bf16", "aligned"), ("bf16", "fp8_e4m3", "fp32", "aligned")):
-        out[f"{kv}@{level}"] = vector_reads(S.split_axes(q, kv, scale, 128), level, arch)
+        out[f"{kv}@{level}"] = vector_reads(S.split_axes(q, kv, scale, 128, quant_group=32), level, arch)
     out["merge_grid_waits"] = merge_grid_waits(arch)
     print(json.dumps(out))

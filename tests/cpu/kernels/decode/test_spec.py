@@ -30,12 +30,13 @@ def test_decorator_matches_spec(spec):
 def test_variant_count_and_keys():
     split = list(S.SPLIT.variants())
     merge = list(S.MERGE.variants())
-    # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4
-    # int8/int4 add a per-token variant (group == head_dim) at head dims 64 and 128
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 == 96
+    # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4: the int8/int4
+    # ones read groups of 8-32 channels ("small_group"); they add groups of 64+ ("group") at head
+    # dims 128 and 256, and one scale a token ("token", group == head_dim) at 64 and 128
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 == 120
     assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (96 + 24)
+    assert len(set(keys)) == len(keys) == 2 * (120 + 24)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
@@ -54,14 +55,27 @@ def test_merge_is_a_dependent_launch_on_sm90_only():
     assert S.merge_launch(axes, 90).launch_pdl and S.merge_launch(axes, 90).triton_options()["launch_pdl"]
     assert not S.merge_launch(axes, 80).launch_pdl and "launch_pdl" not in S.merge_launch(axes, 80).triton_options()
     assert S.MERGE.compile_constexprs(axes, 90)["PDL"] == 1 and S.MERGE.compile_constexprs(axes, 80)["PDL"] == 0
-    split = S.split_axes("bf16", "int8", "bf16", 128)
+    split = S.split_axes("bf16", "int8", "bf16", 128, quant_group=64)
     assert not S.split_launch(split, 90).launch_pdl and "PDL" not in S.SPLIT.compile_constexprs(split, 90)
+
+
+@pytest.mark.parametrize("head_dim,quant_group,want", [
+    (64, 8, "small_group"), (64, 32, "small_group"), (96, 8, "small_group"), (96, 32, "small_group"),
+    (128, 32, "small_group"), (128, 64, "group"), (256, 128, "group"), (256, 16, "small_group")])
+def test_quant_group_picks_how_scales_are_read(head_dim, quant_group, want):
+    axes = S.split_axes("bf16", "int4", "bf16", head_dim, quant_group=quant_group)
+    assert axes["scales"] == want
+    assert S.split_constexprs(axes)["ROW_SCALES"] == int(want == "small_group")
+    assert axes in list(S.SPLIT.variants())
+    assert S.split_axes("bf16", "int8", "fp32", 128, per_token=True)["scales"] == "token"
+    with pytest.raises(ValueError, match="head dims"):
+        S.split_axes("bf16", "int8", "fp32", 96, quant_group=64)
 
 
 def test_signature_reads_fp8_and_int4_as_bytes():
     sig = S.SPLIT.signature(S.split_axes("bf16", "fp8_e4m3", "fp32", 128))
     assert sig["K"] == sig["V"] == "*i8" and sig["KS"] == "*fp32" and sig["Q"] == "*bf16"
-    sig = S.SPLIT.signature(S.split_axes("fp16", "int4", "bf16", 64))
+    sig = S.SPLIT.signature(S.split_axes("fp16", "int4", "bf16", 64, quant_group=8))
     assert sig["K"] == "*i8" and sig["KS"] == "*bf16"
     c = S.split_constexprs(S.split_axes("fp16", "fp16", "fp32", 96))
     assert c["BLOCK_D"] == 128 and c["HEAD_DIM"] == 96 and c["BLOCK_N"] == S.block_n(96)
@@ -103,7 +117,7 @@ def test_batch_one_long_context_spreads_over_an_h100():
 def test_register_cap_is_for_per_group_int_variants_up_to_head_dim_128():
     for axes in S.split_variants():
         cfg = S.split_launch(axes, 90)
-        want = 168 if axes["scales"] == "group" and axes["head_dim"] <= 128 else 0
+        want = 168 if axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128 else 0
         assert cfg.maxnreg == want, axes
 
 

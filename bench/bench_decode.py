@@ -1,7 +1,7 @@
 """Decode bandwidth: KV bytes (plus scales) read once over kernel time, for bf16, int8 and int4
 caches, next to the device-to-device copy bandwidth measured in the same run; aotc (AOT) and the
 same kernels through Triton's JIT side by side. int8/int4 run with one scale a token (group =
-head_dim, the kernel's per-token path) and with groups of 64 and 8 channels (the per-group path).
+head_dim, the kernel's per-token path) and with groups of 64, 32 and 8 channels (the per-group paths).
 Beside each, the layout's ceiling (layout_ceiling.py): the same bytes read with decode's grid and
 no attention math, one KV head a program (decode's grid) and two.
 
@@ -21,7 +21,8 @@ from harness import Rows, copy_bandwidth, device_time
 from launch_overhead import capture_launches
 from layout_ceiling import ceiling
 
-FORMATS = [("bf16", 0), ("int8", 128), ("int8", 64), ("int8", 8), ("int4", 128), ("int4", 64), ("int4", 8)]
+FORMATS = [("bf16", 0), ("int8", 128), ("int8", 64), ("int8", 32), ("int8", 8), ("int4", 128), ("int4", 64), ("int4", 32),
+           ("int4", 8)]
 SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
     (32, 4096, 32, 8, 128, 16),
     (64, 4096, 32, 8, 128, 16),

@@ -3,6 +3,7 @@
 # the sm90 artifacts, run the GPU tests, then the benchmarks. Results land under $OUT.
 #   usage: bash bench/device.sh [tests|bench|all|sweep]   (default all; sweep: decode only, bench/sweep_decode.py)
 #   `all` takes ~11 minutes on an H100, past the lent machine's 10-minute call: run tests, then bench.
+#   The device copy has no .git: pass `.commit` (git rev-parse --short HEAD > .commit) in the run's carry.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/aotc-out}

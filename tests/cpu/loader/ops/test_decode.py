@@ -87,6 +87,16 @@ def test_head_dims(head_dim, fmt):
     assert_close(run(case, num_splits=2), case.reference(), f"{fmt} d{head_dim}")
 
 
+@pytest.mark.parametrize("head_dim,quant_group", [(64, 16), (96, 8), (96, 32), (256, 8), (256, 64), (256, 128)])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quant_groups_at_other_head_dims(fmt, head_dim, quant_group):
+    """Both per-group scale reads away from head_dim 128: rows of head_dim / group scales
+    (groups of 8-32, head_dim 96 leaving runs past its 12 unused), in place for 64 and 128."""
+    lens = edges(fmt, head_dim)[1:5]
+    case = make_case(lens, fmt=fmt, head_dim=head_dim, quant_group=quant_group, kv_heads=2, group=2, seed=head_dim)
+    assert_close(run(case, num_splits=2), case.reference(), f"{fmt} d{head_dim} group {quant_group}")
+
+
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_page_sizes(page_size, fmt):

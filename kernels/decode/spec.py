@@ -96,7 +96,7 @@ def merge_split_tile(splits: int) -> int:
     return next(t for t in MERGE_SPLIT_TILES if splits <= t)
 
 
-def merge_axes(out: str, head_dim: int, splits: int = MAX_SPLITS) -> dict:
+def merge_axes(out: str, head_dim: int, splits: int) -> dict:
     if out not in Q_DTYPES:
         raise ValueError(f"output dtype must be one of {Q_DTYPES}, got {out}")
     if head_dim not in HEAD_DIMS:

@@ -334,8 +334,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-    split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token,
-                              kv.group if kv.fmt in S.INT_FORMATS else 0)
+    split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
     fp8 = kv.fmt in _FP8_DTYPES
     byte_view = fp8 or kv.fmt == "int4"
     splits = d.splits

@@ -32,20 +32,18 @@ class FakeDriver:
         self.loaded.append((device, hashlib.sha256(image).hexdigest(), symbol, shared))
         return 1000 + len(self.loaded)
 
+    def _slots(self, params):
+        pointers = (ctypes.c_void_p * self.n_params).from_address(params)
+        return [ctypes.string_at(pointers[i], 8) for i in range(self.n_params)]
+
     def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        n = self.n_params
-        pointers = (ctypes.c_void_p * n).from_address(params)
-        slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
-        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, slots))
+        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, self._slots(params)))
         return 0
 
     def cuLaunchKernelEx(self, config, function, params, extra):
         c = config._obj  # ctypes.byref(LaunchConfig)
-        n = self.n_params
-        pointers = (ctypes.c_void_p * n).from_address(params)
-        slots = [ctypes.string_at(pointers[i], 8) for i in range(n)]
         self.launches.append((function, (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ),
-                              c.sharedMemBytes, c.hStream, slots))
+                              c.sharedMemBytes, c.hStream, self._slots(params)))
         self.ex_attributes.append([(c.attrs[i].id, c.attrs[i].value[0]) for i in range(c.numAttrs)])
         return 0
 

@@ -5,7 +5,10 @@ fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp
 scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
 (int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
 kernel; "small_group" for groups of 8-32 channels, "group" for groups of 64 and more, which read
-their scales differently (kernel._scales); "none" for other formats), plus `cache`,
+their scales differently (kernel._scales); "none" for other formats), `tile` (the program's launch
+geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
+int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
+fill the GPU with it; see `split_tiles`), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
 `splits` (the tile of partial results it reads at once: 4, 16 or 64, the smallest that holds the
@@ -42,18 +45,55 @@ def block_d(head_dim: int) -> int:
     return 1 << (head_dim - 1).bit_length()
 
 
-def block_n(head_dim: int) -> int:
+def block_n(head_dim: int, tile: str = "wide") -> int:
     """Tokens a tile. On an H100 (32/8 heads, head_dim 128, 4 warps, 2 stages), 128 was the best or
     within 5% of it at batch 1 x 32K, 8 x 8K, 32 x 16K and 128 x 2K for every format: bf16
     59/102/723/387 us (64: 56/109/756/384, 32: 56/101/721/487), int8 batch 8 x 8K 116 us (64: 139),
-    int4 84 us (64: 108). At head_dim 256 the tile halves to keep registers."""
-    return 128 if head_dim <= 128 else 64
+    int4 84 us (64: 108). At head_dim 256 the tile halves to keep registers. The narrow tile
+    (2 warps, `split_launch`) takes 64."""
+    return 64 if tile == "narrow" or head_dim > 128 else 128
 
 
-def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0) -> dict:
+# int4's "narrow" tile: 2 warps, 64-token tiles, 3 stages (`split_launch`). bench/sweep_decode.py,
+# H100, split kernel, 32/8 heads, page 16, % of copy bandwidth, wide (4 warps, 128 tokens, 2
+# stages) -> narrow, each at the split count the op picks for its occupancy:
+#   head_dim 128, one scale a token: batch 32 x 4K 62.2 -> 67.9, 64 x 4K 65.6 -> 71.6, 32 x 8K
+#   68.4 -> 73.0; page 1 58.6 -> 66.0; 64/8 heads 60.9 -> 66.2; 32/32 heads 66.7 -> 71.9; batch 16
+#   x 8K 62.4 -> 67.1, 8 x 8K 54.9 -> 58.2, 4 x 16K 54.4 -> 57.6; but batch 1 x 32K 42.9 -> 36.4
+#   (8 programs a split, at most MAX_SPLITS splits: too few to fill the GPU with 2-warp programs).
+#   head_dim 64: one scale a token batch 32 x 4K 19.8 -> 39.0, batch 1 x 32K 16.1 -> 24.4; groups
+#   of 32 channels 16.5 -> 26.4 (28.5 at 6 splits), 14.0 -> 22.7.
+#   int4 per-group at head_dim 128 and int8 gained nothing (int8 per-token 86.6 -> 81.7 at best).
+# So narrow is the only tile of int4 at head_dim 64, and one of two for int4 one scale a token at
+# head_dim 128, taken when the grid at MAX_SPLITS splits holds NARROW_PROGRAMS_PER_SM programs an
+# SM (that binary's occupancy on an H100: 6); the choice depends on batch and heads, never on
+# lengths, so a captured graph keeps its binary.
+NARROW_PROGRAMS_PER_SM = 6
+
+
+def split_tiles(kv: str, head_dim: int, scales: str) -> tuple[str, ...]:
+    """The tiles declared for a variant, preferred first when the grid is large enough."""
+    if kv == "int4" and head_dim == 64:
+        return ("narrow",)
+    if kv == "int4" and head_dim == 128 and scales == "token":
+        return ("narrow", "wide")
+    return ("wide",)
+
+
+def choose_tile(tiles: tuple[str, ...], base_programs: int, sm_count: int) -> str:
+    """Of a variant's tiles, the narrow one when `base_programs` (batch x KV heads x head blocks) at
+    MAX_SPLITS splits gives every SM NARROW_PROGRAMS_PER_SM programs; else the wide one."""
+    if len(tiles) == 1:
+        return tiles[0]
+    return "narrow" if base_programs * MAX_SPLITS >= NARROW_PROGRAMS_PER_SM * sm_count else "wide"
+
+
+def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0,
+               tile: str | None = None) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
     int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
-    channels a scale covers (int8/int4), picks "small_group" (<= MAX_SMALL_GROUP) or "group"."""
+    channels a scale covers (int8/int4), picks "small_group" (<= MAX_SMALL_GROUP) or "group".
+    tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s)."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
     if kv not in KV_FORMATS:
@@ -81,7 +121,13 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
             raise ValueError(f"groups of 64 or more channels that are not one a token are for head dims "
                              f"{WIDE_GROUP_HEAD_DIMS}, not {head_dim}")
         scales = "group"
-    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales}
+    tiles = split_tiles(kv, head_dim, scales)
+    if tile is None:
+        tile = tiles[0]
+    elif tile not in tiles:
+        raise ValueError(f"tile {tile!r}: a {kv} cache at head_dim {head_dim} with {scales} scales has tiles {tiles}")
+    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales,
+            "tile": tile}
 
 
 MERGE_SPLIT_TILES = (4, 16, MAX_SPLITS)
@@ -179,7 +225,7 @@ SPLIT_ARGS = (
 
 def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
-    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd), "BLOCK_H": BLOCK_H,
+    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd, str(axes["tile"])), "BLOCK_H": BLOCK_H,
             "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
             "ROW_SCALES": int(axes["scales"] == "small_group")}
 
@@ -190,13 +236,17 @@ def split_variants():
             for scale in SCALE_DTYPES if kv in INT_FORMATS else ("fp32",):
                 for hd in HEAD_DIMS:
                     if kv not in INT_FORMATS:
-                        yield split_axes(q, kv, scale, hd)
-                        continue
-                    yield split_axes(q, kv, scale, hd, quant_group=MIN_QUANT_GROUP)
-                    if hd in WIDE_GROUP_HEAD_DIMS:
-                        yield split_axes(q, kv, scale, hd, quant_group=64)
-                    if hd in PER_TOKEN_HEAD_DIMS:
-                        yield split_axes(q, kv, scale, hd, per_token=True)
+                        calls = [{}]
+                    else:
+                        calls = [{"quant_group": MIN_QUANT_GROUP}]
+                        if hd in WIDE_GROUP_HEAD_DIMS:
+                            calls.append({"quant_group": 64})
+                        if hd in PER_TOKEN_HEAD_DIMS:
+                            calls.append({"per_token": True})
+                    for call in calls:
+                        axes = split_axes(q, kv, scale, hd, **call)
+                        for tile in split_tiles(kv, hd, axes["scales"]):
+                            yield dict(axes, tile=tile)
 
 
 def split_launch(axes, arch: int) -> LaunchConfig:
@@ -206,6 +256,8 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
     # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
+    if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
+        return LaunchConfig(num_warps=2, num_stages=3)
     grouped = axes["scales"] in ("group", "small_group")
     cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;

@@ -335,6 +335,8 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
     split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
+    tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
+    split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
     fp8 = kv.fmt in _FP8_DTYPES
     byte_view = fp8 or kv.fmt == "int4"
     splits = d.splits

@@ -32,11 +32,12 @@ def test_variant_count_and_keys():
     merge = list(S.MERGE.variants())
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4: the int8/int4
     # ones read groups of 8-32 channels ("small_group"); they add groups of 64+ ("group") at head
-    # dims 128 and 256, and one scale a token ("token", group == head_dim) at 64 and 128
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 == 120
+    # dims 128 and 256, and one scale a token ("token", group == head_dim) at 64 and 128; int4 one
+    # scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes more)
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 == 126
     assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (120 + 24)
+    assert len(set(keys)) == len(keys) == 2 * (126 + 24)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
@@ -114,11 +115,39 @@ def test_batch_one_long_context_spreads_over_an_h100():
     assert splits == S.MAX_SPLITS and 8 * splits >= 132
 
 
-def test_register_cap_is_for_per_group_int_variants_up_to_head_dim_128():
+def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128():
     for axes in S.split_variants():
         cfg = S.split_launch(axes, 90)
-        want = 168 if axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128 else 0
+        grouped = axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128
+        want = 168 if grouped and axes["tile"] == "wide" else 0
         assert cfg.maxnreg == want, axes
+
+
+def test_tiles_declared_per_format_and_head_dim():
+    variants = list(S.split_variants())
+    narrow = {(a["kv"], a["head_dim"], a["scales"]) for a in variants if a["tile"] == "narrow"}
+    wide = {(a["kv"], a["head_dim"], a["scales"]) for a in variants if a["tile"] == "wide"}
+    assert narrow == {("int4", 64, "token"), ("int4", 64, "small_group"), ("int4", 128, "token")}
+    assert ("int4", 128, "token") in wide and not any(kv == "int4" and hd == 64 for kv, hd, _ in wide)
+    for a in variants:
+        cfg, c = S.split_launch(a, 90), S.split_constexprs(a)
+        if a["tile"] == "narrow":
+            assert (cfg.num_warps, cfg.num_stages, c["BLOCK_N"]) == (2, 3, 64), a
+        else:
+            assert cfg.num_warps == 4 and c["BLOCK_N"] == S.block_n(a["head_dim"]), a
+    assert S.split_axes("bf16", "int4", "bf16", 64, per_token=True)["tile"] == "narrow"
+    assert S.split_axes("bf16", "int4", "bf16", 128, per_token=True, tile="wide")["tile"] == "wide"
+    with pytest.raises(ValueError, match="tile 'narrow'"):
+        S.split_axes("bf16", "int8", "bf16", 128, per_token=True, tile="narrow")
+    with pytest.raises(ValueError, match="tile 'wide'"):
+        S.split_axes("bf16", "int4", "bf16", 64, quant_group=8, tile="wide")
+
+
+@pytest.mark.parametrize("base,want", [(1, "wide"), (8, "wide"), (12, "wide"), (13, "narrow"), (256, "narrow")])
+def test_narrow_tile_when_the_grid_fills_an_h100_with_it(base, want):
+    # 132 SMs x 6 narrow programs = 792 slots; base programs x 64 splits must reach them
+    assert S.choose_tile(("narrow", "wide"), base, 132) == want
+    assert S.choose_tile(("wide",), 4096, 132) == "wide" and S.choose_tile(("narrow",), 1, 132) == "narrow"
 
 
 @pytest.mark.parametrize("per_sm", [2, 3, 4, 5])

@@ -3,7 +3,7 @@
 Quantized caches are written by store_kv and compared on their dequantized values, so the
 tolerance (cases.assert_close: bf16 2e-2 abs+rel per element and 1e-2 relative norm; fp16 5e-3
 and 3e-3) covers the kernel's arithmetic, not the quantization error. Outputs are poisoned with
-NaN first. Lengths n-1, n, n+1 straddle a tile of n = BLOCK_N tokens (spec.block_n).
+NaN first. Lengths n-1, n, n+1 straddle a tile of n = BLOCK_N tokens (spec.block_n of the variant's tile).
 """
 import math
 
@@ -19,7 +19,8 @@ FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 
 def edges(fmt, head_dim=64):
-    n = S.block_n(head_dim)
+    # make_case's default groups of 32 channels ("small_group" scales): the tile the op takes
+    n = S.block_n(head_dim, S.split_tiles(fmt, head_dim, "small_group")[0])
     return [0, 1, n - 1, n, n + 1, 2 * n + 2]
 
 
@@ -117,6 +118,23 @@ def test_quant_groups_and_scale_dtypes(fmt, quant_group, scale_dtype):
     case = make_case([65, 3], fmt=fmt, head_dim=128, quant_group=quant_group, scale_dtype=scale_dtype,
                      kv_heads=1, group=4, seed=11)
     assert_close(run(case), case.reference(), f"{fmt} g{quant_group} {scale_dtype}")
+
+
+@pytest.mark.parametrize("tile", ["narrow", "wide"])
+def test_int4_one_scale_a_token_in_both_tiles(monkeypatch, tile):
+    """int4 with one scale a token at head_dim 128 has a 64-token 2-warp tile and a 128-token 4-warp
+    one, chosen by how many programs the grid holds (spec.choose_tile); the interpreter's SM count
+    takes narrow, and a threshold no grid reaches forces wide. Lengths straddle both tiles."""
+    from aotc.loader.ops import decode as op
+
+    if tile == "wide":
+        monkeypatch.setattr(S, "NARROW_PROGRAMS_PER_SM", 1 << 30)
+    monkeypatch.setattr(op, "_plans", {})
+    case = make_case([1, 63, 64, 65, 127, 128, 129, 300], fmt="int4", head_dim=128, quant_group=128,
+                     kv_heads=1, group=4, seed=31)
+    assert_close(run(case, num_splits=2), case.reference(), f"int4 per token, {tile} tile")
+    (plan,) = op._plans.values()
+    assert plan.split_axes["tile"] == tile and plan.split_axes["scales"] == "token"
 
 
 @pytest.mark.parametrize("fp8_scale", [None, "scalar"])

@@ -53,6 +53,16 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
     return (q, kc, vc, table, seq_lens), kw
 
 
+def batch_for_tile(axes, kv_heads=2, group=4) -> int:
+    """The smallest batch from 3 at which the op picks this variant's tile (spec.choose_tile)."""
+    tiles = decode_spec.split_tiles(axes["kv"], axes["head_dim"], axes["scales"])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch = 3
+    while decode_spec.choose_tile(tiles, batch * kv_heads * decode_spec.head_blocks(group), sms) != axes["tile"]:
+        batch += 1
+    return batch
+
+
 def built_split_variants():
     tgt = artifacts.load_target(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
     if tgt is None:
@@ -85,7 +95,8 @@ def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
     for key_text in variants:
         axes = {k: (int(v) if v.isdigit() else v) for k, v in
                 (p.split("=") for p in key_text[key_text.index("(") + 1:-1].split(","))}
-        args, kw = make_case(axes)
+        batch = batch_for_tile(axes)  # narrow int4 per-token takes a grid that fills the GPU
+        args, kw = make_case(axes, batch=batch, lens=((1, 100, 300) * batch)[:batch])
         with warnings.catch_warnings():
             warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
             aot = loader.decode(*args, **kw)

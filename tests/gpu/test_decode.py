@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode import kernel, reference as R, spec as S
+from aotc.kernels.decode import kernel, reference as R
 from aotc.loader.ops.decode import decode
 from aotc.loader.ops.store_kv import store_kv
 from tests.cpu.kernels.decode.cases import assert_close, make_case
@@ -82,10 +82,12 @@ def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
         assert torch.equal(got.view(torch.int16), w.view(torch.int16)) or torch.allclose(got, w, equal_nan=True, rtol=0, atol=0)
 
 
-def long_lens(batch, seed, base=16384, block=64):
+def long_lens(batch, seed, base=16384):
     g = torch.Generator().manual_seed(seed)
     lens = (base + torch.randint(0, 1024, (batch,), generator=g)).tolist()
-    lens[:5] = [0, 1, block - 1, block, block + 1]  # tile edges beside the long ones, in one batch
+    # both tiles' edges (64 and 128 tokens: spec.block_n) beside the long ones, in one batch
+    edges = [0, 1, 63, 64, 65, 127, 128, 129]
+    lens[:len(edges)] = edges[:batch]
     return lens
 
 
@@ -98,7 +100,7 @@ def run(case, **kw):
 @pytest.mark.parametrize("page_size", [1, 16, 32, 64, 128])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_formats_long_context_batch_32(fmt, page_size):
-    lens = long_lens(32, page_size, block=S.block_n(128))
+    lens = long_lens(32, page_size)
     case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=page_size, extra_pages=7,
                      token_level=page_size == 1, device="cuda", seed=page_size)
     assert_close(run(case), case.reference(), f"{fmt} page {page_size}")
@@ -110,10 +112,23 @@ def test_formats_long_context_batch_32(fmt, page_size):
 def test_quant_groups_at_length(fmt, quant_group, scale_dtype):
     """Group 128 at head_dim 128 is one scale a token: the kernel's per-token path; 64 its per-group
     path with scales read in place; 8 and 32 the per-group path reading each token's scale row."""
-    lens = long_lens(32, quant_group, block=S.block_n(128))
+    lens = long_lens(32, quant_group)
     case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=16, quant_group=quant_group,
                      scale_dtype=scale_dtype, extra_pages=7, device="cuda", seed=quant_group)
     assert_close(run(case), case.reference(), f"{fmt} group {quant_group} {scale_dtype}")
+
+
+@pytest.mark.parametrize("batch,tile", [(2, "wide"), (32, "narrow")])
+def test_int4_one_scale_a_token_in_both_tiles(batch, tile):
+    """int4 with one scale a token at head_dim 128: a small grid takes the wide tile, a grid that
+    fills the GPU the narrow one (spec.choose_tile); both against the reference."""
+    from aotc.loader.ops import decode as op
+
+    op._plans.clear()
+    case = make_case(long_lens(batch, 7), fmt="int4", kv_heads=8, group=4, head_dim=128, page_size=16,
+                     quant_group=128, scale_dtype="bf16", extra_pages=7, device="cuda", seed=batch)
+    assert_close(run(case), case.reference(), f"int4 per token, batch {batch}")
+    assert [p.split_axes["tile"] for p in op._plans.values()] == [tile]
 
 
 @pytest.mark.parametrize("head_dim", [64, 96, 256])

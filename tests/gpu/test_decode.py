@@ -118,16 +118,18 @@ def test_quant_groups_at_length(fmt, quant_group, scale_dtype):
     assert_close(run(case), case.reference(), f"{fmt} group {quant_group} {scale_dtype}")
 
 
-@pytest.mark.parametrize("batch,tile", [(2, "wide"), (32, "narrow")])
-def test_int4_one_scale_a_token_in_both_tiles(batch, tile):
-    """int4 with one scale a token at head_dim 128: a small grid takes the wide tile, a grid that
-    fills the GPU the narrow one (spec.choose_tile); both against the reference."""
+@pytest.mark.parametrize("kv_heads,tile", [(2, "wide"), (8, "narrow")])
+def test_int4_one_scale_a_token_in_both_tiles(kv_heads, tile):
+    """int4 with one scale a token at head_dim 128: a small grid (3 x 2 KV heads) takes the wide
+    tile, one that fills the GPU (32 x 8) the narrow one (spec.choose_tile); both against the
+    reference."""
     from aotc.loader.ops import decode as op
 
     op._plans.clear()
-    case = make_case(long_lens(batch, 7), fmt="int4", kv_heads=8, group=4, head_dim=128, page_size=16,
-                     quant_group=128, scale_dtype="bf16", extra_pages=7, device="cuda", seed=batch)
-    assert_close(run(case), case.reference(), f"int4 per token, batch {batch}")
+    lens = [129, 64, 17000] if tile == "wide" else long_lens(32, 7)
+    case = make_case(lens, fmt="int4", kv_heads=kv_heads, group=4, head_dim=128, page_size=16,
+                     quant_group=128, scale_dtype="bf16", extra_pages=7, device="cuda", seed=kv_heads)
+    assert_close(run(case), case.reference(), f"int4 per token, {tile} tile")
     assert [p.split_axes["tile"] for p in op._plans.values()] == [tile]
 
 

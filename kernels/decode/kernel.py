@@ -256,9 +256,10 @@ def _pages_nc(table_row, offs_t, hi, page_shift):
 
 @triton.jit
 def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, VALID: tl.constexpr,
-            ROW_SCALES: tl.constexpr):
-    # fp16 scales of tokens offs_t, one per aligned run of 8 channels (groups are >= 8 wide):
-    # [len(offs_t), BLOCK_D // 8], sg the run index.
+            ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
+    # fp16 scales of tokens offs_t, one per aligned run of RUN channels (a group holds whole runs:
+    # RUN 8 for groups of 8-32, 64 for groups of 64+): [len(offs_t), BLOCK_D // RUN], sg the run
+    # index, VALID the runs inside head_dim.
     t_mask = offs_t < hi
     row = page * sp + (offs_t & ((1 << page_shift) - 1)).to(tl.int64) * st + head * sh
     if ROW_SCALES:
@@ -267,14 +268,15 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
         # rows, then spread over the runs in registers (tl.gather). Reading each run's scale in
         # place made every load touch ~32 tokens' rows (ncu: 25 sectors a request): H100, split
         # kernel, batch 32 x 4K, group 8: int8 48.0 -> 68.9%, int4 31.9 -> 59.7% of copy.
-        groups = (VALID * 8) >> quant_shift
+        groups = (VALID * RUN) >> quant_shift
         raw = tl.load(S + row[:, None] + sg[None, :], mask=t_mask[:, None] & (sg < groups)[None, :], other=0.0)
-        s = tl.gather(raw, tl.broadcast_to(((sg * 8) >> quant_shift)[None, :], raw.shape), 1)
+        s = tl.gather(raw, tl.broadcast_to(((sg * RUN) >> quant_shift)[None, :], raw.shape), 1)
     else:
-        # Groups of 64+ channels: read in place, the repeated addresses served by L1 (the row read
-        # lost here: int8 group 64 71.9 -> 65.8%; one binary with both reads behind a runtime
-        # branch lost at every group size).
-        s = tl.load(S + row[:, None] + ((sg * 8) >> quant_shift)[None, :],
+        # Groups of 64+ channels: one scale a run of 64 read in place (2 a token at head_dim 128).
+        # Runs of 8 read each scale 8 times (L1 served the repeats) at ~30 more loads and ~250 more
+        # address instructions a tile a thread. (The row read lost here: int8 group 64 71.9 ->
+        # 65.8%; one binary with both reads behind a runtime branch lost at every group size.)
+        s = tl.load(S + row[:, None] + ((sg * RUN) >> quant_shift)[None, :],
                     mask=t_mask[:, None] & (sg < VALID)[None, :], other=0.0)
     return s.to(tl.float16)
 
@@ -307,17 +309,17 @@ def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
 @triton.jit
 def _tile_scales(KS, VS, ks_row, vs_row, page, offs_t, hi, page_shift, head, sg, quant_shift,
                  ksp, kst, ksh, vsp, vst, vsh, HEAD_DIM: tl.constexpr, PER_TOKEN: tl.constexpr,
-                 ROW_SCALES: tl.constexpr):
+                 ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
     # K's and V's scales for tokens offs_t: PER_TOKEN, one a token (K's fp32 for the scores, V's
-    # fp16 for the probabilities); else [len(offs_t), BLOCK_D // 8] fp16 runs (see _scales).
+    # fp16 for the probabilities); else [len(offs_t), BLOCK_D // RUN] fp16 runs (see _scales).
     if PER_TOKEN:
         return (_token_scales(ks_row, page, offs_t, hi, page_shift, ksp, kst).to(tl.float32),
                 _token_scales(vs_row, page, offs_t, hi, page_shift, vsp, vst).to(tl.float16))
     else:
-        return (_scales(KS, page, offs_t, hi, page_shift, head, ksp, kst, ksh, sg, quant_shift, HEAD_DIM // 8,
-                        ROW_SCALES),
-                _scales(VS, page, offs_t, hi, page_shift, head, vsp, vst, vsh, sg, quant_shift, HEAD_DIM // 8,
-                        ROW_SCALES))
+        return (_scales(KS, page, offs_t, hi, page_shift, head, ksp, kst, ksh, sg, quant_shift, HEAD_DIM // RUN,
+                        ROW_SCALES, RUN),
+                _scales(VS, page, offs_t, hi, page_shift, head, vsp, vst, vsh, sg, quant_shift, HEAD_DIM // RUN,
+                        ROW_SCALES, RUN))
 
 
 @triton.jit
@@ -497,14 +499,15 @@ def _attend_int(
     # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
     # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
     # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
-    sg = tl.arange(0, BLOCK_D // 8)
+    RUN: tl.constexpr = 8 if ROW_SCALES or PER_TOKEN else 64  # channels a scale run covers (_scales)
+    sg = tl.arange(0, BLOCK_D // RUN)
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh
     offs_n = lo + tl.arange(0, BLOCK_N)
     page_n = _pages(table_row, offs_n, hi, page_shift)
     ks, vs = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg, quant_shift,
                           stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-                          HEAD_DIM, PER_TOKEN, ROW_SCALES)
+                          HEAD_DIM, PER_TOKEN, ROW_SCALES, RUN)
     page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
@@ -512,7 +515,7 @@ def _attend_int(
         offs_n = offs_t + BLOCK_N
         ks_next, vs_next = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg,
                                         quant_shift, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                                        stride_vsh, HEAD_DIM, PER_TOKEN, ROW_SCALES)
+                                        stride_vsh, HEAD_DIM, PER_TOKEN, ROW_SCALES, RUN)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         # This tile's page ids again, though page_n held them last iteration: with K/V addresses from
         # a loop-carried load, Triton's pipeliner stops turning the K/V loads into cp.async.

@@ -258,12 +258,12 @@ def _pages_nc(table_row, offs_t, hi, page_shift):
 def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, VALID: tl.constexpr,
             ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
     # fp16 scales of tokens offs_t, one per aligned run of RUN channels (a group holds whole runs:
-    # RUN 8 for groups of 8-32, 64 for groups of 64+): [len(offs_t), BLOCK_D // RUN], sg the run
-    # index, VALID the runs inside head_dim.
+    # RUN 8 for the row read, 32 in place): [len(offs_t), BLOCK_D // RUN], sg the run index, VALID
+    # the runs inside head_dim.
     t_mask = offs_t < hi
     row = page * sp + (offs_t & ((1 << page_shift) - 1)).to(tl.int64) * st + head * sh
     if ROW_SCALES:
-        # Groups of 8-32 channels: each token's row of scales (HEAD_DIM >> quant_shift of them) is
+        # Groups of 8-16 channels (and 32 at head dims 64, 96): each token's row of scales (HEAD_DIM >> quant_shift of them) is
         # read whole, at contiguous columns, so that one load instruction covers a few tokens'
         # rows, then spread over the runs in registers (tl.gather). Reading each run's scale in
         # place made every load touch ~32 tokens' rows (ncu: 25 sectors a request): H100, split
@@ -272,10 +272,14 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
         raw = tl.load(S + row[:, None] + sg[None, :], mask=t_mask[:, None] & (sg < groups)[None, :], other=0.0)
         s = tl.gather(raw, tl.broadcast_to(((sg * RUN) >> quant_shift)[None, :], raw.shape), 1)
     else:
-        # Groups of 64+ channels: one scale a run of 64 read in place (2 a token at head_dim 128).
-        # Runs of 8 read each scale 8 times (L1 served the repeats) at ~30 more loads and ~250 more
-        # address instructions a tile a thread. (The row read lost here: int8 group 64 71.9 ->
-        # 65.8%; one binary with both reads behind a runtime branch lost at every group size.)
+        # Groups of 32+ channels at head dims 128, 256: one scale a run of 32 read in place (4 a
+        # token at head_dim 128), each once for groups of 32. Runs of 8 read each scale 8 times
+        # (L1 served the repeats) at ~30 more loads and ~250 more address instructions a tile a
+        # thread (sm90: int4 group 64 2320 -> 1936 instructions). H100, split kernel, batch 32 / 64
+        # x 4K, % of copy: int4 group 64 46.9 -> 60.7 (62.3 with runs of 64) / 49.2 -> 65.4, int8
+        # group 64 72.0 -> 81.4 / 76.0 -> 85.0; group 32 (which read rows before) int4 47.4 -> 62.1
+        # / 49.9 -> 64.8, int8 66.8 -> 80.9 / 69.7 -> 83.1. (The row read lost to runs of 8 at
+        # group 64: int8 71.9 -> 65.8%; both reads behind a runtime branch lost at every size.)
         s = tl.load(S + row[:, None] + ((sg * RUN) >> quant_shift)[None, :],
                     mask=t_mask[:, None] & (sg < VALID)[None, :], other=0.0)
     return s.to(tl.float16)
@@ -499,7 +503,7 @@ def _attend_int(
     # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
     # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
     # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
-    RUN: tl.constexpr = 8 if ROW_SCALES or PER_TOKEN else 64  # channels a scale run covers (_scales)
+    RUN: tl.constexpr = 8 if ROW_SCALES or PER_TOKEN else 32  # channels a scale run covers (_scales)
     sg = tl.arange(0, BLOCK_D // RUN)
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh

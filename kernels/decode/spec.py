@@ -4,8 +4,9 @@ Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dty
 fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
 scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
 (int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
-kernel; "small_group" for groups of 8-32 channels, "group" for groups of 64 and more, which read
-their scales differently (kernel._scales); "none" for other formats), `tile` (the program's launch
+kernel; "group" for groups of 32 channels and more at head dims 128 and 256, "small_group" for
+the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
+(kernel._scales); "none" for other formats), `tile` (the program's launch
 geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
 int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
 fill the GPU with it; see `split_tiles`), plus `cache`,
@@ -28,8 +29,9 @@ HEAD_DIMS = (64, 96, 128, 256)
 MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
 MAX_QUANT_GROUP = 128
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
-MAX_SMALL_GROUP = 32  # groups up to this many channels read each token's scales as one row
-WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with groups of 64+ channels that are not one a token
+MAX_SMALL_GROUP = 32  # groups up to this many channels may read each token's scales as one row
+GROUP_RUN = 32  # at WIDE_GROUP_HEAD_DIMS, groups of at least this many read one scale a run of 32 in place
+WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with a "group" variant (groups of 32+ that are not one a token)
 
 KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
 CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
@@ -92,7 +94,8 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
                tile: str | None = None) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
     int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
-    channels a scale covers (int8/int4), picks "small_group" (<= MAX_SMALL_GROUP) or "group".
+    channels a scale covers (int8/int4), picks "group" (>= GROUP_RUN at WIDE_GROUP_HEAD_DIMS) or
+    "small_group" (<= MAX_SMALL_GROUP).
     tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s)."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
@@ -114,13 +117,13 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         scales = "none"
     elif per_token:
         scales = "token"
+    elif head_dim in WIDE_GROUP_HEAD_DIMS and quant_group >= GROUP_RUN:
+        scales = "group"
     elif quant_group and quant_group <= MAX_SMALL_GROUP:
         scales = "small_group"
     else:
-        if head_dim not in WIDE_GROUP_HEAD_DIMS:
-            raise ValueError(f"groups of 64 or more channels that are not one a token are for head dims "
-                             f"{WIDE_GROUP_HEAD_DIMS}, not {head_dim}")
-        scales = "group"
+        raise ValueError(f"groups of more than {MAX_SMALL_GROUP} channels that are not one a token are for head "
+                         f"dims {WIDE_GROUP_HEAD_DIMS}, not {head_dim}")
     tiles = split_tiles(kv, head_dim, scales)
     if tile is None:
         tile = tiles[0]

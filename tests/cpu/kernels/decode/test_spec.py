@@ -31,7 +31,7 @@ def test_variant_count_and_keys():
     split = list(S.SPLIT.variants())
     merge = list(S.MERGE.variants())
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4: the int8/int4
-    # ones read groups of 8-32 channels ("small_group"); they add groups of 64+ ("group") at head
+    # ones read groups of 8-16 channels (and 32 at head dims 64, 96) ("small_group"); they add groups of 32+ ("group") at head
     # dims 128 and 256, and one scale a token ("token", group == head_dim) at 64 and 128; int4 one
     # scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes more)
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 == 126
@@ -62,7 +62,8 @@ def test_merge_is_a_dependent_launch_on_sm90_only():
 
 @pytest.mark.parametrize("head_dim,quant_group,want", [
     (64, 8, "small_group"), (64, 32, "small_group"), (96, 8, "small_group"), (96, 32, "small_group"),
-    (128, 32, "small_group"), (128, 64, "group"), (256, 128, "group"), (256, 16, "small_group")])
+    (128, 16, "small_group"), (128, 32, "group"), (128, 64, "group"), (256, 128, "group"), (256, 32, "group"),
+    (256, 16, "small_group")])
 def test_quant_group_picks_how_scales_are_read(head_dim, quant_group, want):
     axes = S.split_axes("bf16", "int4", "bf16", head_dim, quant_group=quant_group)
     assert axes["scales"] == want

@@ -106,12 +106,13 @@ def test_formats_long_context_batch_32(fmt, page_size):
     assert_close(run(case), case.reference(), f"{fmt} page {page_size}")
 
 
-@pytest.mark.parametrize("quant_group,scale_dtype", [(8, "bf16"), (32, "fp16"), (64, "fp32"), (128, "fp16"),
-                                                     (128, "bf16")])
+@pytest.mark.parametrize("quant_group,scale_dtype", [(8, "bf16"), (16, "fp32"), (32, "fp16"), (64, "fp32"),
+                                                     (128, "fp16"), (128, "bf16")])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_quant_groups_at_length(fmt, quant_group, scale_dtype):
-    """Group 128 at head_dim 128 is one scale a token: the kernel's per-token path; 64 its per-group
-    path with scales read in place; 8 and 32 the per-group path reading each token's scale row."""
+    """Group 128 at head_dim 128 is one scale a token: the kernel's per-token path; 32 and 64 its
+    per-group path with scales read in place; 8 and 16 the per-group path reading each token's
+    scale row."""
     lens = long_lens(32, quant_group)
     case = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=16, quant_group=quant_group,
                      scale_dtype=scale_dtype, extra_pages=7, device="cuda", seed=quant_group)

@@ -38,7 +38,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
+
 LOG2E = tl.constexpr(1.4426950408889634)
+# Channels a per-group scale run covers (_scales): the smallest group for the row read, GROUP_RUN
+# for the in-place read of the "group" variant (spec.split_axes picks the variant by group size).
+ROW_RUN = tl.constexpr(MIN_QUANT_GROUP)
+IN_PLACE_RUN = tl.constexpr(GROUP_RUN)
 
 
 # Dequantization runs as packed PTX on the GPU: four bytes a register, two fp16 a lane pair
@@ -263,8 +269,8 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
     t_mask = offs_t < hi
     row = page * sp + (offs_t & ((1 << page_shift) - 1)).to(tl.int64) * st + head * sh
     if ROW_SCALES:
-        # Groups of 8-16 channels (and 32 at head dims 64, 96): each token's row of scales (HEAD_DIM >> quant_shift of them) is
-        # read whole, at contiguous columns, so that one load instruction covers a few tokens'
+        # Groups of 8-16 channels (and 32 at head dims 64, 96): each token's row of scales
+        # (HEAD_DIM >> quant_shift of them) is read whole, at contiguous columns, so that one load instruction covers a few tokens'
         # rows, then spread over the runs in registers (tl.gather). Reading each run's scale in
         # place made every load touch ~32 tokens' rows (ncu: 25 sectors a request): H100, split
         # kernel, batch 32 x 4K, group 8: int8 48.0 -> 68.9%, int4 31.9 -> 59.7% of copy.
@@ -503,7 +509,7 @@ def _attend_int(
     # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
     # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
     # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
-    RUN: tl.constexpr = 8 if ROW_SCALES or PER_TOKEN else 32  # channels a scale run covers (_scales)
+    RUN: tl.constexpr = ROW_RUN if ROW_SCALES or PER_TOKEN else IN_PLACE_RUN
     sg = tl.arange(0, BLOCK_D // RUN)
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh

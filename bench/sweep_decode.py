@@ -19,11 +19,14 @@ from bench_decode import make
 from harness import Rows, copy_bandwidth, device_time
 from launch_overhead import capture_launches
 
-SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16), (64, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16),
-          (32, 4096, 32, 8, 64, 16), (32, 4096, 32, 8, 256, 16), (32, 4096, 32, 8, 96, 16), (32, 4096, 32, 8, 128, 1),
+SHAPES = [(32, 4096, 32, 8, 128, 16), (1, 32768, 32, 8, 128, 16), (64, 4096, 32, 8, 128, 16),
+          (32, 8192, 32, 8, 128, 16), (32, 4096, 32, 8, 64, 16), (32, 4096, 32, 8, 256, 16), (32, 4096, 32, 8, 96, 16), (32, 4096, 32, 8, 128, 1),
           (32, 4096, 64, 8, 128, 16), (32, 4096, 32, 32, 128, 16),
           (4, 16384, 32, 8, 128, 16), (8, 8192, 32, 8, 128, 16), (16, 8192, 32, 8, 128, 16), (1, 32768, 32, 8, 64, 16),
           (8, 8192, 32, 8, 64, 16), (16, 8192, 32, 8, 64, 16)]
+
+
+CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 5  # CUlimit
 
 
 def set_l2_fetch_granularity(nbytes: int) -> None:
@@ -35,10 +38,11 @@ def set_l2_fetch_granularity(nbytes: int) -> None:
     torch.zeros(1, device="cuda")
     d = driver()
     value = ctypes.c_size_t()
-    d.check("cuCtxGetLimit", d.cuCtxGetLimit(ctypes.byref(value), 5))
+    limit = CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+    d.check("cuCtxGetLimit", d.cuCtxGetLimit(ctypes.byref(value), limit))
     before = value.value
-    d.check("cuCtxSetLimit", d.cuCtxSetLimit(5, ctypes.c_size_t(nbytes)))
-    d.check("cuCtxGetLimit", d.cuCtxGetLimit(ctypes.byref(value), 5))
+    d.check("cuCtxSetLimit", d.cuCtxSetLimit(limit, ctypes.c_size_t(nbytes)))
+    d.check("cuCtxGetLimit", d.cuCtxGetLimit(ctypes.byref(value), limit))
     print(f"L2 fetch granularity: {before} -> {value.value} bytes")
 
 
@@ -56,7 +60,8 @@ def load_kernel(path: str):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--formats", default="bf16,int8:128,int8:64,int4:128,int4:64", help="format[:group],...; group 'token': one scale a token (group = head_dim)")
+    ap.add_argument("--formats", default="bf16,int8:128,int8:64,int4:128,int4:64",
+                    help="format[:group],...; group 'token': one scale a token (group = head_dim)")
     ap.add_argument("--kernels", default="", help="comma-separated kernel.py copies; empty entry = shipped")
     ap.add_argument("--maxnreg", default="0", help="register caps to try; 0 = none")
     ap.add_argument("--shapes", default="0,1", help="indices into SHAPES")
@@ -79,7 +84,8 @@ def main():
     for fmt_group in a.formats.split(","):
         fmt, _, group = fmt_group.partition(":")
         for batch, ctx, hq, hkv, hd, page in (SHAPES[int(i)] for i in a.shapes.split(",")):
-            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=hd if group == "token" else int(group or 64))
+            quant_group = hd if group == "token" else int(group or 64)
+            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=quant_group)
             out = torch.empty_like(args[0])
             call = lambda: loader.decode(*args, **kw, out=out, validate=False)  # noqa: E731
             try:

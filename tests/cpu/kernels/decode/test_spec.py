@@ -31,9 +31,10 @@ def test_variant_count_and_keys():
     split = list(S.SPLIT.variants())
     merge = list(S.MERGE.variants())
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4: the int8/int4
-    # ones read groups of 8-16 channels (and 32 at head dims 64, 96) ("small_group"); they add groups of 32+ ("group") at head
-    # dims 128 and 256, and one scale a token ("token", group == head_dim) at 64 and 128; int4 one
-    # scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes more)
+    # ones read groups of 8-16 channels (and 32 at head dims 64, 96) ("small_group"); they add
+    # groups of 32+ ("group") at head dims 128 and 256, and one scale a token ("token", group ==
+    # head_dim) at 64 and 128; int4 one scale a token at head_dim 128 comes in both tiles (q dtype
+    # x 3 scale dtypes more)
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 == 126
     assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()

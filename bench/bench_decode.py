@@ -8,7 +8,9 @@ no attention math, one KV head a program (decode's grid) and two.
 Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call by
 reading a 256 MB buffer. The "L2 zeroed" column times the same call after writing that buffer
 instead (Triton do_bench's flush), which leaves the L2 dirty and makes the call pay the write-back:
-see l2_state.py."""
+see l2_state.py. The "chained" column times the call right after the flush kernel with no event
+between them (harness.chained_time), as decode follows another kernel in a serving step: on sm90
+the split kernel is a dependent launch of that kernel (PDL) and is scheduled while it drains."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +19,7 @@ import warnings
 import torch
 
 from aotc import loader
-from harness import Rows, copy_bandwidth, device_time
+from harness import Rows, chained_time, copy_bandwidth, device_time
 from launch_overhead import capture_launches
 from layout_ceiling import ceiling
 
@@ -65,7 +67,7 @@ def main():
     rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
     print(f"{'fmt':5s} {'group':>5s} {'batch':>5s} {'ctx':>6s} {'aot us':>8s} {'aot GB/s':>9s} {'% copy':>7s} "
-          f"{'L2 zeroed':>9s} {'jit us':>8s} "
+          f"{'L2 zeroed':>9s} {'chained':>8s} {'jit us':>8s} "
           f"{'jit GB/s':>9s} {'ceil 1h %':>9s} {'ceil 2h %':>9s} {'aot/ceil':>8s}")
     import tempfile
 
@@ -76,6 +78,7 @@ def main():
             out = torch.empty_like(args[0])
             t_aot = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             t_dirty = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False), flush="dirty")
+            t_chained = chained_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             loader.set_artifacts(empty)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -88,12 +91,13 @@ def main():
             pct = {h: 100 * nbytes / t / copy_bw for h, t in ceil.items()}
             shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
             print(f"{fmt:5s} {group or '-':>5} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
-                  f"{100 * nbytes / t_dirty / copy_bw:8.1f}% {t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f} {pct.get(1, float('nan')):8.1f}% {pct.get(2, float('nan')):8.1f}% "
+                  f"{100 * nbytes / t_dirty / copy_bw:8.1f}% {100 * nbytes / t_chained / copy_bw:7.1f}% {t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f} {pct.get(1, float('nan')):8.1f}% {pct.get(2, float('nan')):8.1f}% "
                   f"{ceil[1] / t_aot:8.2f}")
             variant = f"{fmt} group{group}" if group else fmt
             rows.add("decode", variant, "aot", shape, "GBps", bw_aot / 1e9)
             rows.add("decode", variant, "aot", shape, "pct_of_copy", 100 * bw_aot / copy_bw)
             rows.add("decode", variant, "aot_l2_zeroed", shape, "pct_of_copy", 100 * nbytes / t_dirty / copy_bw)
+            rows.add("decode", variant, "aot_chained", shape, "pct_of_copy", 100 * nbytes / t_chained / copy_bw)
             rows.add("decode", variant, "jit", shape, "GBps", bw_jit / 1e9)
             for h, p in pct.items():
                 rows.add("decode", variant, f"layout_ceiling_{h}head", shape, "pct_of_copy", p)

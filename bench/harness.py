@@ -129,6 +129,29 @@ def device_time(fn, flush: str = "clean", rep_ms: int = 300, max_reps: int = 100
     return times[len(times) // 2] * 1e-3
 
 
+def chained_time(fn, reps: int = 60, rounds: int = 7) -> float:
+    """Device seconds of one call that follows another kernel on the stream with no event between
+    them, as in a serving step (device_time puts an event pair around each call): the median over
+    rounds of (reps x (flush, fn) - reps x flush) / reps, the L2 emptied by a read (L2Flush)."""
+    import torch
+
+    flush = L2Flush("clean")
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(rounds):
+        pair = []
+        for body in ((lambda: (flush(), fn())), flush):
+            torch.cuda.synchronize()
+            t0.record()
+            for _ in range(reps):
+                body()
+            t1.record()
+            torch.cuda.synchronize()
+            pair.append(t0.elapsed_time(t1) * 1e-3 / reps)
+        out.append(pair[0] - pair[1])
+    return sorted(out)[len(out) // 2]
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, flush: str = "clean") -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import torch

@@ -111,7 +111,7 @@ def main():
                 sa[8] = ma[0] = torch.empty(batch * hq * splits * hd, device="cuda", dtype=torch.float32)
                 sa[9] = ma[1] = torch.empty(batch * hq * splits, device="cuda", dtype=torch.float32)
                 ma[6] = splits
-                ce = dict(spec.constexprs(axes), BLOCK_N=bn)
+                ce = dict(spec.compile_constexprs(axes, 90), BLOCK_N=bn)
                 if hd > 128 and bn > 64:
                     continue
                 opts = dict(num_warps=w, num_stages=st, **({"maxnreg": nreg} if nreg else {}))

@@ -259,15 +259,16 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
     # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
+    pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
-        return LaunchConfig(num_warps=2, num_stages=3)
+        return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)
     grouped = axes["scales"] in ("group", "small_group")
     cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
     # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
     # pipeliner (kernel._pages_nc).
     stages = 3 if grouped else 2
-    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap)
+    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 
 SPLIT = KernelSpec(
@@ -275,7 +276,7 @@ SPLIT = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_split_kernel",
     args=SPLIT_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "PDL"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

@@ -24,7 +24,7 @@ def split_launch(case, splits, window=0):
             case.table.stride(0), q_heads, group, S.MAX_QUANT_GROUP.bit_length() - 1, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3],
             0, 0, 0, 0, 0, 0]
     axes = S.split_axes("bf16", "bf16", "fp32", head_dim)
-    kernel.decode_split_kernel[S.split_grid(batch, kv_heads, group, splits)](*args, **S.split_constexprs(axes))
+    kernel.decode_split_kernel[S.split_grid(batch, kv_heads, group, splits)](*args, **S.SPLIT.compile_constexprs(axes, 90))
     return part_o, part_lse
 
 

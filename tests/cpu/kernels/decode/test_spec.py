@@ -52,13 +52,16 @@ def test_merge_tile_is_the_smallest_that_holds_the_splits():
             S.merge_split_tile(bad)
 
 
-def test_merge_is_a_dependent_launch_on_sm90_only():
+def test_split_and_merge_are_dependent_launches_on_sm90_only():
     axes = S.merge_axes("bf16", 128, 3)
     assert S.merge_launch(axes, 90).launch_pdl and S.merge_launch(axes, 90).triton_options()["launch_pdl"]
     assert not S.merge_launch(axes, 80).launch_pdl and "launch_pdl" not in S.merge_launch(axes, 80).triton_options()
     assert S.MERGE.compile_constexprs(axes, 90)["PDL"] == 1 and S.MERGE.compile_constexprs(axes, 80)["PDL"] == 0
     split = S.split_axes("bf16", "int8", "bf16", 128, quant_group=64)
-    assert not S.split_launch(split, 90).launch_pdl and "PDL" not in S.SPLIT.compile_constexprs(split, 90)
+    for tile in ("wide", "narrow"):
+        axes = dict(split, tile=tile)
+        assert S.split_launch(axes, 90).launch_pdl and S.SPLIT.compile_constexprs(axes, 90)["PDL"] == 1
+        assert not S.split_launch(axes, 80).launch_pdl and S.SPLIT.compile_constexprs(axes, 80)["PDL"] == 0
 
 
 @pytest.mark.parametrize("head_dim,quant_group,want", [

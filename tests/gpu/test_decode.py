@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
 
 from aotc.kernels.decode import kernel, reference as R
 from aotc.loader.ops.decode import decode
@@ -250,26 +251,41 @@ def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
         assert (out[trial] == 0).all()
 
 
+
+@triton.jit
+def _late_copy(Src, Dst, n, wait_ns, BLOCK: tl.constexpr):
+    # Lets a dependent launch (PDL) of the next kernel start at once, then copies after wait_ns.
+    gdc_launch_dependents()
+    t0 = globaltimer()
+    while globaltimer() - t0 < wait_ns:
+        pass
+    for i in range(0, n, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        tl.store(Dst + offs, tl.load(Src + offs, mask=offs < n), mask=offs < n)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4"])
-def test_decode_reads_what_the_kernels_right_before_it_wrote(fmt):
-    """On sm90 the split kernel is a programmatic dependent launch of the kernel before it: it must
-    still wait for that kernel's writes. Copy kernels rewrite the query, scales and whole cache
-    between back-to-back decode calls (validate=False: no sync), alternating two contents; every call must match
-    the reference of what was written just before it."""
+def test_decode_waits_for_the_kernel_before_it(fmt):
+    """On sm90 the split kernel is a programmatic dependent launch of the kernel before it, so it
+    may be scheduled before that kernel ends: it must wait for that kernel's writes. Here the
+    kernel before it lets dependents start at once (launch_dependents) and writes the query 50 us
+    later; back-to-back calls (validate=False: no sync) alternate two queries and two caches, and
+    each must match the reference of what was written just before it. (Without the kernel's
+    griddepcontrol.wait, the calls read the previous query.)"""
     lens = [1, 127, 128, 129, 900, 2048, 3000, 4096]
     a = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=64, device="cuda", seed=11)
     b = make_case(lens, fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=64, device="cuda", seed=12)
-    q, kc, vc = a.q.clone(), a.k_cache.clone(), a.v_cache.clone()
+    q, kc, vc = torch.zeros_like(a.q), a.k_cache.clone(), a.v_cache.clone()
     kw = {k: v.clone() for k, v in a.kwargs.items()}
-    outs = [torch.full_like(q, float("nan")) for _ in range(8)]
+    outs = [torch.full_like(q, float("nan")) for _ in range(6)]
     for i, out in enumerate(outs):
         src = (a, b)[i % 2]
-        q.copy_(src.q)
         for name, t in kw.items():
             t.copy_(src.kwargs[name])
         kc.copy_(src.k_cache)
         vc.copy_(src.v_cache)
-        decode(q, kc, vc, a.table, a.seq_lens, out=out, validate=False, **kw)  # no host copy: no sync
+        _late_copy[(1,)](src.q, q, q.numel(), 50_000, BLOCK=1024)
+        decode(q, kc, vc, a.table, a.seq_lens, out=out, validate=False, **kw)
     torch.cuda.synchronize()
     for i, out in enumerate(outs):
         src = (a, b)[i % 2]

@@ -25,7 +25,9 @@ selects how a tile is dequantized:
   1: int8 * per-group scale.
   2: int4, two channels a byte (2i low nibble, 2i+1 high), stored as value + 7.
      Both are read as int16 words (int8: 2 channels, int4: 4) and split into strided channel
-     slices, one dot each, with the query and output split alike (`_attend_int`).
+     slices, one dot each, with the query and output split alike. One scale a token (PER_TOKEN)
+     and int8 groups of 64 (CHUNK_SCALES) dot exact codes and scale the scores and probabilities
+     (`_attend_chunked`); other groups multiply each element by its scale (`_attend_int`).
   3, 4: fp8 e4m3 / e5m2, read as raw bytes and widened to fp16 with integer ops (Triton has no
      e4m3 type on sm80), with the per-head scale and the 2^8 exponent rebias of e4m3 folded into
      the score and output scales.
@@ -312,26 +314,13 @@ def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask):
 
 
 @triton.jit
-def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
-    # One scale a token (group == head_dim) for tokens offs_t: [len(offs_t)], in S's dtype.
-    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
-    return tl.load(S_row + page * sp + slot * st, mask=offs_t < hi, other=0.0)
-
-
-@triton.jit
-def _tile_scales(KS, VS, ks_row, vs_row, page, offs_t, hi, page_shift, head, sg, quant_shift,
-                 ksp, kst, ksh, vsp, vst, vsh, HEAD_DIM: tl.constexpr, PER_TOKEN: tl.constexpr,
-                 ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
-    # K's and V's scales for tokens offs_t: PER_TOKEN, one a token (K's fp32 for the scores, V's
-    # fp16 for the probabilities); else [len(offs_t), BLOCK_D // RUN] fp16 runs (see _scales).
-    if PER_TOKEN:
-        return (_token_scales(ks_row, page, offs_t, hi, page_shift, ksp, kst).to(tl.float32),
-                _token_scales(vs_row, page, offs_t, hi, page_shift, vsp, vst).to(tl.float16))
-    else:
-        return (_scales(KS, page, offs_t, hi, page_shift, head, ksp, kst, ksh, sg, quant_shift, HEAD_DIM // RUN,
-                        ROW_SCALES, RUN),
-                _scales(VS, page, offs_t, hi, page_shift, head, vsp, vst, vsh, sg, quant_shift, HEAD_DIM // RUN,
-                        ROW_SCALES, RUN))
+def _tile_scales(KS, VS, page, offs_t, hi, page_shift, head, sg, quant_shift, ksp, kst, ksh, vsp, vst, vsh,
+                 HEAD_DIM: tl.constexpr, ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
+    # K's and V's per-group scales for tokens offs_t: [len(offs_t), BLOCK_D // RUN] fp16 runs (_scales).
+    return (_scales(KS, page, offs_t, hi, page_shift, head, ksp, kst, ksh, sg, quant_shift, HEAD_DIM // RUN,
+                    ROW_SCALES, RUN),
+            _scales(VS, page, offs_t, hi, page_shift, head, vsp, vst, vsh, sg, quant_shift, HEAD_DIM // RUN,
+                    ROW_SCALES, RUN))
 
 
 @triton.jit
@@ -370,7 +359,8 @@ def decode_split_kernel(
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, PDL: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
@@ -410,12 +400,18 @@ def decode_split_kernel(
     slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if KV_KIND == 1 or KV_KIND == 2:
+    if (KV_KIND == 1 or KV_KIND == 2) and (PER_TOKEN or CHUNK_SCALES):
+        m_i, l_i = _attend_chunked(
+            Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+            page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+            stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN)
+    elif KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, ROW_SCALES)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, ROW_SCALES)
     else:
         m_i, l_i = _attend_float(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
@@ -467,15 +463,154 @@ def _attend_float(
     return m_i, l_i
 
 
+# int16 words a chunk of CHUNK_SCALES: 64 int8 channels. 16-word chunks (groups of 32) gave the
+# PV dots [16, 16] outputs, for which Triton lays all 4 warps along the 16 rows: 4096 instructions
+# and spills (sm90), against 1768 at 32 words.
+CHUNK_WORDS = tl.constexpr(32)
+
+
+@triton.jit
+def _chunk_scales(S_row, page, offs_t, hi, page_shift, sp, st, quant_shift, CHUNKS: tl.constexpr,
+                  CHUNK_CH: tl.constexpr, DT: tl.constexpr):
+    # One scale a token for each chunk of CHUNK_CH channels (a chunk lies inside one group): a
+    # tuple of CHUNKS [len(offs_t)] vectors, as DT. One scale a token: CHUNKS == 1, column 0.
+    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+    row = S_row + page * sp + slot * st
+    t_mask = offs_t < hi
+    s = ()
+    for c in tl.static_range(CHUNKS):
+        s = s + (tl.load(row + ((c * CHUNK_CH) >> quant_shift), mask=t_mask, other=0.0).to(DT),)
+    return s
+
+
+@triton.jit
+def _code_dots(q, x, INT4: tl.constexpr):
+    # Scores of one chunk over biased codes (see k_bias): q a tuple of the chunk's PARTS query slices.
+    if INT4:
+        k0, k1, k2, k3 = _i4x4_biased(x)
+        return tl.dot(q[0], tl.trans(k0), tl.dot(q[2], tl.trans(k2))) \
+            + tl.dot(q[1], tl.trans(k1), tl.dot(q[3], tl.trans(k3))) * 0.0625
+    else:
+        k0, k1 = _i8x2_biased(x)
+        return tl.dot(q[0], tl.trans(k0), tl.dot(q[1], tl.trans(k1)))
+
+
+@triton.jit
+def _attend_chunked(
+    Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+    page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr,
+):
+    # int8/int4 caches whose scale is constant over chunks of CHUNK_WORDS words (int8: 32 channels,
+    # int4: 64): one scale a token (one chunk, the whole head), or groups of >= the chunk's channels.
+    # Each chunk's scores are exact dots over biased codes (the part split of _attend_int), scaled
+    # after the dot by the chunk's K scale; V's scale joins the probabilities of each chunk's dot.
+    # No scale is multiplied into, or expanded over, a tile of the cache.
+    INT4: tl.constexpr = KV_KIND == 2
+    PARTS: tl.constexpr = 4 if INT4 else 2
+    WORDS: tl.constexpr = BLOCK_D // PARTS
+    CW: tl.constexpr = WORDS if PER_TOKEN else CHUNK_WORDS
+    CHUNKS: tl.constexpr = WORDS // CW
+    CHUNK_CH: tl.constexpr = CW * PARTS
+    offs_w = tl.arange(0, CW)
+    K16 = K.to(tl.pointer_type(tl.int16))
+    V16 = V.to(tl.pointer_type(tl.int16))
+    qs = ()
+    k_bias = ()
+    acc = ()
+    for c in tl.static_range(CHUNKS):
+        cols = c * CW + offs_w
+        qm = h_mask[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
+        q_cols = q_rows + PARTS * cols[None, :]
+        q0 = tl.load(q_cols, mask=qm, other=0.0).to(tl.float16)
+        q1 = tl.load(q_cols + 1, mask=qm, other=0.0).to(tl.float16)
+        if INT4:
+            q2 = tl.load(q_cols + 2, mask=qm, other=0.0).to(tl.float16)
+            q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
+            qs = qs + ((q0, q1, q2, q3),)
+            k_bias = k_bias + (1031.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1))
+                               + 71.0 * (tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)),)
+        else:
+            qs = qs + ((q0, q1),)
+            k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
+        for i in tl.static_range(PARTS):
+            acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
+
+    ks_row = KS + kvh64 * stride_ksh
+    vs_row = VS + kvh64 * stride_vsh
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    page_n = _pages(table_row, offs_n, hi, page_shift)
+    ks = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift, CHUNKS, CHUNK_CH,
+                       tl.float32)
+    vs = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift, CHUNKS, CHUNK_CH,
+                       tl.float16)
+    page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+    for t0 in range(lo, hi, BLOCK_N):
+        offs_t = t0 + tl.arange(0, BLOCK_N)
+        t_mask = offs_t < hi
+        offs_n = offs_t + BLOCK_N
+        ks_next = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift,
+                                CHUNKS, CHUNK_CH, tl.float32)
+        vs_next = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift,
+                                CHUNKS, CHUNK_CH, tl.float16)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        page = _pages(table_row, offs_t, hi, page_shift)
+        for c in tl.static_range(CHUNKS):
+            cols = c * CW + offs_w
+            kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
+                        cols < HEAD_DIM // PARTS)
+            term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
+            if c == 0:
+                qk = term
+            else:
+                qk += term
+        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+        new_acc = ()
+        for c in tl.static_range(CHUNKS):
+            cols = c * CW + offs_w
+            vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
+                        cols < HEAD_DIM // PARTS)
+            pd = (p * vs[c].to(tl.float32)[None, :]).to(tl.float16)
+            if INT4:
+                v0, v1, v2, v3 = _i4x4_codes16(vx)
+                # parts 2, 3 first: the order the int4 per-token binaries were timed in
+                a2 = acc[PARTS * c + 2] * alpha[:, None] + tl.dot(pd, v2)
+                a3 = acc[PARTS * c + 3] * alpha[:, None] + tl.dot(pd, v3)
+                new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
+                                     acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1), a2, a3)
+            else:
+                v0, v1 = _i8x2_codes(vx)
+                new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
+                                     acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1))
+        acc = new_acc
+        ks = ks_next
+        vs = vs_next
+
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    for c in tl.static_range(CHUNKS):
+        cols = c * CW + offs_w
+        om = (h_mask & (hi > lo))[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
+        o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * cols[None, :]
+        for i in tl.static_range(PARTS):
+            # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
+            scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
+            tl.store(o_cols + i, acc[PARTS * c + i] * scale[:, None], mask=om)
+    return m_i, l_i
+
+
 @triton.jit
 def _attend_int(
     Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr,
+    KV_KIND: tl.constexpr, ROW_SCALES: tl.constexpr,
 ):
-    # int8/int4 caches, read as int16 words: PARTS channels a word (int8: 2j, 2j+1; int4: 4j..4j+3).
+    # int8/int4 caches with per-group scales multiplied into each dequantized element ("group",
+    # "small_group"), read as int16 words: PARTS channels a word (int8: 2j, 2j+1; int4: 4j..4j+3).
     # Part i of every word is one fp16 [BLOCK_N, BLOCK_D / PARTS] tile, so QK and PV are PARTS dots
     # over strided channel slices (q and the output are split alike). A 16-bit element lets the
     # dot read V with ldmatrix.trans; an 8-bit one is transposed a byte at a time (128 LDS.U8 and
@@ -499,90 +634,52 @@ def _attend_int(
         q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
         acc2 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_H, DCOLS], dtype=tl.float32)
-    # PER_TOKEN dots over biased codes (_i8x2_biased: code + 1152; _i4x4_biased: code + 1031, and
-    # 16 code + 1136 in parts 1, 3, which are scaled by 1/16) give the code dot plus k_bias: each
-    # head's sum of q times the offset, subtracted from the fp32 scores. Exact products; the
-    # subtraction costs ~2^-17 of the score's magnitude, against the f16x2 subtraction an element
-    # it saves (int4: 11 -> 5 instructions a register of eight channels).
-    if INT4:
-        k_bias = 1031.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)) \
-            + 71.0 * (tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1))
-    else:
-        k_bias = 1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1))
 
     # Scales are 2-byte gathers, which Triton's pipeliner leaves synchronous: each tile would wait
     # a full memory latency for them. Prefetch them by hand one tile ahead (and the table entries
     # they need two tiles ahead), so that latency hides behind a tile's work (H100, int8 batch 32 x
     # 16K: 606 -> 498 us).
-    # PER_TOKEN, one scale a token (group == head_dim, the common int8 layout): K's scale
-    # multiplies the scores after an exact dot over the codes and V's joins the probabilities, so
-    # a tile loads BLOCK_N scales per tensor in place of BLOCK_N x BLOCK_D / 8 and expands none. A
-    # constexpr, not a runtime branch: with both loops in one binary the per-group loop lost 7
-    # points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
-    RUN: tl.constexpr = ROW_RUN if ROW_SCALES or PER_TOKEN else IN_PLACE_RUN
+    RUN: tl.constexpr = ROW_RUN if ROW_SCALES else IN_PLACE_RUN
     sg = tl.arange(0, BLOCK_D // RUN)
-    ks_row = KS + kvh64 * stride_ksh
-    vs_row = VS + kvh64 * stride_vsh
     offs_n = lo + tl.arange(0, BLOCK_N)
     page_n = _pages(table_row, offs_n, hi, page_shift)
-    ks, vs = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg, quant_shift,
+    ks, vs = _tile_scales(KS, VS, page_n, offs_n, hi, page_shift, kvh64, sg, quant_shift,
                           stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-                          HEAD_DIM, PER_TOKEN, ROW_SCALES, RUN)
+                          HEAD_DIM, ROW_SCALES, RUN)
     page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
         offs_n = offs_t + BLOCK_N
-        ks_next, vs_next = _tile_scales(KS, VS, ks_row, vs_row, page_n, offs_n, hi, page_shift, kvh64, sg,
-                                        quant_shift, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
-                                        stride_vsh, HEAD_DIM, PER_TOKEN, ROW_SCALES, RUN)
+        ks_next, vs_next = _tile_scales(KS, VS, page_n, offs_n, hi, page_shift, kvh64, sg, quant_shift,
+                                        stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+                                        HEAD_DIM, ROW_SCALES, RUN)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         # This tile's page ids again, though page_n held them last iteration: with K/V addresses from
         # a loop-carried load, Triton's pipeliner stops turning the K/V loads into cp.async.
-        if INT4 and not PER_TOKEN:
+        if INT4:
             page = _pages_nc(table_row, offs_t, hi, page_shift)
         else:
             page = _pages(table_row, offs_t, hi, page_shift)
         kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, offs_c, c_mask)
-
-        if PER_TOKEN:
-            # Exact dots over biased codes (see k_bias), then one scale a token on the scores.
-            if INT4:
-                k0, k1, k2, k3 = _i4x4_biased(kx)
-                qk = tl.dot(q0, tl.trans(k0), tl.dot(q2, tl.trans(k2))) \
-                    + tl.dot(q1, tl.trans(k1), tl.dot(q3, tl.trans(k3))) * 0.0625
-            else:
-                k0, k1 = _i8x2_biased(kx)
-                qk = tl.dot(q0, tl.trans(k0), tl.dot(q1, tl.trans(k1)))
-            qk = tl.where(t_mask[None, :], (qk - k_bias[:, None]) * (ks * qk_scale)[None, :], float("-inf"))
+        if INT4:
+            k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
+                + tl.dot(q3, tl.trans(k3))
         else:
-            if INT4:
-                k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
-                    + tl.dot(q3, tl.trans(k3))
-            else:
-                k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
-                qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
-            qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
+            k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+            qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
+        qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, offs_c, c_mask)
-        if PER_TOKEN:
-            # V's scale joins the probabilities; the dots read exact codes (int4 parts 1, 3 times 16).
-            pd = (p * vs.to(tl.float32)[None, :]).to(tl.float16)
-            if INT4:
-                v0, v1, v2, v3 = _i4x4_codes16(vx)
-            else:
-                v0, v1 = _i8x2_codes(vx)
-        else:
-            pd = p.to(tl.float16)
-            vse = _expand(vs, BLOCK_N, DCOLS)
-            if INT4:
-                v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
-            else:
-                v0, v1 = _i8x2_dequant(vx, vse)
+        pd = p.to(tl.float16)
+        vse = _expand(vs, BLOCK_N, DCOLS)
         if INT4:
+            v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
             acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
             acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
+        else:
+            v0, v1 = _i8x2_dequant(vx, vse)
         acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
         acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
         ks = ks_next
@@ -592,13 +689,10 @@ def _attend_int(
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
     o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * offs_c[None, :]
     tl.store(o_cols, acc0 * inv_l[:, None], mask=om)
+    tl.store(o_cols + 1, acc1 * inv_l[:, None], mask=om)
     if INT4:
-        inv_l13 = inv_l * (0.0625 if PER_TOKEN else 1.0)  # PER_TOKEN: parts 1, 3 summed 16 x code
-        tl.store(o_cols + 1, acc1 * inv_l13[:, None], mask=om)
         tl.store(o_cols + 2, acc2 * inv_l[:, None], mask=om)
-        tl.store(o_cols + 3, acc3 * inv_l13[:, None], mask=om)
-    else:
-        tl.store(o_cols + 1, acc1 * inv_l[:, None], mask=om)
+        tl.store(o_cols + 3, acc3 * inv_l[:, None], mask=om)
     return m_i, l_i
 
 

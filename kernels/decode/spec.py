@@ -3,8 +3,9 @@
 Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
 fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
 scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
-(int8/int4: "token" for one scale a token, group == head_dim, which has its own loop in the
-kernel; "group" for groups of 32 channels and more at head dims 128 and 256, "small_group" for
+(int8/int4: "token" for one scale a token, group == head_dim, and "chunk" for int8 groups of 64
+at head_dim 128, which share a loop in the kernel that scales exact code dots; "group" for the
+other groups of 32 channels and more at head dims 128 and 256, "small_group" for
 the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
 (kernel._scales); "none" for other formats), `tile` (the program's launch
 geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
@@ -31,6 +32,15 @@ MAX_QUANT_GROUP = 128
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
 MAX_SMALL_GROUP = 32  # groups up to this many channels may read each token's scales as one row
 GROUP_RUN = 32  # at WIDE_GROUP_HEAD_DIMS, groups of at least this many read one scale a run of 32 in place
+# int8 groups of 64+ channels that are not one a token, at CHUNK_HEAD_DIMS ("chunk"): each
+# 64-channel chunk's scores are an exact dot over codes, scaled after the dot (kernel._attend_chunked,
+# CHUNK_WORDS). H100, split kernel, group 64 at head_dim 128, % of copy, "group" (s3, maxnreg 168)
+# -> "chunk" (s3, no cap): batch 32 x 4K 81.0 -> 81.7, 64 x 4K 83.4 -> 84.3, 32 x 8K 86.3 -> 87.3,
+# 1 x 32K 60.2 -> 64.1; and the scale no longer rounds each dequantized element to fp16 (rel. error
+# against the chunk path 9e-4). At head_dim 256 (group 128) "group" at its best config stayed
+# ahead (88.1 against 86.1), and int4 (chunks of 128 channels: head_dim 256) lost (66.5 -> 63.8).
+CHUNK_CHANNELS = 64
+CHUNK_HEAD_DIMS = (128,)
 WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with a "group" variant (groups of 32+ that are not one a token)
 
 KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
@@ -94,8 +104,8 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
                tile: str | None = None) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
     int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
-    channels a scale covers (int8/int4), picks "group" (>= GROUP_RUN at WIDE_GROUP_HEAD_DIMS) or
-    "small_group" (<= MAX_SMALL_GROUP).
+    channels a scale covers (int8/int4), picks "chunk" (int8, >= CHUNK_CHANNELS at CHUNK_HEAD_DIMS),
+    "group" (>= GROUP_RUN at WIDE_GROUP_HEAD_DIMS) or "small_group" (<= MAX_SMALL_GROUP).
     tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s)."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
@@ -117,6 +127,8 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         scales = "none"
     elif per_token:
         scales = "token"
+    elif kv == "int8" and head_dim in CHUNK_HEAD_DIMS and quant_group >= CHUNK_CHANNELS:
+        scales = "chunk"
     elif head_dim in WIDE_GROUP_HEAD_DIMS and quant_group >= GROUP_RUN:
         scales = "group"
     elif quant_group and quant_group <= MAX_SMALL_GROUP:
@@ -230,7 +242,7 @@ def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd, str(axes["tile"])), "BLOCK_H": BLOCK_H,
             "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
-            "ROW_SCALES": int(axes["scales"] == "small_group")}
+            "ROW_SCALES": int(axes["scales"] == "small_group"), "CHUNK_SCALES": int(axes["scales"] == "chunk")}
 
 
 def split_variants():
@@ -243,7 +255,9 @@ def split_variants():
                     else:
                         calls = [{"quant_group": MIN_QUANT_GROUP}]
                         if hd in WIDE_GROUP_HEAD_DIMS:
-                            calls.append({"quant_group": 64})
+                            calls.append({"quant_group": 64})  # int8 at CHUNK_HEAD_DIMS: "chunk"
+                            if kv == "int8" and hd in CHUNK_HEAD_DIMS:
+                                calls.append({"quant_group": GROUP_RUN})  # there "group" serves groups of 32
                         if hd in PER_TOKEN_HEAD_DIMS:
                             calls.append({"per_token": True})
                     for call in calls:
@@ -267,7 +281,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
     # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
     # pipeliner (kernel._pages_nc).
-    stages = 3 if grouped else 2
+    stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 
@@ -276,7 +290,8 @@ SPLIT = KernelSpec(
     module="aotc.kernels.decode.kernel",
     function="decode_split_kernel",
     args=SPLIT_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "PDL"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
+                     "PDL"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

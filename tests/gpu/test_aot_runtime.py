@@ -34,8 +34,9 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)
     elif kv in ("int8", "int4"):
         width = hd // 2 if kv == "int4" else hd
-        # the group size that selects the variant: one scale a token, 64 channels, or 16
-        qg = {"token": hd, "group": 64}.get(axes.get("scales"), 16)
+        # the group size that selects the variant: one scale a token, 64 channels (int8 at head_dim
+        # 128: "chunk"), 32 ("group") or 16
+        qg = {"token": hd, "chunk": 64, "group": 32}.get(axes.get("scales"), 16)
         kc = torch.zeros(num_pages, page, kv_heads, width, device="cuda", dtype=torch.int8)
         vc = torch.zeros_like(kc)
         ks = torch.zeros(num_pages, page, kv_heads, hd // qg, device="cuda", dtype=TORCH[axes["scale"]])

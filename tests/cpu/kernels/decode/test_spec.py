@@ -33,12 +33,12 @@ def test_variant_count_and_keys():
     # q dtype 2 x (own float + int8 x 3 scales + int4 x 3 + fp8 x 2) x head_dim 4: the int8/int4
     # ones read groups of 8-16 channels (and 32 at head dims 64, 96) ("small_group"); they add
     # groups of 32+ ("group") at head dims 128 and 256, and one scale a token ("token", group ==
-    # head_dim) at 64 and 128; int4 one scale a token at head_dim 128 comes in both tiles (q dtype
-    # x 3 scale dtypes more)
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 == 126
+    # head_dim) at 64 and 128; int8 groups of 64 at head_dim 128 ("chunk", q dtype x 3 scale
+    # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes)
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 == 132
     assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (126 + 24)
+    assert len(set(keys)) == len(keys) == 2 * (132 + 24)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
@@ -72,6 +72,7 @@ def test_quant_group_picks_how_scales_are_read(head_dim, quant_group, want):
     axes = S.split_axes("bf16", "int4", "bf16", head_dim, quant_group=quant_group)
     assert axes["scales"] == want
     assert S.split_constexprs(axes)["ROW_SCALES"] == int(want == "small_group")
+    assert S.split_constexprs(axes)["CHUNK_SCALES"] == 0
     assert axes in list(S.SPLIT.variants())
     assert S.split_axes("bf16", "int8", "fp32", 128, per_token=True)["scales"] == "token"
     with pytest.raises(ValueError, match="head dims"):
@@ -180,3 +181,16 @@ def test_split_count_on_an_h100_at_three_programs_an_sm():
     assert [S.num_splits(b, 8, 4, 132, 3) for b in (1, 32, 64)] == [49, 3, 3]
     assert [S.num_splits(b, 8, 4, 132, 2) for b in (1, 32, 64)] == [64, 3, 2]
     assert S.num_splits(1, 8, 4, 132, None) == 64
+
+
+@pytest.mark.parametrize("head_dim,quant_group,want", [
+    (128, 64, "chunk"), (128, 32, "group"), (128, 16, "small_group"), (256, 128, "group"), (256, 64, "group"),
+    (64, 32, "small_group")])
+def test_int8_groups_of_64_at_head_dim_128_scale_chunk_dots(head_dim, quant_group, want):
+    axes = S.split_axes("bf16", "int8", "fp16", head_dim, quant_group=quant_group)
+    assert axes["scales"] == want
+    ce = S.split_constexprs(axes)
+    assert (ce["CHUNK_SCALES"], ce["PER_TOKEN"], ce["ROW_SCALES"]) == (int(want == "chunk"), 0, int(want == "small_group"))
+    assert axes in list(S.SPLIT.variants())
+    cfg = S.split_launch(axes, 90)
+    assert cfg.num_stages == 3 and cfg.maxnreg == (0 if want == "chunk" or head_dim > 128 else 168)

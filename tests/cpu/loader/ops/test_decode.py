@@ -38,6 +38,17 @@ def test_formats_at_block_edges(fmt):
     assert (run(case, num_splits=3)[0] == 0).all()  # length 0: zeros, not NaN
 
 
+@pytest.mark.parametrize("fmt,quant_group", [("int8", 64), ("int8", 32), ("int4", 64)])
+def test_groups_of_32_and_64_at_head_dim_128_at_block_edges(fmt, quant_group):
+    # int8 groups of 64 scale 64-channel chunks' code dots ("chunk"); groups of 32 and int4 groups
+    # read a scale a run of 32 channels ("group"). Three KV heads: the per-head scale rows differ.
+    axes = S.split_axes("bf16", fmt, "bf16", 128, quant_group=quant_group)
+    n = S.block_n(128, S.split_tiles(fmt, 128, axes["scales"])[0])
+    case = make_case([n - 1, 1, n, 0, n + 1, 3 * n + 5], fmt=fmt, head_dim=128, quant_group=quant_group,
+                     kv_heads=3, group=2, seed=21)
+    assert_close(run(case, num_splits=2), case.reference(), f"{fmt} g{quant_group} ({axes['scales']})")
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4"])
 def test_long_sequence_many_splits(fmt):
     case = make_case([2500, 70], fmt=fmt, kv_heads=1, group=8, head_dim=128, page_size=64, seed=2)

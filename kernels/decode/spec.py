@@ -282,6 +282,18 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
     # pipeliner (kernel._pages_nc).
     stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
+    if grouped and int(axes["head_dim"]) > 128:
+        # Head dim 256 (64-token tiles), split kernel, % of copy at batch 32 x 4K / 64 x 4K / 1 x 32K
+        # (bench/results/2026-11-23-h100-session9-d256-sweep.jsonl), 3 stages uncapped before:
+        # int4 "group": capped at 168 +0.9 to +1.9 in every cell (group 64 64.2 -> 65.3, 66.9 ->
+        # 68.3, 52.0 -> 53.4); "small_group" (group 8), 2 stages: int8 66.6 -> 68.2, 68.0 -> 70.9,
+        # 59.8 -> 61.3, int4 54.1 -> 54.9, 56.0 -> 56.8, 46.4 -> 47.2. int8 "group" stays: 2
+        # stages capped at 168 gave batch 32 +6 to +8 (group 128 79.7 -> 88.1) but batch 1 x 32K
+        # -6 to -10 (67.6 -> 61.9), and one binary serves both.
+        if axes["scales"] == "small_group":
+            stages = 2
+        elif axes["kv"] == "int4":
+            cap = 168
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 

@@ -121,12 +121,15 @@ def test_batch_one_long_context_spreads_over_an_h100():
     assert splits == S.MAX_SPLITS and 8 * splits >= 132
 
 
-def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128():
+def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_and_int4_groups_at_256():
     for axes in S.split_variants():
         cfg = S.split_launch(axes, 90)
         grouped = axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128
-        want = 168 if grouped and axes["tile"] == "wide" else 0
+        int4_group_256 = (axes["kv"], axes["scales"], axes["head_dim"]) == ("int4", "group", 256)
+        want = 168 if (grouped and axes["tile"] == "wide") or int4_group_256 else 0
         assert cfg.maxnreg == want, axes
+        if axes["head_dim"] == 256 and axes["scales"] != "none":  # small_group: 2 stages there
+            assert cfg.num_stages == (2 if axes["scales"] in ("small_group", "token") else 3), axes
 
 
 def test_tiles_declared_per_format_and_head_dim():

@@ -49,6 +49,16 @@ def test_groups_of_32_and_64_at_head_dim_128_at_block_edges(fmt, quant_group):
     assert_close(run(case, num_splits=2), case.reference(), f"{fmt} g{quant_group} ({axes['scales']})")
 
 
+def test_int8_chunk_variant_with_window_sinks_req_idx_and_two_head_blocks():
+    # group 20 > BLOCK_H: two head blocks a KV head; window and sinks through the chunked loop
+    case = make_case([0, 130, 7, 260], fmt="int8", head_dim=128, quant_group=64, kv_heads=2, group=20,
+                     req_idx=True, page_size=32, seed=22)
+    sinks = torch.randn(case.q.shape[1]) * 2
+    out = run(case, window=100, sinks=sinks, num_splits=3)
+    assert_close(out, case.reference(window=100, sinks=sinks), "int8 chunk window sinks")
+    assert (out[0] == 0).all()
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4"])
 def test_long_sequence_many_splits(fmt):
     case = make_case([2500, 70], fmt=fmt, kv_heads=1, group=8, head_dim=128, page_size=64, seed=2)

@@ -300,6 +300,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
 SPLIT = KernelSpec(
     name="decode_split",
     module="aotc.kernels.decode.kernel",
+    sources=("kernel.py", "dequant.py"),
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
@@ -346,6 +347,7 @@ def merge_launch(axes, arch: int) -> LaunchConfig:
 MERGE = KernelSpec(
     name="decode_merge",
     module="aotc.kernels.decode.kernel",
+    sources=("kernel.py", "dequant.py"),
     function="decode_merge_kernel",
     args=MERGE_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "PDL"),

@@ -129,7 +129,7 @@ def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_and_
         want = 168 if (grouped and axes["tile"] == "wide") or int4_group_256 else 0
         assert cfg.maxnreg == want, axes
         if axes["head_dim"] == 256 and axes["scales"] != "none":  # small_group: 2 stages there
-            assert cfg.num_stages == (2 if axes["scales"] in ("small_group", "token") else 3), axes
+            assert cfg.num_stages == (2 if axes["scales"] == "small_group" else 3), axes
 
 
 def test_tiles_declared_per_format_and_head_dim():

@@ -61,7 +61,14 @@ def make(fmt, batch, ctx, hq, hkv, hd, page, group=64):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--formats", default="", help="format:group,... (group 0 for bf16); default: FORMATS")
+    ap.add_argument("--shapes", default="",
+                    help="BATCHxCONTEXTxHEAD_DIMxPAGE,... at 32 query / 8 KV heads; default: SHAPES")
     a = ap.parse_args()
+    formats = [(f, int(g)) for f, g in (x.split(":") for x in a.formats.split(","))] if a.formats else FORMATS
+    shapes = SHAPES
+    if a.shapes:
+        shapes = [(b, c, 32, 8, d, p) for b, c, d, p in (map(int, x.split("x")) for x in a.shapes.split(","))]
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
     rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
@@ -72,8 +79,8 @@ def main():
     import tempfile
 
     empty = tempfile.mkdtemp()
-    for fmt, group in FORMATS:
-        for batch, ctx, hq, hkv, hd, page in SHAPES:
+    for fmt, group in formats:
+        for batch, ctx, hq, hkv, hd, page in shapes:
             args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=group or 64)
             out = torch.empty_like(args[0])
             t_aot = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))

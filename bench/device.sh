@@ -34,6 +34,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 launch_overhead.py --out "$OUT/bench.jsonl" 2>&1 | tail -12
   python3 first_call.py --out "$OUT/bench.jsonl" 2>&1 | tail -6
   [ -f bench_decode.py ] && python3 bench_decode.py --out "$OUT/bench.jsonl" 2>&1 | tail -40
+  # head_dim 256, int8 per-group ("group": 2 stages at 168 registers since session 10)
+  [ -f bench_decode.py ] && python3 bench_decode.py --out "$OUT/bench.jsonl" --formats int8:128,int8:64 \
+    --shapes 32x4096x256x16,64x4096x256x16,1x32768x256x16 2>&1 | tail -7
   [ -f l2_state.py ] && python3 l2_state.py --out "$OUT/bench.jsonl" 2>&1 | tail -22
   [ -f bench_prefix_prefill.py ] && python3 bench_prefix_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -30
   cd ..

@@ -287,13 +287,20 @@ def split_launch(axes, arch: int) -> LaunchConfig:
         # (bench/results/2026-11-23-h100-session9-d256-sweep.jsonl), 3 stages uncapped before:
         # int4 "group": capped at 168 +0.9 to +1.9 in every cell (group 64 64.2 -> 65.3, 66.9 ->
         # 68.3, 52.0 -> 53.4); "small_group" (group 8), 2 stages: int8 66.6 -> 68.2, 68.0 -> 70.9,
-        # 59.8 -> 61.3, int4 54.1 -> 54.9, 56.0 -> 56.8, 46.4 -> 47.2. int8 "group" stays: 2
-        # stages capped at 168 gave batch 32 +6 to +8 (group 128 79.7 -> 88.1) but batch 1 x 32K
-        # -6 to -10 (67.6 -> 61.9), and one binary serves both.
+        # 59.8 -> 61.3, int4 54.1 -> 54.9, 56.0 -> 56.8, 46.4 -> 47.2.
+        # int8 "group": 2 stages capped at 168 (three programs an SM instead of two), each binary
+        # at the split count the op derives from its occupancy (num_splits), group 128 / 64:
+        # batch 32 x 4K 79.3 -> 87.9 / 78.2 -> 85.6, 64 x 4K 82.7 -> 90.3 / 81.1 -> 88.6, 16 x 8K
+        # 80.5 -> 87.2 / 78.7 -> 85.0, 8 x 8K 75.2 -> 82.3 / 73.5 -> 80.2, 4 x 16K 76.4 -> 82.1 /
+        # 73.4 -> 80.0, 1 x 32K 67.4 -> 72.9 / 64.8 -> 70.4 (...-session10-d256-sweep.jsonl).
+        # (Timed at the uncapped binary's split counts, the cap had looked like a loss below batch
+        # 32: 1 x 32K at 64 splits fills 1.3 waves of three programs an SM.)
         if axes["scales"] == "small_group":
             stages = 2
         elif axes["kv"] == "int4":
             cap = 168
+        else:
+            stages, cap = 2, 168
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 

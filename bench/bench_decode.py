@@ -33,27 +33,32 @@ SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
 ]
 
 
-def make(fmt, batch, ctx, hq, hkv, hd, page, group=64):
+def make(fmt, batch, ctx, hq, hkv, hd, page, group=64, layout="nhd"):
+    """Inputs of one decode call. layout "hnd" allocates the caches (and scales) head-major,
+    [pages, kv_heads, page, dim], and passes decode their [pages, page, kv_heads, dim] views."""
     pages = batch * ctx // page
     q = torch.randn(batch, hq, hd, device="cuda", dtype=torch.bfloat16)
     table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(batch, ctx // page)
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    shape = (lambda *dims: (dims[0], dims[2], dims[1], dims[3])) if layout == "hnd" else (lambda *dims: dims)
+    view = (lambda t: t.transpose(1, 2)) if layout == "hnd" else (lambda t: t)
     kw, extra = {}, 0
     if fmt == "bf16":
-        kc = torch.randn(pages, page, hkv, hd, device="cuda", dtype=torch.bfloat16)
+        kc = view(torch.randn(shape(pages, page, hkv, hd), device="cuda", dtype=torch.bfloat16))
         vc = torch.randn_like(kc)
     else:
         width = hd // 2 if fmt == "int4" else hd
         if fmt == "int4":
-            kc = torch.randint(0, 15, (pages, page, hkv, hd), device="cuda", dtype=torch.int8)
-            kc = (kc[..., 0::2] | (kc[..., 1::2] << 4)).contiguous()
+            codes = torch.randint(0, 15, shape(pages, page, hkv, hd), device="cuda", dtype=torch.int8)
+            kc = view((codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous())
         else:
-            kc = torch.randint(-127, 128, (pages, page, hkv, width), device="cuda", dtype=torch.int8)
+            kc = view(torch.randint(-127, 128, shape(pages, page, hkv, width), device="cuda", dtype=torch.int8))
         vc = kc.clone()
-        ks = (torch.rand(pages, page, hkv, hd // group, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
+        ks = view((torch.rand(shape(pages, page, hkv, hd // group), device="cuda") * 0.02 + 0.01).to(torch.bfloat16))
         vs = ks.clone()
         kw = dict(k_scale=ks, v_scale=vs, kv_format=fmt)
         extra = 2 * ks.numel() * ks.element_size()
+    assert vc.stride() == kc.stride()
     kv_bytes = 2 * kc.numel() * kc.element_size() + extra
     return (q, kc, vc, table, lens), kw, kv_bytes
 
@@ -64,6 +69,9 @@ def main():
     ap.add_argument("--formats", default="", help="format:group,... (group 0 for bf16); default: FORMATS")
     ap.add_argument("--shapes", default="",
                     help="BATCHxCONTEXTxHEAD_DIMxPAGE,... at 32 query / 8 KV heads; default: SHAPES")
+    ap.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
+                    help="hnd: caches allocated head-major, passed as [pages, page, kv_heads, dim] views "
+                         "(no layout-ceiling read: it assumes the token-major layout)")
     a = ap.parse_args()
     formats = [(f, int(g)) for f, g in (x.split(":") for x in a.formats.split(","))] if a.formats else FORMATS
     shapes = SHAPES
@@ -81,7 +89,7 @@ def main():
     empty = tempfile.mkdtemp()
     for fmt, group in formats:
         for batch, ctx, hq, hkv, hd, page in shapes:
-            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=group or 64)
+            args, kw, nbytes = make(fmt, batch, ctx, hq, hkv, hd, page, group=group or 64, layout=a.layout)
             out = torch.empty_like(args[0])
             t_aot = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             t_dirty = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False), flush="dirty")
@@ -94,9 +102,10 @@ def main():
             bw_aot, bw_jit = nbytes / t_aot, nbytes / t_jit
             ((_, _, grid, _), _) = capture_launches(lambda: loader.decode(*args, **kw, out=out, validate=False))
             splits = grid[2]  # decode's own split count (it follows the binary's occupancy)
-            ceil = ceiling(args[1], args[2], kw.get("k_scale"), kw.get("v_scale"), args[3], ctx, splits)
+            ceil = {1: float("nan")} if a.layout == "hnd" else \
+                ceiling(args[1], args[2], kw.get("k_scale"), kw.get("v_scale"), args[3], ctx, splits)
             pct = {h: 100 * nbytes / t / copy_bw for h, t in ceil.items()}
-            shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}"
+            shape = f"b{batch} ctx{ctx} h{hq}/{hkv} d{hd} page{page}" + (" head-major" if a.layout == "hnd" else "")
             print(f"{fmt:5s} {group or '-':>5} {batch:5d} {ctx:6d} {t_aot * 1e6:8.1f} {bw_aot / 1e9:9.0f} {100 * bw_aot / copy_bw:6.1f}% "
                   f"{100 * nbytes / t_dirty / copy_bw:8.1f}% {100 * nbytes / t_chained / copy_bw:7.1f}% {t_jit * 1e6:8.1f} {bw_jit / 1e9:9.0f} {pct.get(1, float('nan')):8.1f}% {pct.get(2, float('nan')):8.1f}% "
                   f"{ceil[1] / t_aot:8.2f}")
@@ -106,7 +115,7 @@ def main():
             rows.add("decode", variant, "aot_l2_zeroed", shape, "pct_of_copy", 100 * nbytes / t_dirty / copy_bw)
             rows.add("decode", variant, "aot_chained", shape, "pct_of_copy", 100 * nbytes / t_chained / copy_bw)
             rows.add("decode", variant, "jit", shape, "GBps", bw_jit / 1e9)
-            for h, p in pct.items():
+            for h, p in pct.items() if a.layout == "nhd" else ():
                 rows.add("decode", variant, f"layout_ceiling_{h}head", shape, "pct_of_copy", p)
             del args, kw, out
             torch.cuda.empty_cache()

@@ -468,7 +468,8 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                bytes as int8/uint8 with an explicit kv_format); Dc = D // 2 for int4 (int8 or uint8:
                channel 2i in the low nibble, 2i+1 in the high, each stored as value + 7).
                int8/int4 caches are read two bytes at a time: even strides and an even start
-               address, else ValueError.
+               address, else ValueError. Any strides with the last dim contiguous: a head-major
+               cache [pages, Hk, page_size, Dc] is passed as its .transpose(1, 2) view.
       table    [rows, max_pages] int32 page ids: token t of request b is at page
                table[row, t // page_size], offset t % page_size, with row = req_idx[b] or b.
       seq_lens [B] int32 tokens per request, 0 <= len <= max_pages * page_size (0 gives zeros).

@@ -135,6 +135,22 @@ def test_int4_one_scale_a_token_in_both_tiles(kv_heads, tile):
     assert [p.split_axes["tile"] for p in op._plans.values()] == [tile]
 
 
+@pytest.mark.parametrize("fmt,quant_group", [("bf16", 32), ("int8", 64), ("int8", 8), ("int4", 128), ("int4", 32),
+                                              ("fp8_e4m3", 32)])
+def test_head_major_cache_views_at_length(fmt, quant_group):
+    """Caches and scales stored head-major ([pages, kv_heads, page_size, dim]) and passed as
+    [pages, page_size, kv_heads, dim] views, batch 32 at 16K+: the reference, and bit for bit the
+    token-major cache's output."""
+    lens = long_lens(32, quant_group)
+    kw = dict(fmt=fmt, kv_heads=8, group=4, head_dim=128, page_size=16, quant_group=quant_group,
+              scale_dtype="bf16", extra_pages=7, device="cuda", seed=quant_group + 1)
+    hm, tm = make_case(lens, head_major=True, **kw), make_case(lens, **kw)
+    assert hm.k_cache.stride(2) == 16 * hm.k_cache.shape[3]
+    out = run(hm)
+    assert_close(out, hm.reference(), f"{fmt} group {quant_group} head-major")
+    assert torch.equal(out, run(tm))
+
+
 @pytest.mark.parametrize("head_dim", [64, 96, 256])
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "fp8_e4m3"])
 def test_head_dims(fmt, head_dim):

@@ -27,16 +27,26 @@ class Case:
         return R.decode_reference(self.q, self.k_real, self.v_real, self.table, self.seq_lens, **kw)
 
 
-def empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype):
+def zeros(shape, dtype, device, head_major=False):
+    """Zeros [pages, page_size, kv_heads, dim]; head_major: stored [pages, kv_heads, page_size, dim]
+    and returned as the transposed view (the layout decode and store_kv take either way)."""
+    if not head_major:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    pages, page_size, kv_heads, dim = shape
+    return torch.zeros(pages, kv_heads, page_size, dim, dtype=dtype, device=device).transpose(1, 2)
+
+
+def empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype, head_major=False):
     shape = (pages, page_size, kv_heads, head_dim // 2 if fmt == "int4" else head_dim)
     dtype = {"int8": torch.int8, "int4": torch.uint8, **FP8}.get(fmt, DTYPES.get(fmt, q_dtype))
-    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+    return zeros(shape, dtype, device, head_major), zeros(shape, dtype, device, head_major)
 
 
 def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=64, page_size=16,
               quant_group=32, scale_dtype="fp16", fp8_scale="per_head", extra_pages=3, req_idx=False,
-              token_level=False, device="cpu", seed=0) -> Case:
-    """A batch with lengths `lens`, pages in random order, the cache written by store_kv."""
+              token_level=False, head_major=False, device="cpu", seed=0) -> Case:
+    """A batch with lengths `lens`, pages in random order, the cache written by store_kv.
+    head_major: caches and scales stored [pages, kv_heads, page_size, dim], passed as views."""
     from aotc.loader.ops.store_kv import store_kv
 
     g = torch.Generator(device).manual_seed(seed)  # drawn where the test runs: 16K x 32 on a GPU
@@ -56,12 +66,12 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
     table[order] = own
     table = table.to(torch.int32)
 
-    k_cache, v_cache = empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype)
+    k_cache, v_cache = empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype, head_major)
     kwargs = {}
     if fmt in ("int8", "int4"):
         sshape = (pages, page_size, kv_heads, head_dim // quant_group)
-        kwargs["k_scale"] = torch.zeros(sshape, dtype=DTYPES[scale_dtype], device=device)
-        kwargs["v_scale"] = torch.zeros(sshape, dtype=DTYPES[scale_dtype], device=device)
+        kwargs["k_scale"] = zeros(sshape, DTYPES[scale_dtype], device, head_major)
+        kwargs["v_scale"] = zeros(sshape, DTYPES[scale_dtype], device, head_major)
     elif fmt in FP8 and fp8_scale is not None:
         if fp8_scale == "per_head":
             kwargs["k_scale"] = 0.5 + torch.rand(kv_heads, generator=g, device=device)

@@ -59,6 +59,29 @@ def test_int8_chunk_variant_with_window_sinks_req_idx_and_two_head_blocks():
     assert (out[0] == 0).all()
 
 
+def _bits(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+@pytest.mark.parametrize("fmt,head_dim,quant_group", [(f, 64, 32) for f in FORMATS] + [("int4", 128, 128),
+                                                                                     ("int8", 128, 64)])
+def test_head_major_cache_views(fmt, head_dim, quant_group):
+    # Caches and scales stored [pages, kv_heads, page_size, dim] (each head's page contiguous) and
+    # passed as their [pages, page_size, kv_heads, dim] views: store_kv writes through the views and
+    # decode reads them by their strides, bit for bit what it computes from a token-major cache.
+    lens = [65, 0, 1, 63, 129]  # both sides of 64- and 128-token tiles
+    kw = dict(fmt=fmt, head_dim=head_dim, quant_group=quant_group, kv_heads=3, group=2, seed=31)
+    hm, tm = make_case(lens, head_major=True, **kw), make_case(lens, **kw)
+    assert hm.k_cache.stride(2) == hm.k_cache.shape[1] * hm.k_cache.shape[3]  # head-major storage
+    assert torch.equal(_bits(hm.k_cache), _bits(tm.k_cache)) and torch.equal(_bits(hm.v_cache), _bits(tm.v_cache))
+    for key in ("k_scale", "v_scale"):
+        if fmt in ("int8", "int4"):
+            assert not hm.kwargs[key].is_contiguous() and torch.equal(hm.kwargs[key], tm.kwargs[key])
+    out = run(hm, num_splits=2)
+    assert_close(out, hm.reference(), f"{fmt} head-major")
+    assert torch.equal(out, run(tm, num_splits=2))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4"])
 def test_long_sequence_many_splits(fmt):
     case = make_case([2500, 70], fmt=fmt, kv_heads=1, group=8, head_dim=128, page_size=64, seed=2)

@@ -12,12 +12,17 @@ from pathlib import Path
 def provenance() -> dict:
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip() or os.environ.get("AOTC_COMMIT", "?")
-    except OSError:
-        commit = os.environ.get("AOTC_COMMIT", "?")
-    info = {"date": datetime.date.today().isoformat(), "commit": os.environ.get("AOTC_COMMIT", commit),
+    # AOTC_COMMIT, else the checkout's .commit (device.sh's carry: the device copy's git state, if
+    # any, is not this checkout's), else git.
+    stamp = Path(__file__).parent.parent / ".commit"
+    commit = os.environ.get("AOTC_COMMIT") or (stamp.read_text().strip() if stamp.is_file() else "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip() or "?"
+        except OSError:
+            commit = "?"
+    info = {"date": datetime.date.today().isoformat(), "commit": commit,
             "torch": torch.__version__}
     try:
         import importlib.metadata

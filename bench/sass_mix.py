@@ -19,14 +19,18 @@ import triton
 
 from aotc.aot import triton_compat
 from aotc.kernels.decode import spec as S
-from aotc.kernels.variants import VariantKey
+from aotc.kernels.variants import LaunchConfig, VariantKey
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 BRANCH_TARGET = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
 
 
-def compile_cubin(key: VariantKey, arch: int, kernel_path: str) -> bytes:
+def compile_cubin(key: VariantKey, arch: int, kernel_path: str, maxnreg: int = 0) -> bytes:
+    if maxnreg:  # the variant's launch config with another register cap
+        options = LaunchConfig.triton_options
+        with mock.patch.object(LaunchConfig, "triton_options", lambda cfg: dict(options(cfg), maxnreg=maxnreg)):
+            return compile_cubin(key, arch, kernel_path)
     if not kernel_path:
         return triton_compat.compile_variant(S.SPLIT, key, arch).cubin
     mod_spec = importlib.util.spec_from_file_location("decode_kernel_copy", kernel_path)
@@ -66,10 +70,11 @@ def main():
     ap.add_argument("keys", nargs="+", help="decode_split variant keys (aotc list --json spells them)")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--kernel", default="", help="a kernel.py copy to compile in place of the shipped one")
+    ap.add_argument("--maxnreg", type=int, default=0, help="compile with this register cap instead")
     ap.add_argument("--top", type=int, default=25, help="opcodes of the loop to print")
     a = ap.parse_args()
     for text in a.keys:
-        summary, mix, loop_len = describe(compile_cubin(VariantKey.parse(text), a.arch, a.kernel))
+        summary, mix, loop_len = describe(compile_cubin(VariantKey.parse(text), a.arch, a.kernel, a.maxnreg))
         print(f"{text}\n  {summary}; main loop {loop_len} instructions")
         print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(a.top)))
 

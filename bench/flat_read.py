@@ -23,7 +23,7 @@ import triton.language as tl
 from bench_decode import make
 from harness import Rows, copy_bandwidth, device_time
 from launch_overhead import capture_launches
-from layout_ceiling import ceiling
+from layout_ceiling import as_words, ceiling, read_tile
 
 from aotc import loader
 
@@ -47,18 +47,8 @@ def flat_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, total, H: tl.constexpr
         g = item - b * groups
         offs_t = j * BLOCK_N + tl.arange(0, BLOCK_N)
         m = offs_t < ctx
-        page = tl.load(Table + b * max_pages + offs_t // PAGE, mask=m, other=0).to(tl.int64)
-        token = page * PAGE + offs_t % PAGE
-        row = token * (H * W) + g * (HEADS * W)
-        x = tl.load(K + row[:, None] + cols[None, :], mask=m[:, None], other=0) ^ \
-            tl.load(V + row[:, None] + cols[None, :], mask=m[:, None], other=0)
-        if G > 0:
-            gcols = tl.arange(0, HEADS * G)
-            srow = token * (H * G) + g * (HEADS * G)
-            s = tl.load(KS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0) ^ \
-                tl.load(VS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0)
-            x = x ^ tl.sum(s.to(tl.int32), 1).to(tl.int16)[:, None]
-        acc += tl.sum(x.to(tl.int32), 0)
+        acc += tl.sum(read_tile(K, V, KS, VS, Table, b, g, offs_t, m, cols, max_pages, H, W, G, HEADS,
+                                PAGE).to(tl.int32), 0)
         if j == per_item - 1:
             tl.store(Out + p, tl.sum(acc, 0))
             acc = tl.zeros([HEADS * W], dtype=tl.int32)
@@ -67,14 +57,7 @@ def flat_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, total, H: tl.constexpr
 
 def flat(k_cache, v_cache, k_scale, v_scale, table, ctx, heads, per_sm, block_n, stages, warps):
     page, kv_heads = k_cache.shape[1:3]
-    k16, v16 = k_cache.view(torch.int16), v_cache.view(torch.int16)
-    W = k16.shape[-1]
-    if k_scale is not None:
-        ks16, vs16 = k_scale.contiguous().view(torch.int16), v_scale.contiguous().view(torch.int16)
-        G = ks16.shape[-1]
-    else:
-        ks16 = vs16 = k16
-        G = 0
+    k16, v16, ks16, vs16, W, G = as_words(k_cache, v_cache, k_scale, v_scale)
     batch, max_pages = table.shape
     total = batch * (kv_heads // heads) * triton.cdiv(ctx, block_n)
     n = torch.cuda.get_device_properties(0).multi_processor_count * per_sm

@@ -166,3 +166,16 @@ def copy_bandwidth(nbytes: int = 2 << 30, flush: str = "clean") -> float:
     dst = torch.empty_like(src)
     t = device_time(lambda: dst.copy_(src), flush=flush)
     return 2 * src.numel() / t
+
+
+def start(description: str | None = None) -> tuple[Rows, float]:
+    """The head of a benchmark whose only option is --out: its rows, and the copy bandwidth
+    measured (and printed) at the start of the run."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=None, help="append result rows (JSON lines) to this file")
+    rows = Rows(ap.parse_args().out)
+    copy_bw = copy_bandwidth()
+    print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
+    return rows, copy_bw

@@ -18,6 +18,25 @@ from harness import device_time
 
 
 @triton.jit
+def read_tile(K, V, KS, VS, Table, b, g, offs_t, m, cols, max_pages, H: tl.constexpr, W: tl.constexpr,
+              G: tl.constexpr, HEADS: tl.constexpr, PAGE: tl.constexpr):
+    # Request b's tokens offs_t (mask m) of KV heads [g * HEADS, (g + 1) * HEADS), through the page
+    # table: K ^ V words [len(offs_t), HEADS * W], each row XORed with its K and V scales' sum.
+    page = tl.load(Table + b * max_pages + offs_t // PAGE, mask=m, other=0).to(tl.int64)
+    token = page * PAGE + offs_t % PAGE
+    row = token * (H * W) + g * (HEADS * W)
+    x = tl.load(K + row[:, None] + cols[None, :], mask=m[:, None], other=0) ^ \
+        tl.load(V + row[:, None] + cols[None, :], mask=m[:, None], other=0)
+    if G > 0:
+        gcols = tl.arange(0, HEADS * G)
+        srow = token * (H * G) + g * (HEADS * G)
+        s = tl.load(KS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0) ^ \
+            tl.load(VS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0)
+        x = x ^ tl.sum(s.to(tl.int32), 1).to(tl.int16)[:, None]
+    return x
+
+
+@triton.jit
 def stream_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, H: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
                   HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     # K, V: int16 words [pages, PAGE, H, W]; KS, VS: int16 [pages, PAGE, H, G] (G = 0: no scales).
@@ -33,19 +52,19 @@ def stream_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, H: tl.constexpr, W: 
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         m = offs_t < hi
-        page = tl.load(Table + b * max_pages + offs_t // PAGE, mask=m, other=0).to(tl.int64)
-        token = page * PAGE + offs_t % PAGE
-        row = token * (H * W) + pid_h * (HEADS * W)
-        x = tl.load(K + row[:, None] + cols[None, :], mask=m[:, None], other=0) ^ \
-            tl.load(V + row[:, None] + cols[None, :], mask=m[:, None], other=0)
-        if G > 0:
-            gcols = tl.arange(0, HEADS * G)
-            srow = token * (H * G) + pid_h * (HEADS * G)
-            s = tl.load(KS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0) ^ \
-                tl.load(VS + srow[:, None] + gcols[None, :], mask=m[:, None], other=0)
-            x = x ^ tl.sum(s.to(tl.int32), 1).to(tl.int16)[:, None]
-        acc += tl.sum(x.to(tl.int32), 0)
+        acc += tl.sum(read_tile(K, V, KS, VS, Table, b, pid_h, offs_t, m, cols, max_pages, H, W, G, HEADS,
+                                PAGE).to(tl.int32), 0)
     tl.store(Out + (b * tl.num_programs(0) + pid_h) * splits + split, tl.sum(acc, 0))
+
+
+def as_words(k_cache, v_cache, k_scale, v_scale):
+    """The caches and scales as int16 words, with the words a token's row holds of each (W, G: 0
+    and the caches in the scales' place when there are no scales)."""
+    k16, v16 = k_cache.view(torch.int16), v_cache.view(torch.int16)
+    if k_scale is None:
+        return k16, v16, k16, v16, k16.shape[-1], 0
+    ks16, vs16 = k_scale.contiguous().view(torch.int16), v_scale.contiguous().view(torch.int16)
+    return k16, v16, ks16, vs16, k16.shape[-1], ks16.shape[-1]
 
 
 def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, heads_options=(1, 2), flush: str = "clean") -> dict:
@@ -53,14 +72,7 @@ def ceiling(k_cache, v_cache, k_scale, v_scale, table, ctx: int, splits: int, he
     Caches [pages, page, kv_heads, bytes] of any dtype (read as int16 words); scales None or
     [pages, page, kv_heads, groups] of a 2-byte dtype (fp32 scales are read as two words each)."""
     page, kv_heads = k_cache.shape[1:3]
-    k16, v16 = k_cache.view(torch.int16), v_cache.view(torch.int16)
-    W = k16.shape[-1]
-    if k_scale is not None:
-        ks16, vs16 = k_scale.contiguous().view(torch.int16), v_scale.contiguous().view(torch.int16)
-        G = ks16.shape[-1]
-    else:
-        ks16 = vs16 = k16
-        G = 0
+    k16, v16, ks16, vs16, W, G = as_words(k_cache, v_cache, k_scale, v_scale)
     batch, max_pages = table.shape
     best = {}
     for heads in heads_options:

@@ -3,22 +3,15 @@ program reads (contiguous bytes a token), tile and pipelining: layout_ceiling.st
 int4 / int8 / bf16 caches at head_dim 128, % of the copy bandwidth measured in the same run."""
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from bench_decode import make
-from harness import Rows, copy_bandwidth, device_time
+from harness import device_time, start
 from layout_ceiling import stream_kernel
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    rows = Rows(a.out)
-    copy_bw = copy_bandwidth()
-    print(f"copy {copy_bw / 1e9:.0f} GB/s")
+    rows, copy_bw = start(__doc__)
     for fmt, group in (("int4", 128), ("int8", 128), ("int4", 64)):
         for batch, ctx, page, splits in ((32, 4096, 16, 4), (64, 4096, 16, 3)):
             args, kw, nbytes = make(fmt, batch, ctx, 32, 8, 128, page, group=group)

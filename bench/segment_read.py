@@ -12,13 +12,11 @@ measured in the same run (a read of N bytes against a copy that reads and writes
 over segments a program and warps."""
 from __future__ import annotations
 
-import argparse
-
 import torch
 import triton
 import triton.language as tl
 
-from harness import Rows, copy_bandwidth, device_time
+from harness import device_time, start
 
 
 @triton.jit
@@ -43,12 +41,7 @@ def segment_kernel(Src, Table, Out, n_rows, ctx, max_pages, W: tl.constexpr, GRO
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    rows = Rows(a.out)
-    copy_bw = copy_bandwidth()
-    print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
+    rows, copy_bw = start(__doc__)
     batch, ctx, page, kv_heads = 32, 4096, 16, 8
     for fmt, slice_bytes in (("int4", 64), ("int8", 128), ("bf16", 256)):
         streams = 2 * batch  # K and V of each request

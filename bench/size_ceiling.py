@@ -6,23 +6,16 @@ denominator that alone costs, with no paging and no math. (A torch.sum read was 
 reference and dropped: it ran at 15-19% of copy, bound by its own reduction, not by memory.)"""
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from bench_decode import SHAPES, make
-from harness import Rows, chained_time, copy_bandwidth, device_time
+from harness import chained_time, device_time, start
 
 FORMATS = [("int4", 128), ("int8", 128), ("bf16", 0)]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    rows = Rows(a.out)
-    copy_bw = copy_bandwidth()
-    print(f"device-to-device copy (2 GiB moved): {copy_bw / 1e9:.0f} GB/s")
+    rows, copy_bw = start(__doc__)
     print(f"{'fmt':5s} {'shape':>12s} {'MB':>7s} {'copy %':>7s} {'chained %':>9s}")
     for fmt, group in FORMATS:
         for batch, ctx, hq, hkv, hd, page in SHAPES:

@@ -8,7 +8,10 @@ set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/aotc-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 AOTC_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+export PYTHONUNBUFFERED=1
+# bench/harness.py stamps rows with the carried .commit; without one, "unknown" (the device copy's
+# own git state, if any, is not this checkout's).
+[ -f .commit ] || export AOTC_COMMIT=unknown
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARNING | tail -2
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader

@@ -67,12 +67,15 @@ def describe(cubin: bytes) -> tuple[str, collections.Counter, int]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("keys", nargs="+", help="decode_split variant keys (aotc list --json spells them)")
+    ap.add_argument("keys", nargs="*", help="decode_split variant keys (--list prints every declared one)")
+    ap.add_argument("--list", action="store_true", help="print the declared decode_split variant keys")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--kernel", default="", help="a kernel.py copy to compile in place of the shipped one")
     ap.add_argument("--maxnreg", type=int, default=0, help="compile with this register cap instead")
     ap.add_argument("--top", type=int, default=25, help="opcodes of the loop to print")
     a = ap.parse_args()
+    if a.list:
+        print("\n".join(str(key) for key in S.SPLIT.keys()))
     for text in a.keys:
         summary, mix, loop_len = describe(compile_cubin(VariantKey.parse(text), a.arch, a.kernel, a.maxnreg))
         print(f"{text}\n  {summary}; main loop {loop_len} instructions")

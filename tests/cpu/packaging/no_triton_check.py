@@ -63,7 +63,7 @@ fake.n_params = 9
 cuda_driver._driver = fake
 sel = dispatch.Selection(spec, axes, 0, target, (9, 0))
 sel.launch((3, 1, 1), [FakeTensor(0x1000), FakeTensor(0x2002), FakeTensor(0x3000), 128, 100, 3, 0.5], stream=7)
-assert [l[1] for l in fake.loaded] == [target.entries.get(f"tiny_axpy(block=64,dtype=fp16)@aligned").sha256]
+assert [l[1] for l in fake.loaded] == [target.entries.get("tiny_axpy(block=64,dtype=fp16)@aligned").sha256]
 assert len(fake.launches) == 1 and fake.launches[0][1] == (3, 1, 1)
 shutil.copytree(Path(art) / "sm90", tmp / "bad" / "sm90")
 entry = target.entries.get("tiny_axpy(block=64,dtype=fp16)@generic")

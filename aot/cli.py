@@ -30,6 +30,7 @@ def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
     from aotc.loader.fallback import read_misses
 
     from .build import build as run_build
+    from .triton_compat import UnsupportedTritonError
 
     misses = read_misses(misses_file) if misses_file else None
     out = out_dir or str(default_root())
@@ -37,6 +38,8 @@ def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
         report = run_build(out, archs, kernels=kernels or None, jobs=jobs, misses=misses, progress=not quiet)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    except UnsupportedTritonError as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"{len(report.compiled)} compiled, {len(report.reused)} up to date, "
                f"{len(report.failed)} failed in {report.seconds:.1f}s -> {out}")
     for key, message in sorted(report.failed.items()):

@@ -11,12 +11,41 @@ from dataclasses import dataclass
 
 from aotc.kernels.variants import KernelSpec, VariantKey
 
-SUPPORTED_TRITON = ("3.6.",)
+# The one Triton whose internals this module calls; pyproject's `build` extra pins the same.
+SUPPORTED_TRITON = "3.6.0"
+BUILD_RECIPE = ("python -m venv aotc-build && aotc-build/bin/pip install 'aotc[build]' "
+                "(from a checkout: pip install -e '.[build]')")
+
+
+class UnsupportedTritonError(RuntimeError):
+    """`aotc build` found no Triton, or one whose compiler internals this module does not know."""
+
+
+def installed_triton() -> str | None:
+    """The installed Triton's version from package metadata (nothing imported), or None."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_supported(version: str | None) -> bool:
+    """A local build tag (3.6.0+git1234) is the same release."""
+    return version is not None and version.split("+")[0] == SUPPORTED_TRITON
 
 
 def triton_version() -> str:
-    """Read from package metadata: the incremental no-op build never imports triton."""
-    return importlib.metadata.version("triton")
+    """The installed Triton's version, refused unless the build supports it. Read from package
+    metadata: the incremental no-op build never imports triton, and the check runs before any
+    compile is planned."""
+    version = installed_triton()
+    if not is_supported(version):
+        found = f"Triton {version} is installed" if version else "Triton is not installed"
+        raise UnsupportedTritonError(
+            f"aotc build compiles with Triton {SUPPORTED_TRITON} only, and {found}. The runtime needs no "
+            f"Triton, so keep the one your torch wants there and build in an environment of its own: "
+            f"{BUILD_RECIPE}. The built artifacts run beside any Triton.")
+    return version
 
 
 @dataclass
@@ -62,8 +91,9 @@ def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if not triton.__version__.startswith(SUPPORTED_TRITON):
-        raise RuntimeError(f"aotc builds with Triton {SUPPORTED_TRITON[0]}x; found {triton.__version__}")
+    if not is_supported(triton.__version__):  # metadata and module can disagree (a second copy on the path)
+        raise UnsupportedTritonError(f"aotc builds with Triton {SUPPORTED_TRITON}; imported "
+                                     f"{triton.__version__} from {triton.__file__}")
     fn = jit_function(spec)
     check_consistency(spec, fn)
     axes = key.axis_dict

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: install this checkout (no network there), build
 # the sm90 artifacts, run the GPU tests, then the benchmarks. Results land under $OUT.
-#   usage: bash bench/device.sh [tests|bench|all|sweep]   (default all; sweep: decode only, bench/sweep_decode.py)
+#   usage: bash bench/device.sh [tests|bench|all]   (default all)
 #   `all` takes ~11 minutes on an H100, past the lent machine's 10-minute call: run tests, then bench.
 #   The device copy has no .git: pass `.commit` (git rev-parse --short HEAD > .commit) in the run's carry.
+# $OUT/bench.jsonl gets the build's rows (seconds, variants, binaries, bytes per kernel) and every
+# benchmark's; $OUT/decode.png the decode bandwidth plot where matplotlib is installed.
 set -uo pipefail
 what=${1:-all}
+case "$what" in tests|bench|all) ;; *) echo "usage: bash bench/device.sh [tests|bench|all]" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/aotc-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -16,31 +19,25 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WAR
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 start=$(date +%s)
-kernels=""
-[ "$what" = sweep ] && kernels="--kernel decode_split --kernel decode_merge"
-aotc build --arch sm90 -j 16 --quiet $kernels 2>&1 | tail -20 | tee "$OUT/build.log"
-echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
+aotc build --arch sm90 -j 16 --quiet 2>&1 | tail -20 | tee "$OUT/build.log"
+build_seconds=$(( $(date +%s) - start ))
+echo "build_seconds $build_seconds" | tee -a "$OUT/build.log"
 aotc list | tee -a "$OUT/build.log"
 aotc verify | tail -3 | tee -a "$OUT/build.log"
+aotc list --json > "$OUT/list.json"
+(cd bench && python3 -c "import harness; harness.record_build('$OUT/bench.jsonl', $build_seconds, 16, '$OUT/list.json')")
 if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout 420 python3 -m pytest tests/gpu -q -x -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
-fi
-if [ "$what" = sweep ]; then
-  cd bench
-  python3 launch_overhead.py --out "$OUT/bench.jsonl" 2>&1 | tail -12
-  python3 first_call.py --out "$OUT/bench.jsonl" 2>&1 | tail -8
-  python3 sweep_decode.py --out "$OUT/sweep.jsonl" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" | tail -60
-  cd ..
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   cd bench
   python3 launch_overhead.py --out "$OUT/bench.jsonl" 2>&1 | tail -12
   python3 first_call.py --out "$OUT/bench.jsonl" 2>&1 | tail -6
-  [ -f bench_decode.py ] && python3 bench_decode.py --out "$OUT/bench.jsonl" 2>&1 | tail -40
+  python3 bench_decode.py --out "$OUT/decode.jsonl" --plot "$OUT/decode.png" 2>&1 | tail -40
+  cat "$OUT/decode.jsonl" >> "$OUT/bench.jsonl"
   # head_dim 256, int8 per-group ("group": 2 stages at 168 registers since session 10)
-  [ -f bench_decode.py ] && python3 bench_decode.py --out "$OUT/bench.jsonl" --formats int8:128,int8:64 \
+  python3 bench_decode.py --out "$OUT/bench.jsonl" --formats int8:128,int8:64 \
     --shapes 32x4096x256x16,64x4096x256x16,1x32768x256x16 2>&1 | tail -7
-  [ -f l2_state.py ] && python3 l2_state.py --out "$OUT/bench.jsonl" 2>&1 | tail -22
-  [ -f bench_prefix_prefill.py ] && python3 bench_prefix_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -30
+  python3 bench_prefix_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -30
   cd ..
 fi

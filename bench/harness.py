@@ -82,7 +82,7 @@ class L2Flush:
     kernels that precede decode in a serving step. dirty: writes zeros to it, as Triton's do_bench
     does; the timed call then also pays for writing up to the whole L2 back to DRAM as its reads
     evict it (H100, ncu: 25 MB of DRAM writes inside decode's split kernel at batch 32 x 4K, next
-    to 139 MB of reads; bench/l2_state.py)."""
+    to 139 MB of reads; measured in session 6, BENCHMARKS.md's history)."""
 
     _buffers: dict = {}
 
@@ -179,3 +179,20 @@ def start(description: str | None = None) -> tuple[Rows, float]:
     copy_bw = copy_bandwidth()
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
     return rows, copy_bw
+
+
+def record_build(out: str, seconds: float, jobs: int, summary: str) -> None:
+    """Rows of one `aotc build`: its wall seconds (device.sh times it) and, per target and kernel,
+    the variants, binaries and bytes of `aotc list --json`'s `summary` (a file), so the build
+    figures in BENCHMARKS.md come from a results file like the timings."""
+    rows = Rows(out)
+    for target, info in sorted(json.loads(Path(summary).read_text()).items()):
+        if "error" in info:
+            raise ValueError(f"{target}: {info['error']}")
+        shape = f"{target} -j{jobs}"
+        rows.add("build", "all", "aotc_build", shape, "seconds", seconds)
+        rows.add("build", "all", "aotc_build", shape, "binaries", info["binaries"])
+        rows.add("build", "all", "aotc_build", shape, "bytes", info["bytes"])
+        for kernel, k in sorted(info["kernels"].items()):
+            for metric in ("variants", "binaries", "bytes"):
+                rows.add("build", kernel, "aotc_build", shape, metric, k[metric])

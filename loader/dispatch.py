@@ -113,7 +113,12 @@ class Selection:
         if self.target is None:
             reason = f"no artifacts for this device in {artifacts.current_source()}"
         fallback.record_miss(key, target, reason)
-        fallback.run_jit(self.spec, self.axes, grid, args, self.arch)
+        fallback.run_jit(self.spec, self.axes, grid, args, self.arch, built_with=self.built_with)
+
+    @property
+    def built_with(self) -> str | None:
+        """The Triton version that built this device's artifacts (None without artifacts)."""
+        return self.target.manifest.triton_version if self.target is not None else None
 
 
 def _misaligned_function(idx: tuple):
@@ -221,7 +226,7 @@ def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int
     if generic is None:
         if fallback.jit_disabled():
             return None
-        return fallback.jit_programs_per_sm(spec, axes, args, sel.arch)
+        return fallback.jit_programs_per_sm(spec, axes, args, sel.arch, built_with=sel.built_with)
     if any(_needs_general_launch(e) for e in sel.entries.values() if e):
         return None
     values = [0] * spec.leading_ptrs + list(args[spec.leading_ptrs:])

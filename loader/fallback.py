@@ -1,7 +1,10 @@
 """The JIT fallback: run a variant that was not built through Triton, warn once, log the miss.
 
 Triton is imported here, inside the functions, and only when a fallback actually happens (or
-when the ops run on CPU tensors under `TRITON_INTERPRET=1`). The miss log is JSON lines at
+when the ops run on CPU tensors under `TRITON_INTERPRET=1`). aotc does not install Triton (its
+runtime needs none): the fallback takes whatever Triton is installed, warns once when that is not
+the version that built the artifacts (its compile is then not the AOT binary), and where there
+is none raises `TritonUnavailableError` naming the key. The miss log is JSON lines at
 `AOTC_MISS_LOG`, by default `$XDG_CACHE_HOME/aotc/misses.jsonl` (`~/.cache/aotc/...`);
 `aotc build --from-misses FILE` compiles what it lists. `AOTC_DISABLE_JIT=1` turns a miss into
 an error naming the key and the command that would build it.
@@ -22,7 +25,11 @@ from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
 
 
 class MissingVariantError(RuntimeError):
-    """A variant that was not built, with JIT disabled."""
+    """A variant that was not built and cannot run through the JIT (disabled, or no Triton)."""
+
+
+class TritonUnavailableError(MissingVariantError):
+    """The JIT fallback or the interpreter was needed, and Triton cannot be imported."""
 
 
 class AotcJitFallbackWarning(UserWarning):
@@ -90,6 +97,45 @@ def read_misses(path: str | os.PathLike) -> list[tuple[VariantKey, str | None]]:
     return out
 
 
+_warned_versions: set[tuple[str, str]] = set()
+
+
+def import_triton(spec: KernelSpec, axes: Mapping, arch: int, built_with: str | None = None,
+                  interpreter: bool = False):
+    """Triton, for a JIT compile of `spec`'s variant (or an interpreter run): a clear error naming
+    the key where it is missing; a warning, once per pair of versions, where it is not the Triton
+    `built_with` names (the artifacts' builder), because its compile is not the AOT binary."""
+    try:
+        import triton
+    except ImportError as e:
+        key = VariantKey.make(spec.name, axes, GENERIC)
+        if interpreter:
+            raise TritonUnavailableError(
+                f"{key}: CPU tensors run through Triton's interpreter (TRITON_INTERPRET=1), and Triton "
+                f"cannot be imported ({e}). Install Triton (pip install 'aotc[build]' brings the one "
+                f"aotc builds with) or pass CUDA tensors.") from None
+        wanted = f"triton=={built_with}" if built_with and built_with != "?" else "triton"
+        raise TritonUnavailableError(
+            f"no built binary for {key} on sm{arch}, and the JIT fallback cannot compile it: Triton "
+            f"cannot be imported ({e}). Either build it (aotc build --arch sm{arch} --from-misses "
+            f"{miss_log_path()}, in a build environment: pip install 'aotc[build]') or install "
+            f"Triton here (pip install '{wanted}' compiles the artifacts' exact binary).") from None
+    installed = getattr(triton, "__version__", "?")
+    if not interpreter and built_with and built_with != "?" and installed != built_with:
+        pair = (installed, built_with)
+        with _lock:
+            new = pair not in _warned_versions
+            _warned_versions.add(pair)
+        if new:
+            warnings.warn(
+                f"aotc: the JIT fallback compiles with the installed Triton {installed}, but the artifacts "
+                f"were built with Triton {built_with}: a variant it compiles is not the AOT binary (its "
+                f"output may differ in the last bits). Build the missing variants with Triton {built_with} "
+                f"(aotc build --from-misses {miss_log_path()}) to run the exact binaries.",
+                AotcJitFallbackWarning, stacklevel=4)
+    return triton
+
+
 def jit_function(spec: KernelSpec):
     return getattr(importlib.import_module(spec.module), spec.function)
 
@@ -106,15 +152,18 @@ def aot_compile_options():
         yield
 
 
-def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: int) -> None:
-    """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key),
-    its interpreter under TRITON_INTERPRET=1."""
-    fn = jit_function(spec)
-    cfg = spec.launch(axes, arch)
-    constexprs = spec.compile_constexprs(axes, arch)
+def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: int,
+            built_with: str | None = None) -> None:
+    """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key when
+    the installed Triton is `built_with`, the artifacts' builder), its interpreter under
+    TRITON_INTERPRET=1."""
     import torch
 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    import_triton(spec, axes, arch, built_with, interpreter=device.type != "cuda")
+    fn = jit_function(spec)
+    cfg = spec.launch(axes, arch)
+    constexprs = spec.compile_constexprs(axes, arch)
     if device.type == "cuda":
         with torch.cuda.device(device), aot_compile_options():
             fn[grid](*args, **constexprs, **cfg.triton_options())
@@ -125,7 +174,8 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
         fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: int) -> int:
+def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: int,
+                        built_with: str | None = None) -> int:
     """What `dispatch.programs_per_sm` gives a built binary, for the binary Triton's JIT compiles
     for these arguments (the same bytes as the build's, so the same count): an op that sizes its
     grid from it launches the same grid either way, and AOT and JIT outputs stay equal bit for bit."""
@@ -133,6 +183,7 @@ def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: i
 
     from . import cuda_driver
 
+    import_triton(spec, axes, arch, built_with)
     fn = jit_function(spec)
     cfg = spec.launch(axes, arch)
     device = next(a.device for a in args if isinstance(a, torch.Tensor))

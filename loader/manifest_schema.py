@@ -24,7 +24,7 @@ left out when it is "bin/<sha256>.cubin"; "kernel" and "key" are the table's and
 Rows rather than one object per entry: json.loads allocates every object key again. For the
 280-entry sm90 build, side by side on the 2-core CPU machine: schema 1 (469 KB) parsed in 1.9 ms,
 these tables with an object per entry (151 KB) in 0.47 ms, with rows (92 KB) in 0.21 ms.
-bench/manifest_parse.py times what the loader pays (read_manifest + two gets).
+Timed with bench/manifest_parse.py (read_manifest + two gets), which left bench/ in issue 21 (git history).
 """
 from __future__ import annotations
 

@@ -52,11 +52,12 @@ def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(directory, as_json) -> None:
-    """Kernels, variant counts and bytes per target in DIRECTORY."""
+    """Kernels, variant counts and bytes per target in DIRECTORY; exit 1 if a manifest is refused."""
     summary = inspect_artifacts.summarize(directory or default_root())
+    refused = any("error" in info for info in summary.values())  # named in the output, then exit 1
     if as_json:
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
-        return
+        sys.exit(1 if refused else 0)
     if not summary:
         click.echo(f"no targets in {directory or default_root()}")
     for target, info in sorted(summary.items()):
@@ -67,6 +68,8 @@ def list_command(directory, as_json) -> None:
                    f"(Triton {info['triton_version']}, aotc {info['aotc_version']})")
         for kernel, k in sorted(info["kernels"].items()):
             click.echo(f"  {kernel:24s} {k['variants']:5d} variants {k['binaries']:5d} binaries {k['bytes']:10d} bytes")
+    if refused:
+        sys.exit(1)
 
 
 @cli.command()

@@ -17,7 +17,7 @@ def summarize(root: str | Path) -> dict:
     out = {}
     for folder in target_dirs(root):
         try:
-            m = read_manifest(folder)
+            m = read_manifest(folder, expect_target=folder.name)  # a folder is named after its target
             entries = m.entries  # builds every Entry: a malformed one raises here
         except ManifestError as e:
             out[folder.name] = {"error": str(e)}

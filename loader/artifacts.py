@@ -11,10 +11,11 @@ compatible within one major version only): sm90 on an H100, sm80 on an A100, sm8
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
-from .manifest import Entry, Manifest, ManifestError, read_manifest, sha256_file
+from .manifest import Entry, Manifest, ManifestError, escapes, read_manifest, sha256_file
 
 ENV_SOURCE = "AOTC_ARTIFACTS"
 
@@ -61,16 +62,33 @@ class TargetArtifacts:
         import hashlib
 
         path = self.folder / entry.path
+        if escapes(self.folder, path):  # a symlink out of the folder: its bytes are not ours to vouch for
+            raise ManifestError(f"{entry.key}: binary {path} leads outside {self.folder} (a symlink to "
+                                f"{os.path.realpath(path)}); refusing to load it")
         with self._lock:
             try:
-                data = path.read_bytes()
-            except FileNotFoundError:
+                # Opened without blocking and read only up to the manifest's size: a FIFO or a
+                # device file in its place would otherwise hang or fill the memory.
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise ManifestError(f"{entry.key}: binary {path} is not a regular file; refusing to "
+                                            f"load it (aotc verify {self.folder.parent})")
+                    with os.fdopen(fd, "rb", closefd=False) as f:
+                        data = f.read(entry.size + 1)
+                finally:
+                    os.close(fd)
+            except (FileNotFoundError, NotADirectoryError):
                 raise ManifestError(f"{entry.key}: binary {path} is missing; rebuild or re-pull the "
                                     f"artifacts (aotc verify {self.folder.parent})") from None
+            except OSError as e:  # a symlink loop, a folder in its place, no permission
+                raise ManifestError(f"{entry.key}: binary {path} cannot be read ({e.strerror}); refusing to "
+                                    f"load it (aotc verify {self.folder.parent})") from None
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != entry.size or digest != entry.sha256:
             raise ManifestError(
-                f"{entry.key}: binary {path} is damaged or altered (sha256 {digest}, {len(data)} bytes; "
+                f"{entry.key}: binary {path} is damaged or altered (sha256 {digest}, {st.st_size} bytes; "
                 f"manifest says {entry.sha256}, {entry.size} bytes); refusing to load it")
         return data
 

@@ -181,10 +181,22 @@ def _download(cache: Path, repo: str, revision: str, target: str, token: str | N
             raise CorruptArtifactsError(f"{repo}@{commit}: {manifest_name} does not match its hub hash "
                                         "even after downloading it again")
     manifest = read_manifest(folder, expect_target=target)
-    paths = sorted({e.path for e in manifest.entries})
+    keys: dict[str, list[str]] = {}
+    for e in manifest.entries:
+        keys.setdefault(e.path, []).append(e.key)
+
+    def get_binary(path: str) -> None:
+        try:
+            get(f"{target}/{path}", commit)
+        except EntryNotFoundError as e:  # the error names the entries, not only the file
+            raise HubError(f"{', '.join(keys[path])}: binary {target}/{path} is missing from {repo}@{commit}; "
+                           f"refusing the incomplete {target} artifacts") from e
+
     try:
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            list(pool.map(lambda p: get(f"{target}/{p}", commit), paths))
+            list(pool.map(get_binary, sorted(keys)))
+    except HubError:
+        raise
     except Exception as e:  # network and HTTP error classes differ between huggingface_hub versions
         raise HubError(f"downloading the {target} binaries of {repo}@{commit} failed: {e}") from e
     bad = _bad_paths(folder, manifest)

@@ -219,3 +219,86 @@ def _holder(common: dict, columns: list, rows: dict, name: str, value) -> str:
         return next(iter(rows), "(none)")
     i = columns.index(name)
     return next(k for k, r in rows.items() if r[i] == value)
+
+
+# What an entry's launch fields may hold. The loader hands these to the driver (block size, shared
+# memory, scratch allocations sized programs x bytes), so a value outside them is refused when its
+# entry is built, before any binary is read or loaded (tests/cpu/reliability/test_hostile_artifacts.py).
+SCALAR_PARAMS = ("i32", "u32", "fp32", "i64", "u64")  # launch._SLOT_FORMAT's keys (a test keeps them equal)
+MAX_SHARED = 1 << 20  # bytes of shared memory a block: no GPU has more than 228 KB
+MAX_SCRATCH = 1 << 30  # bytes of scratch a program
+MAX_BINARY = 1 << 30  # bytes of one binary
+_HEX = frozenset("0123456789abcdef")
+
+
+def _int(lo: int, hi: int, power_of_two: bool = False):
+    def check(v):
+        if type(v) is not int:
+            return f"not an integer: {v!r}"
+        if not lo <= v <= hi or (power_of_two and v & (v - 1)):
+            return f"{v} outside {lo}..{hi}" + (" or not a power of two" if power_of_two else "")
+        return None
+    return check
+
+
+def _kind(kind: type):
+    return lambda v: None if type(v) is kind else f"not a {kind.__name__}: {v!r}"
+
+
+def _symbol(v):
+    if type(v) is not str or not v or len(v) > 1024 or not (v[0].isalpha() or v[0] == "_") \
+            or not all(c.isalnum() or c in "_.$" for c in v) or not v.isascii():
+        return f"not a symbol name: {v!r}"
+    return None
+
+
+def _sha256(v):
+    return None if type(v) is str and len(v) == 64 and set(v) <= _HEX else f"not 64 lowercase hex digits: {v!r}"
+
+
+def _str_list(v):
+    return None if type(v) is list and all(type(s) is str and s for s in v) else f"not a list of names: {v!r}"
+
+
+def _params(v):
+    bad = _str_list(v)
+    if bad:
+        return bad
+    wrong = [p for p in v if not (p in SCALAR_PARAMS or (p[0] == "*" and p[1:].isidentifier()))]
+    return f"unknown parameter types {wrong}" if wrong else None
+
+
+def _cluster(v):
+    if type(v) is not list or len(v) != 3 or any(type(d) is not int or not 1 <= d <= 16 for d in v):
+        return f"not three integers 1..16: {v!r}"
+    return None
+
+
+_FIELD_CHECKS = {
+    "sha256": _sha256, "size": _int(1, MAX_BINARY), "symbol": _symbol, "path": _kind(str),
+    "params": _params, "param_names": _str_list, "divisible": _str_list,
+    "num_warps": _int(1, 32, power_of_two=True), "num_stages": _int(0, 64), "num_ctas": _int(1, 16),
+    "cluster_dims": _cluster, "shared": _int(0, MAX_SHARED),
+    "global_scratch_size": _int(0, MAX_SCRATCH), "global_scratch_align": _int(1, 4096, power_of_two=True),
+    "profile_scratch_size": _int(0, MAX_SCRATCH), "profile_scratch_align": _int(1, 4096, power_of_two=True),
+    "launch_cooperative_grid": _kind(bool), "launch_pdl": _kind(bool),
+    "constexprs": _kind(dict), "provenance": _kind(dict),
+}
+
+
+def entry_problem(fields: dict) -> str | None:
+    """Why an entry's assembled fields cannot be launched (the first field found wrong), or None.
+    Fields that are absent are left to Entry(**fields), which names them."""
+    for name, check in _FIELD_CHECKS.items():
+        if name in fields:
+            why = check(fields[name])
+            if why:
+                return f"{name} {why}"
+    params, names = fields.get("params"), fields.get("param_names")
+    if type(params) is list and type(names) is list and len(params) != len(names):
+        return f"{len(params)} params but {len(names)} param_names"
+    if type(names) is list and type(fields.get("divisible")) is list:
+        unknown = sorted(set(fields["divisible"]) - set(names))
+        if unknown:
+            return f"divisible names {unknown}, which are not parameters"
+    return None

@@ -59,7 +59,7 @@ def test_verify_and_list_report_a_malformed_entry_instead_of_failing(tiny_artifa
     r = run_cli("verify", art)
     assert r.returncode == 1 and "BAD" in r.stderr and "symbol" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("list", art, "--json")
-    assert r.returncode == 0 and "symbol" in json.loads(r.stdout)["sm90"]["error"]
+    assert r.returncode == 1 and "symbol" in json.loads(r.stdout)["sm90"]["error"]  # named, then exit 1
 
 
 def test_verify_refuses_an_incompatible_manifest(tiny_artifacts, tmp_path):

@@ -40,6 +40,9 @@ def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
         raise click.UsageError(str(e)) from None
     except UnsupportedTritonError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # a full disk, a folder it may not write: the previous manifest is still whole
+        raise click.ClickException(f"writing artifacts to {out} failed: {e}; the previous manifest, if any, "
+                                   "is unchanged and the next build resumes") from None
     click.echo(f"{len(report.compiled)} compiled, {len(report.reused)} up to date, "
                f"{len(report.failed)} failed in {report.seconds:.1f}s -> {out}")
     for key, message in sorted(report.failed.items()):

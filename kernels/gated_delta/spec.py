@@ -1,0 +1,103 @@
+"""Variants of the gated delta rule's recurrent decode kernel (recurrent.py).
+
+Axes (constexpr in the kernel):
+  dtype   q/k/v and output: fp16, bf16
+  k_dim   K, the key/query head size: 64, 128, 256 (the state tile holds a whole row of K)
+  layout  the state pool: vmajor [slots, HV, V, K] (K contiguous) or kmajor [slots, HV, K, V]
+2 * 3 * 2 = 12 variants, each built at two specialization levels per arch. Everything else is
+runtime: V (any multiple of 16 up to 512; the grid tiles it), T, heads and GVA group, GDN vs KDA
+gates (a K stride of 0 for GDN), the fused-gate form, q/k L2 norm, and the dtypes of the gate
+tensors (a code each: fp32, fp16, bf16).
+
+The tile: BV value rows x K, fp32, held in registers across the T tokens. BV = 4096 // K (a 16 KiB
+tile: 32 floats a thread at 4 warps), so a program's state traffic is the same at every K; the
+K-major layout keeps BV >= 32 so each K row of the tile is at least 128 contiguous bytes (one
+cache line). num_warps 4 (8 for the K-major K=256 tile of 32 x 256). num_stages 1: the token
+loop carries no loads worth pipelining (q/k/v are a few hundred bytes against 16 KiB of state).
+These are first choices, not measured yet: bench/bench_gated_delta.py --sweep times BV x warps
+through the JIT on the GPU.
+
+Stdlib only: the build and the loader import this without torch or triton.
+"""
+from __future__ import annotations
+
+from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
+
+DTYPES = ("fp16", "bf16")
+K_DIMS = (64, 128, 256)
+LAYOUTS = ("vmajor", "kmajor")
+MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
+V_MULTIPLE, MAX_V = 16, 512
+GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
+
+_ALIGNED_PTRS = ("Q", "K", "V", "Out", "State")
+_GATE_PTRS = ("G", "Beta", "A_log", "Dt_bias")
+_COUNTS = ("T", "HV", "group", "num_slots")
+# Strides of rows that hold whole 16-byte vectors (K, V multiples of 16): the ALIGNED binary
+# assumes them divisible by 16, which lets q/k/v/out and the state tile load as 16-byte vectors.
+_ALIGNED_INTS = ("V_DIM", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kt", "stride_kh",
+                 "stride_vb", "stride_vt", "stride_vh", "stride_ob", "stride_ot", "stride_oh",
+                 "stride_sn", "stride_sh", "stride_srow")
+_GATE_INTS = ("stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "stride_bt", "stride_bh",
+              "stride_dh", "stride_dk", "g_code", "beta_code", "alog_code", "dt_code", "fused", "qk_l2norm")
+
+ARGS = (
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V", "Out"))
+    + (Arg("State", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", dtype="=u8") for n in _GATE_PTRS)
+    + (Arg("Idx", "ptr", dtype="=i32"),)
+    + (Arg("scale", "fp32"),)
+    + tuple(Arg(n, "i32") for n in _COUNTS)
+    + tuple(Arg(n, "i32", aligned=True) for n in _ALIGNED_INTS)
+    + tuple(Arg(n, "i32") for n in _GATE_INTS)
+)
+
+CONSTEXPRS = ("K_DIM", "BV", "KMAJOR")
+
+
+def block_v(k_dim: int, layout: str) -> int:
+    """Value rows a program: a 16 KiB fp32 tile, at least 32 rows for the K-major layout."""
+    bv = 4096 // k_dim
+    return max(bv, 32) if layout == "kmajor" else bv
+
+
+def constexprs(axes) -> dict:
+    k = int(axes["k_dim"])
+    return {"K_DIM": k, "BV": block_v(k, axes["layout"]), "KMAJOR": int(axes["layout"] == "kmajor")}
+
+
+def variants():
+    for dtype in DTYPES:
+        for k in K_DIMS:
+            for layout in LAYOUTS:
+                yield {"dtype": dtype, "k_dim": k, "layout": layout}
+
+
+def launch(axes, arch: int) -> LaunchConfig:
+    k = int(axes["k_dim"])
+    warps = 8 if block_v(k, axes["layout"]) * k > 4096 else 4
+    return LaunchConfig(num_warps=warps, num_stages=1)
+
+
+def axes_for(dtype: str, k_dim: int, layout: str) -> dict:
+    return {"dtype": dtype, "k_dim": k_dim, "layout": layout}
+
+
+def grid(batch: int, hv: int, v_dim: int, bv: int) -> tuple[int, int, int]:
+    """(B * HV * cdiv(V, BV), 1, 1): no length in it."""
+    return (batch * hv * (-(-v_dim // bv)), 1, 1)
+
+
+DECODE = KernelSpec(
+    name="gated_delta_decode",
+    module="aotc.kernels.gated_delta.recurrent",
+    function="gated_delta_decode_kernel",
+    args=ARGS,
+    constexpr_names=CONSTEXPRS,
+    constexprs=constexprs,
+    variants=variants,
+    launch=launch,
+    sources=("recurrent.py",),
+)
+
+KERNELS = (DECODE,)

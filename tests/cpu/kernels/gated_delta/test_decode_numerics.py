@@ -32,7 +32,7 @@ def test_grouped_value_heads(layout, H, HV):
 @pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
 @pytest.mark.parametrize("V", [16, 48, 80, 128])
 def test_value_sizes_and_tails(layout, V):
-    # K = 64: BV 64 (V-major), so 48 and 80 end in a partial tile, 128 is two whole ones.
+    # K = 64: BV 16 (V-major) tiles every V whole; BV 32 (K-major) leaves a partial tile at 16, 48 and 80.
     args, kw = make_case(B=2, T=2, H=1, HV=2, V=V, layout=layout, kda=V == 80, seed=V)
     check_case(gated_delta_decode, args, kw)
 

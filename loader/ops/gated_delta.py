@@ -297,7 +297,8 @@ library.define("gated_delta_decode(Tensor q, Tensor k, Tensor v, Tensor? g, Tens
 
 
 def _meta(t):
-    return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
+    # t.device, not get_device(): that is -1 for the CPU and for meta tensors alike.
+    return None if t is None else (t.size(), t.stride(), t.dtype, t.device)
 
 
 _plans: dict = register_plan_cache({})

@@ -278,6 +278,19 @@ def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
                                                 _as_bytes(dt), state_indices, *plan.ints))
 
 
+def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l2norm=False, state_layout="vmajor",
+                A_log=None, a=None, dt_bias=None, b=None):
+    """(axes, grid, args) of the kernel launch a checked call makes, args as Triton's JIT takes them
+    (the bench's --sweep launches the same kernel with other tiles)."""
+    _d, scale, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
+                                     state_layout, out)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused)
+    gt, bt = (a, b) if fused else (g, beta)
+    al, dt = (A_log, dt_bias) if fused else (state_indices, state_indices)
+    args = (q, k, v, out, state, _as_bytes(gt), _as_bytes(bt), _as_bytes(al), _as_bytes(dt), state_indices, *plan.ints)
+    return plan.axes, plan.grid, args
+
+
 def _decode_op(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                out) -> None:
     _d, scale, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,

@@ -27,7 +27,8 @@ BAD = [
     ("q dtype", lambda a, k: a.update(q=a["q"].float()), TypeError, "q must be of dtype"),
     ("q dims", lambda a, k: a.update(q=a["q"][0]), ValueError, "q must be 4-D"),
     ("K size", lambda a, k: a.update(q=a["q"][..., :48], k=a["k"][..., :48]), ValueError, "(K) must be one of"),
-    ("T past 8", lambda a, k: a.update(**{n: a[n].repeat(1, 5, *[1] * (a[n].dim() - 2)) for n in ("q", "k", "v", "g", "beta")}),
+    ("T past 8", lambda a, k: a.update(**{n: a[n].repeat(1, 5, *[1] * (a[n].dim() - 2))
+                                          for n in ("q", "k", "v", "g", "beta")}),
      ValueError, "(T, tokens a row) must be in [1, 8]"),
     ("q stride", lambda a, k: a.update(q=torch.stack([a["q"], a["q"]], -1)[..., 0]), ValueError,
      "q must be contiguous in its last dim"),
@@ -48,7 +49,8 @@ BAD = [
     ("beta dtype", lambda a, k: a.update(beta=a["beta"].to(torch.int32)), TypeError, "beta must be of dtype"),
     ("beta shape", lambda a, k: a.update(beta=a["beta"][..., None]), ValueError, "beta must be 3-D"),
     ("g and the fused form", lambda a, k: k.update(A_log=torch.zeros(2)), ValueError, "pass either g and beta"),
-    ("state dtype", lambda a, k: a.update(state=a["state"].double()), TypeError, "state must be of dtype torch.float32"),
+    ("state dtype", lambda a, k: a.update(state=a["state"].double()), TypeError,
+     "state must be of dtype torch.float32"),
     ("state dims", lambda a, k: a.update(state=a["state"][0]), ValueError, "state must be 4-D"),
     ("state layout shape", lambda a, k: k.update(state_layout="kmajor"), ValueError,
      "[slots, HV, K, V] = [slots, 2, 64, 32] for state_layout='kmajor'"),
@@ -73,7 +75,8 @@ BAD = [
     ("out dtype", lambda a, k: k.update(out=torch.empty(3, 2, 2, 32)), TypeError, "out must be of dtype"),
     ("out shape", lambda a, k: k.update(out=torch.empty(3, 2, 2, 64, dtype=torch.bfloat16)), ValueError,
      "out must be of shape (3, 2, 2, 32)"),
-    ("out stride", lambda a, k: k.update(out=torch.full((3, 2, 32, 2), float("nan"), dtype=torch.bfloat16).transpose(2, 3)),
+    ("out stride", lambda a, k: k.update(out=torch.full((3, 2, 32, 2), float("nan"),
+                                                        dtype=torch.bfloat16).transpose(2, 3)),
      ValueError, "out must be contiguous in its last dim"),
 ]
 

@@ -214,6 +214,10 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
         check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
+    programs = S.grid(d.B, d.HV, d.V, S.block_v(d.K, state_layout))[0]
+    if programs > _I32_MAX:
+        _fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
+              f"programs", f"{programs} programs")
     return d, check_scale(scale, d.K, OP), fused
 
 

@@ -62,16 +62,17 @@ def _unit_last(t, name, op):
         _fail(op, name, "contiguous in its last dim (stride 1)", f"strides {t.stride()}")
 
 
-def check_qkv(q, k, v, op, max_t=None) -> Dims:
-    """q, k [B, T, H, K] and v [B, T, HV, V]: fp16/bf16 alike, last dims contiguous, K in
-    spec.K_DIMS, V a multiple of 16 up to spec.MAX_V, HV a multiple of H, T >= 1 (<= max_t)."""
+def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE, max_v=S.MAX_V) -> Dims:
+    """q, k [B, T, H, K] and v [B, T, HV, V] (varlen: B = 1, T = total tokens): fp16/bf16 alike,
+    last dims contiguous, K in k_dims, V a multiple of v_multiple up to max_v, HV a multiple of H,
+    T >= 1 (<= max_t). The defaults are the decode kernel's."""
     check_tensor(q, "q", op, QKV_DTYPES, 4)
     dev = q.device
     check_tensor(k, "k", op, (q.dtype,), 4, dev)
     check_tensor(v, "v", op, (q.dtype,), 4, dev)
     B, T, H, K = q.shape
-    if K not in S.K_DIMS:
-        _fail(op, "q.shape[3] (K)", f"one of {S.K_DIMS}", K)
+    if K not in k_dims:
+        _fail(op, "q.shape[3] (K)", f"one of {tuple(k_dims)}", K)
     if T < 1 or (max_t is not None and T > max_t):
         _fail(op, "q.shape[1] (T, tokens a row)", f"in [1, {max_t}]" if max_t else ">= 1", T)
     if tuple(k.shape) != tuple(q.shape):
@@ -81,8 +82,8 @@ def check_qkv(q, k, v, op, max_t=None) -> Dims:
     HV, V = v.shape[2], v.shape[3]
     if H < 1 or HV < 1 or HV % H:
         _fail(op, "v.shape[2] (HV, value heads)", f"a positive multiple of H = {H}", HV)
-    if V < S.V_MULTIPLE or V % S.V_MULTIPLE or V > S.MAX_V:
-        _fail(op, "v.shape[3] (V)", f"a multiple of {S.V_MULTIPLE} in [{S.V_MULTIPLE}, {S.MAX_V}]", V)
+    if V < v_multiple or V % v_multiple or V > max_v:
+        _fail(op, "v.shape[3] (V)", f"a multiple of {v_multiple} in [{v_multiple}, {max_v}]", V)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _unit_last(t, name, op)
     return Dims(B, T, H, K, HV, V)

@@ -1,0 +1,155 @@
+"""gated_delta_decode on a GPU against the float32 reference (the CPU suite's cases.py at model
+sizes: K = V = 128 and 256, 256 rows), AOT == JIT bit for bit, misaligned inputs through the
+generic binary, CUDA-graph capture and replay, and no out-of-range access under memcheck.
+
+The reference loops over rows, heads and tokens on the CPU; shapes keep that under a second or
+two a case. Tolerances: cases.STATE_TOL / OUT_TOL (same as on the CPU).
+"""
+import warnings
+
+import pytest
+import torch
+
+from aotc import loader
+from aotc.loader import fallback
+from aotc.loader.fallback import AotcJitFallbackWarning
+from tests.cpu.kernels.gated_delta.cases import OUT_TOL, STATE_TOL, assert_close, check_case, make_case, reference
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+ORDER = ("q", "k", "v", "g", "beta", "state", "state_indices")
+PADS = (0, 7, 100, 255)
+
+
+@pytest.mark.parametrize("K", [128, 256])
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+@pytest.mark.parametrize("kda,fused,l2", [(False, False, True), (False, True, True), (True, False, False),
+                                          (True, True, True)])
+def test_model_sizes_match_reference(K, layout, kda, fused, l2):
+    T = 1 if K == 128 else 3
+    args, kw = make_case(B=256, T=T, H=2, HV=4, K=K, V=K, dtype=torch.bfloat16, kda=kda, fused=fused, qk_l2norm=l2,
+                         layout=layout, pads=PADS, slots=300, device=DEV, seed=K + 2 * kda + fused)
+    check_case(loader.gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("T", [1, 2, 8])
+def test_bench_shape_and_speculative_lengths(T):
+    # The benchmark's heads (H 16, HV 32) at fewer rows, fp16, gates in bf16.
+    args, kw = make_case(B=24 if T == 1 else 8, T=T, H=16, HV=32, K=128, V=128, dtype=torch.float16,
+                         gate_dtype=torch.bfloat16, qk_l2norm=True, pads=(3,), device=DEV, seed=T)
+    check_case(loader.gated_delta_decode, args, kw)
+
+
+def test_k64_and_value_tails():
+    for V, layout in ((64, "vmajor"), (48, "kmajor"), (80, "kmajor"), (512, "vmajor")):
+        args, kw = make_case(B=40, T=2, H=1, HV=2, K=64, V=V, layout=layout, kda=True, pads=(1,), device=DEV, seed=V)
+        check_case(loader.gated_delta_decode, args, kw)
+
+
+@pytest.fixture
+def jit_only(tmp_path, monkeypatch):
+    """Switch the loader to an empty artifacts folder: every call runs through Triton's JIT.
+    The fallback warns once per key a process: forget earlier warnings so each test sees its own."""
+    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    monkeypatch.setattr(fallback, "_warned", set())
+    yield lambda on: loader.set_artifacts(tmp_path if on else None)
+    loader.set_artifacts(None)
+
+
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_aot_equals_jit_bit_for_bit(jit_only, layout, dtype):
+    args, kw = make_case(B=256, T=2, H=16, HV=32, K=128, V=128, dtype=dtype, kda=layout == "kmajor", fused=True,
+                         qk_l2norm=True, layout=layout, pads=PADS, slots=260, device=DEV, seed=21)
+    results = []
+    for jit in (False, True):
+        jit_only(jit)
+        pool = args["state"].clone()
+        out = torch.full((256, 2, 32, 128), float("nan"), dtype=dtype, device=DEV)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader.gated_delta_decode(*[args[n] if n != "state" else pool for n in ORDER], **kw, out=out)
+            torch.cuda.synchronize()
+        fell_back = any(issubclass(w.category, AotcJitFallbackWarning) for w in caught)
+        assert fell_back == jit, "the AOT call must find its binary (run `aotc build --arch sm90` first)" if not jit \
+            else "the JIT call must miss"
+        results.append((out, pool))
+    (o1, s1), (o2, s2) = results
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16))
+    assert torch.equal(s1.view(torch.int32), s2.view(torch.int32))
+
+
+def test_misaligned_inputs_take_the_generic_binary():
+    args, kw = make_case(B=64, T=2, H=2, HV=4, K=128, V=128, qk_l2norm=True, device=DEV, seed=22)
+    # q, k, v and the pool one element past a 16-byte boundary: the ALIGNED binary's assumptions
+    # fail and the GENERIC one runs.
+    shifted = {}
+    for n in ("q", "k", "v", "state"):
+        t = args[n]
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=DEV)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16
+        shifted[n] = view
+    out = torch.full((64, 2, 4, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    loader.gated_delta_decode(*[shifted.get(n, args[n]) for n in ORDER], **kw, out=out)
+    ref_out, ref_pool = reference(args, kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(shifted["state"], ref_pool, STATE_TOL, "state")
+
+
+def test_cuda_graph_capture_and_replay():
+    args, kw = make_case(B=32, T=1, H=2, HV=4, K=128, V=128, kda=True, fused=True, qk_l2norm=True, pads=(5,),
+                         device=DEV, seed=23)
+    pool = args["state"].clone()
+    out = torch.empty(32, 1, 4, 128, dtype=torch.bfloat16, device=DEV)
+    call = [args[n] if n != "state" else pool for n in ORDER]
+    loader.gated_delta_decode(*call, **kw, out=out)  # warm: plan, binary loaded
+    torch.cuda.synchronize()
+    start = args["state"].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loader.gated_delta_decode(*call, **kw, out=out)
+    # New values in the captured buffers: the replay follows them.
+    args["q"].copy_(torch.randn_like(args["q"]))
+    args["state_indices"].copy_(torch.randperm(start.shape[0], device=DEV)[:32].to(torch.int32))
+    args["state_indices"][9] = -1
+    pool.copy_(start)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_pool = reference(dict(args, state=start), kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(pool, ref_pool, STATE_TOL, "state")
+
+
+_MEMCHECK = """
+import torch
+from aotc import loader
+from tests.cpu.kernels.gated_delta.cases import make_case
+for layout, V in (("vmajor", 128), ("kmajor", 80)):
+    args, kw = make_case(B=16, T=3, H=1, HV=2, K=128, V=V, layout=layout, slots=20, device="cuda", kda=True,
+                         fused=True)
+    # Padded rows, and indices past the pool that validate=False lets through: no state access.
+    args["state_indices"][:4] = torch.tensor([-1, 20, 1 << 30, -(1 << 30)], dtype=torch.int32)
+    loader.gated_delta_decode(*[args[n] for n in ("q", "k", "v", "g", "beta", "state", "state_indices")], **kw,
+                              validate=False)
+    torch.cuda.synchronize()
+"""
+
+
+def test_no_out_of_bounds_access_under_memcheck():
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer is not on PATH")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # one allocation per tensor: exact bounds
+    res = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", _MEMCHECK],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "ERROR SUMMARY: 0 errors" in res.stdout

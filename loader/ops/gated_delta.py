@@ -356,7 +356,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
                 twice (one device sync; skipped under CUDA-graph capture and torch.compile).
     Returns out. CUDA-graph safe: the grid is B * HV * cdiv(V, BV), no length or value in it.
     Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index),
-    naming the argument, before anything is launched.
+    naming the argument, before anything is launched. NaN and inf in the inputs are not checked:
+    NaN in, NaN out (the request's outputs and state from that token on; other requests unaffected).
     """
     if torch.compiler.is_compiling():  # the op's Meta implementation runs the checks
         if out is None:

@@ -8,6 +8,7 @@ import torch
 from aotc.kernels.prefix_prefill import spec as _spec
 
 from . import library
+from .overlap import check_disjoint
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -110,6 +111,10 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     if out is not None:
         _tensor("out", out, (torch.float8_e4m3fn,) if out_scale is not None else (q.dtype,), 3, dev)
         _need(tuple(out.shape) == tuple(q.shape), "out", f"shaped like q {tuple(q.shape)}", tuple(out.shape))
+        # A program writes its rows of out while later programs still read earlier rows of k and v.
+        check_disjoint("prefix_prefill", "out", out, {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache,
+                                                      "block_table": block_table, "query_start_loc": query_start_loc,
+                                                      "seq_lens": seq_lens, "sinks": sinks})
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
                     ("block_table", block_table)):
         if t is not None:
@@ -231,6 +236,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     Returns out `[T, q_heads, D]`.
     Raises TypeError for a wrong type or dtype and ValueError for a wrong shape, stride, device,
     option or (when validated) length, naming the argument, before anything is launched.
+    `out` may not share memory with any input (ValueError naming it). NaN and inf in the inputs are
+    not checked: NaN in, NaN out (a non-finite q row, or k/v row it attends to, gives that row
+    non-finite values; other rows are unaffected).
     """
     _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, k_scale,
                        v_scale, sm_scale, window, sinks, out_scale, out)

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from . import library
+from .overlap import check_disjoint
 from .decode import _FP8_DTYPES, _KV, _check_cache, _skip_value_checks, _tensor
 
 _QMAX = {"int8": 127.0, "int4": 7.0}
@@ -31,6 +32,11 @@ def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> 
     _tensor(slots, "slots", (torch.int32,), dim=1, device=dev)
     if slots.shape[0] != tokens:
         raise ValueError(f"slots: expected [tokens={tokens}], got {tuple(slots.shape)}")
+    # Each written tensor apart from everything else: one cache passed twice would get v over k.
+    written = {"k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale}
+    read = {"k": k, "v": v, "slots": slots}
+    for i, (name, t) in enumerate(written.items()):
+        check_disjoint("store_kv", name, t, {**dict(list(written.items())[:i]), **read})
     return kv
 
 
@@ -104,7 +110,10 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
     validate  check slots against the cache (one device sync; skipped under torch.compile and
               CUDA graph capture).
 
-    Errors: TypeError / ValueError naming the argument, before anything is written.
+    Errors: TypeError / ValueError naming the argument, before anything is written; a cache or
+              scale that shares memory with another argument (v_cache=k_cache) is refused.
+              NaN/inf in k or v are not checked: fp16/bf16/fp8 store them as they are (fp8
+              saturates inf); int8/int4 store a NaN scale for their group, so decode reads NaN.
     """
     if torch.compiler.is_compiling():
         torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)

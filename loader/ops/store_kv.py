@@ -33,8 +33,12 @@ def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> 
     if slots.shape[0] != tokens:
         raise ValueError(f"slots: expected [tokens={tokens}], got {tuple(slots.shape)}")
     # Each written tensor apart from everything else: one cache passed twice would get v over k.
-    written = {"k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale}
+    written = {"k_cache": k_cache, "v_cache": v_cache}
     read = {"k": k, "v": v, "slots": slots}
+    if kv.fmt in _QMAX:  # int8/int4 write their scales; fp8 only reads them (one tensor may serve both)
+        written.update(k_scale=k_scale, v_scale=v_scale)
+    else:
+        read.update(k_scale=k_scale, v_scale=v_scale)
     for i, (name, t) in enumerate(written.items()):
         check_disjoint("store_kv", name, t, {**dict(list(written.items())[:i]), **read})
     return kv

@@ -503,21 +503,21 @@ def cached_plan(key, d: _Decode, out) -> _Plan:
 
 
 def _decode_op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-               num_splits, out, lse, scale_layout) -> None:
+               num_splits, out, lse=None, scale_layout="group") -> None:
     d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                       window, sinks, num_splits, out, lse, scale_layout)
     _run_decode(d, out)
 
 
 def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                 sinks, num_splits, out, lse, scale_layout) -> None:
+                 sinks, num_splits, out, lse=None, scale_layout="group") -> None:
     _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
                   sinks, num_splits, out, lse, scale_layout)
 
 
 library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
                "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse, str scale_layout) -> ()", _decode_op, _decode_fake)
+               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()", _decode_op, _decode_fake)
 
 
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",

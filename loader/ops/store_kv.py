@@ -80,17 +80,17 @@ def _check_slots(slots, kv: _KV) -> None:
         raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
 
 
-def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout) -> None:
+def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
     kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
     _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
 
 
-def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout) -> None:
+def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
     _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
 
 
 library.define("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
-               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format, str scale_layout) -> ()", _store_kv_op, _store_kv_fake)
+               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format, str scale_layout=\"group\") -> ()", _store_kv_op, _store_kv_fake)
 
 
 def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",

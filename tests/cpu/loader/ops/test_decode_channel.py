@@ -123,3 +123,18 @@ def test_channel_layout_is_for_int8_only():
                k_scale=torch.ones(2, 64), v_scale=torch.ones(2, 64))
     with pytest.raises(ValueError, match="per-channel scales are for int8"):
         S.split_axes("bf16", "int8", "bf16", 128, channel=True)
+
+
+def test_fullgraph_compile_with_lse_and_channel_scales():
+    case = make_case([20, 130], fmt="int8", scale_layout="channel", seed=67)
+
+    def step(q, k_cache, v_cache, k_scale, v_scale, table, seq_lens):
+        out, lse = decode(q, k_cache, v_cache, table, seq_lens, k_scale=k_scale, v_scale=v_scale,
+                          scale_layout="channel", return_lse=True)
+        return out * 2, lse + 1
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    args = (case.q, case.k_cache, case.v_cache, case.kwargs["k_scale"], case.kwargs["v_scale"], case.table,
+            case.seq_lens)
+    got, want = compiled(*args), step(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -8,8 +8,10 @@ takes the plan `decode` caches for that metadata (decode.cached_plan: grids, var
 every non-pointer argument), and packs the step's own pointers (table, lengths, req_idx, sinks,
 and a workspace of its own) into private copies of the two launches' parameter buffers.
 `plan.run(q, k_cache, v_cache, out, k_scale, v_scale)` then reads each tensor's dtype, size,
-stride and device, compares them with the plan's (the cheap check: ~14 attribute reads, no
-tensor created), packs the per-layer pointers and launches the split and merge kernels.
+stride and device, compares them with the plan's (the cheap check: 16 metadata reads for q,
+k_cache, v_cache and out, 8 more with int8/int4 scales; no tensor created), packs the per-layer
+pointers (5 into the split kernel's buffer, 1-2 into the merge's) and makes the two driver calls.
+Measured against bare driver calls by bench/launch_overhead.py ("aot_plan_run").
 
 What run() checks, and why that is enough: a layer's q, caches, scales, out and lse must have
 the plan's dtypes, sizes and strides exactly (so the packed strides and grid fit them, and the
@@ -64,33 +66,51 @@ def _describe(t) -> str:
 
 class _Launch:
     """One kernel of a plan on the fast path: a private `dispatch.Prepared` (its own parameter
-    buffer) with the plan's fixed pointers packed once; `per_call` packs the rest from `offset`."""
+    buffer) with the plan's fixed pointers packed once; `pack(buffer, offset, ...)` packs the
+    per-layer ones. `go(aligned)` is the driver call of the ALIGNED or GENERIC binary, resolved
+    on first use into a closure that takes only the stream."""
 
-    __slots__ = ("prep", "grid", "pack", "offset")
+    __slots__ = ("prep", "grid", "pack", "offset", "buffer", "calls")
 
     def __init__(self, prep, fixed: dict, first_per_call: int, n_per_call: int):
-        self.prep, self.grid = prep, prep.grid
+        self.prep, self.grid, self.buffer = prep, prep.grid, prep.buffer
         for i, p in fixed.items():
             _PTR.pack_into(prep.buffer, 8 * i, p)
         self.pack = struct.Struct("<" + "Q" * n_per_call).pack_into
         self.offset = 8 * first_per_call
+        self.calls = [None, None]  # [generic, aligned]
 
-    def issue(self, aligned: bool, stream: int) -> None:
-        prep = self.prep
+    def go(self, aligned: bool):
+        call = self.calls[aligned]
+        return call if call is not None else self._resolve(aligned)
+
+    def _resolve(self, aligned: bool):
+        prep, grid = self.prep, self.grid
         sel = prep.sel
         if aligned and prep.use_aligned:
             la = sel.l_aligned or sel._launchable(ALIGNED)
         else:
             la = sel.l_generic or sel._launchable(GENERIC)
+        function, pointers = la.function, prep.pointers
         if la.needs_ex:
             config = (prep.ex_configs.get(la) or prep._ex_config(la))[0]
-            config.hStream = stream
-            code = la.driver.cuLaunchKernelEx(ctypes.byref(config), la.function, prep.pointers, None)
+            ref, launch_ex = ctypes.byref(config), la.driver.cuLaunchKernelEx
+
+            def call(stream):
+                config.hStream = stream
+                code = launch_ex(ref, function, pointers, None)
+                if code:
+                    la._retry_or_raise(code, grid, stream, pointers)
         else:
-            gx, gy, gz = self.grid
-            code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, prep.pointers, None)
-        if code:
-            la._retry_or_raise(code, self.grid, stream, prep.pointers)
+            gx, gy, gz = grid
+            block, shared, launch = la.block, la.shared, la.cu_launch
+
+            def call(stream):
+                code = launch(function, gx, gy, gz, block, 1, 1, shared, stream, pointers, None)
+                if code:
+                    la._retry_or_raise(code, grid, stream, pointers)
+        self.calls[aligned] = call
+        return call
 
 
 class DecodePlan:
@@ -138,6 +158,8 @@ class DecodePlan:
         self.return_lse = bool(return_lse)
         self.device = q.device
         self._meta = [_Meta(t) for t in (q, k_cache, v_cache, out)]
+        self._expect = (*(m.dtype for m in self._meta), *(m.size for m in self._meta),
+                        *(m.stride for m in self._meta), q.get_device())
         self._scale_meta = (_Meta(k_scale), _Meta(v_scale)) if k_scale is not None else None
         self._fp8 = d.kv.fmt in D._FP8_DTYPES
         self._lse_meta = _Meta(lse) if lse is not None else None
@@ -192,13 +214,20 @@ class DecodePlan:
         for return_lse plans, allocated when None) must have the plan's dtypes, shapes, strides
         and device. Returns out, or (out, lse) for a return_lse plan.
         """
-        mq, mk, mv, mo = self._meta
-        sm = self._scale_meta
-        try:  # (AttributeError: not a tensor)
-            if not (mq.matches(q) and mk.matches(k_cache) and mv.matches(v_cache) and mo.matches(out)) or (
-                    sm is not None and not (sm[0].matches(k_scale) and sm[1].matches(v_scale))):
-                self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, None)
-        except AttributeError:
+        # The cheap check (decided by its cost: ~16 attribute reads, no tensor created, ~1 us on
+        # a fast host): every layer tensor has the plan's dtype, size, strides and device.
+        e, sm = self._expect, self._scale_meta
+        try:
+            ok = (q.dtype is e[0] and k_cache.dtype is e[1] and v_cache.dtype is e[2] and out.dtype is e[3]
+                  and q.size() == e[4] and k_cache.size() == e[5] and v_cache.size() == e[6] and out.size() == e[7]
+                  and q.stride() == e[8] and k_cache.stride() == e[9] and v_cache.stride() == e[10]
+                  and out.stride() == e[11] and q.get_device() == e[12] and k_cache.get_device() == e[12]
+                  and v_cache.get_device() == e[12] and out.get_device() == e[12])
+            if ok and sm is not None:
+                ok = sm[0].matches(k_scale) and sm[1].matches(v_scale)
+        except AttributeError:  # not a tensor
+            ok = False
+        if not ok:
             self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, None)
         if sm is None and (k_scale is not None or v_scale is not None):
             if not self._fp8:
@@ -227,13 +256,13 @@ class DecodePlan:
             split, merge = fast[0], fast[1]
             stream = torch._C._cuda_getCurrentRawStream(fast[2])
             with self._lock:
-                split.pack(split.prep.buffer, split.offset, qp, kp, vp, ksp, vsp)
+                split.pack(split.buffer, split.offset, qp, kp, vp, ksp, vsp)
                 if lse is None:
-                    merge.pack(merge.prep.buffer, merge.offset, op)
+                    merge.pack(merge.buffer, merge.offset, op)
                 else:
-                    merge.pack(merge.prep.buffer, merge.offset, op, lse.data_ptr())
-                split.issue(not (qp | kp | vp) & 15, stream)
-                merge.issue(not op & 15, stream)
+                    merge.pack(merge.buffer, merge.offset, op, lse.data_ptr())
+                split.go(not (qp | kp | vp) & 15)(stream)
+                merge.go(not op & 15)(stream)
         else:
             d = self._d  # the general path: CPU (interpreter), the JIT fallback, another current device
             D._launch(self._plan, q, k_cache, v_cache, k_scale, v_scale, d.table, d.req_idx, d.seq_lens, d.sinks,

@@ -113,14 +113,14 @@ def main():
     # DecodePlan: planned once (a decode step), run per layer with pointers only. Its bare
     # counterpart replays the same two launches through the driver call it makes (cuLaunchKernelEx
     # with the plan's config where the binary is a dependent launch, on sm90), arguments as packed.
-    plan = loader.DecodePlan(table, lens, q=q, k_cache=k, v_cache=v, out=out)
-    plan_run = lambda: plan.run(q, k, v, out)  # noqa: E731
+    dplan = loader.DecodePlan(table, lens, q=q, k_cache=k, v_cache=v, out=out)
+    plan_run = lambda: dplan.run(q, k, v, out)  # noqa: E731
     plan_run()
-    assert plan._fast is not None, "DecodePlan did not take the prepared path"
+    assert dplan._fast is not None, "DecodePlan did not take the prepared path"
     import ctypes
 
     plan_bare = []
-    for launch, ptr in zip(plan._fast[:2], ((q.data_ptr() | k.data_ptr() | v.data_ptr()), out.data_ptr())):
+    for launch, ptr in zip(dplan._fast[:2], ((q.data_ptr() | k.data_ptr() | v.data_ptr()), out.data_ptr())):
         prep = launch.prep
         la = prep.sel.l_aligned if prep.use_aligned and not ptr & 15 else prep.sel.l_generic
         if la.needs_ex:

@@ -1,5 +1,5 @@
-"""Host time per launch: loader.decode vs the same kernels through Triton's JIT vs a bare
-prepacked ctypes cuLaunchKernel, measured side by side in one run.
+"""Host time per launch: loader.decode and DecodePlan.run vs the same kernels through Triton's
+JIT vs a bare prepacked ctypes cuLaunchKernel, measured side by side in one run.
 
 Small shapes, so the GPU finishes each kernel faster than the host can issue the next: the
 loop measures the host. Run after `aotc build --arch sm90 --kernel decode_split --kernel decode_merge`.
@@ -110,10 +110,35 @@ def main():
             fn[grid](*args, **kw)
 
     triton_jit()
+    # DecodePlan: planned once (a decode step), run per layer with pointers only. Its bare
+    # counterpart replays the same two launches through the driver call it makes (cuLaunchKernelEx
+    # with the plan's config where the binary is a dependent launch, on sm90), arguments as packed.
+    dplan = loader.DecodePlan(table, lens, q=q, k_cache=k, v_cache=v, out=out)
+    plan_run = lambda: dplan.run(q, k, v, out)  # noqa: E731
+    plan_run()
+    assert dplan._fast is not None, "DecodePlan did not take the prepared path"
+    import ctypes
+
+    plan_bare = []
+    for launch, ptr in zip(dplan._fast[:2], ((q.data_ptr() | k.data_ptr() | v.data_ptr()), out.data_ptr())):
+        prep = launch.prep
+        la = prep.sel.l_aligned if prep.use_aligned and not ptr & 15 else prep.sel.l_generic
+        if la.needs_ex:
+            config = prep.ex_configs[la][0]
+            plan_bare.append((True, drv.cuLaunchKernelEx, (ctypes.byref(config), la.function, prep.pointers, None)))
+        else:
+            plan_bare.append((False, cu, (la.function, *prep.grid, la.block, 1, 1, la.shared, stream,
+                                          prep.pointers, None)))
+
+    def bare_plan_launches():
+        for _, fn, args in plan_bare:
+            fn(*args)
+
     torch.cuda.synchronize()
     results = {}
     validated = lambda: loader.decode(q, k, v, table, lens, out=out)  # noqa: E731  (reads lengths back: syncs)
-    for name, fn in (("bare_cuLaunchKernel", bare_launches), ("aot_prepared_launch", prepared_launches),
+    for name, fn in (("bare_cuLaunchKernel", bare_launches), ("bare_plan_launches", bare_plan_launches),
+                     ("aot_plan_run", plan_run), ("aot_prepared_launch", prepared_launches),
                      ("aot_launch_layer", loader_launch_layer),
                      ("aot_run_kernel", run_kernel_path), ("aot_loader_decode", call), ("triton_jit", triton_jit),
                      ("aot_decode_validated", validated)):
@@ -124,6 +149,10 @@ def main():
         print(f"  {name:22s} {t * 1e6:7.2f} us   {ratio:5.2f}x bare")
         rows.add("decode", "bf16 b1 h32/8 d128 page16 len256", name, "launch", "host_us_per_launch", t * 1e6)
         rows.add("decode", "bf16 b1 h32/8 d128 page16 len256", name, "launch", "ratio_vs_bare", ratio)
+    ex = " (cuLaunchKernelEx: dependent launches)" if any(e for e, _, _ in plan_bare) else ""
+    print(f"DecodePlan.run: {results['aot_plan_run'] / results['bare_cuLaunchKernel']:.2f}x a bare prepacked "
+          f"cuLaunchKernel pair (issue 21 target <= 1.15x), "
+          f"{results['aot_plan_run'] / results['bare_plan_launches']:.2f}x the same launches bare{ex}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ selects how a tile is dequantized:
      slices, one dot each, with the query and output split alike. One scale a token (PER_TOKEN)
      and int8 groups of 64 (CHUNK_SCALES) dot exact codes and scale the scores and probabilities
      (`_attend_chunked`); other groups multiply each element by its scale (`_attend_int`).
+     int8 with one scale a KV head and channel (CHANNEL_SCALES, scales [kv_heads, D]: the Iluvatar
+     library's layout) runs the same exact code dots with K's scales folded into the query once
+     and V's applied to the output once: nothing scales a tile.
   3, 4: fp8 e4m3 / e5m2, read as raw bytes and widened to fp16 with integer ops (Triton has no
      e4m3 type on sm80), with the per-head scale and the 2^8 exponent rebias of e4m3 folded into
      the score and output scales.
@@ -47,6 +50,7 @@ from aotc.kernels.decode.dequant import (
 from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
 
 LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 # Channels a per-group scale run covers (_scales): the smallest group for the row read, GROUP_RUN
 # for the in-place read of the "group" variant (spec.split_axes picks the variant by group size).
 ROW_RUN = tl.constexpr(MIN_QUANT_GROUP)
@@ -176,7 +180,7 @@ def decode_split_kernel(
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
-    PDL: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
@@ -216,12 +220,12 @@ def decode_split_kernel(
     slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if (KV_KIND == 1 or KV_KIND == 2) and (PER_TOKEN or CHUNK_SCALES):
+    if (KV_KIND == 1 or KV_KIND == 2) and (PER_TOKEN or CHUNK_SCALES or CHANNEL_SCALES):
         m_i, l_i = _attend_chunked(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES)
     elif KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
@@ -317,7 +321,7 @@ def _attend_chunked(
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr,
 ):
     # int8/int4 caches whose scale is constant over chunks of words: one scale a token (PER_TOKEN:
     # one chunk, the whole head, int8 or int4), or int8 groups of 64+ channels (CHUNK_WORDS words a
@@ -335,7 +339,11 @@ def _attend_chunked(
     INT4: tl.constexpr = KV_KIND == 2
     PARTS: tl.constexpr = 4 if INT4 else 2
     WORDS: tl.constexpr = BLOCK_D // PARTS
-    CW: tl.constexpr = WORDS if PER_TOKEN else CHUNK_WORDS
+    # CHANNEL (int8, scales [kv_heads, D] at KS/VS + kvh * stride_ksh, channel stride 1): q times
+    # K's channel scales is the query of exact code dots (K = codes * scale per channel, so q.K =
+    # (q * scale).codes), and V's channel scales multiply the output once; no token scale is read.
+    # One chunk of the whole head up to head_dim 128 (as PER_TOKEN), CHUNK_WORDS chunks above.
+    CW: tl.constexpr = WORDS if PER_TOKEN or (CHANNEL and BLOCK_D <= 128) else CHUNK_WORDS
     CHUNKS: tl.constexpr = WORDS // CW
     CHUNK_CH: tl.constexpr = CW * PARTS
     offs_w = tl.arange(0, CW)
@@ -350,6 +358,11 @@ def _attend_chunked(
         q_cols = q_rows + PARTS * cols[None, :]
         q0 = tl.load(q_cols, mask=qm, other=0.0).to(tl.float16)
         q1 = tl.load(q_cols + 1, mask=qm, other=0.0).to(tl.float16)
+        if CHANNEL:
+            kc = KS + kvh64 * stride_ksh + PARTS * cols
+            cm = cols < HEAD_DIM // PARTS
+            q0 = (q0.to(tl.float32) * tl.load(kc, mask=cm, other=0.0)[None, :]).to(tl.float16)
+            q1 = (q1.to(tl.float32) * tl.load(kc + 1, mask=cm, other=0.0)[None, :]).to(tl.float16)
         if INT4:
             q2 = tl.load(q_cols + 2, mask=qm, other=0.0).to(tl.float16)
             q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
@@ -364,28 +377,33 @@ def _attend_chunked(
 
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh
-    offs_n = lo + tl.arange(0, BLOCK_N)
-    page_n = _pages(table_row, offs_n, hi, page_shift)
-    ks = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift, CHUNKS, CHUNK_CH,
-                       tl.float32)
-    vs = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift, CHUNKS, CHUNK_CH,
-                       tl.float16)
-    page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+    if not CHANNEL:
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        page_n = _pages(table_row, offs_n, hi, page_shift)
+        ks = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift, CHUNKS,
+                           CHUNK_CH, tl.float32)
+        vs = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift, CHUNKS,
+                           CHUNK_CH, tl.float16)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
-        offs_n = offs_t + BLOCK_N
-        ks_next = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift,
-                                CHUNKS, CHUNK_CH, tl.float32)
-        vs_next = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift,
-                                CHUNKS, CHUNK_CH, tl.float16)
-        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        if not CHANNEL:
+            offs_n = offs_t + BLOCK_N
+            ks_next = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift,
+                                    CHUNKS, CHUNK_CH, tl.float32)
+            vs_next = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift,
+                                    CHUNKS, CHUNK_CH, tl.float16)
+            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         page = _pages(table_row, offs_t, hi, page_shift)
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
             kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
                         cols < HEAD_DIM // PARTS)
-            term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
+            if CHANNEL:
+                term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * qk_scale
+            else:
+                term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
             if c == 0:
                 qk = term
             else:
@@ -397,7 +415,10 @@ def _attend_chunked(
             cols = c * CW + offs_w
             vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
                         cols < HEAD_DIM // PARTS)
-            pd = (p * vs[c].to(tl.float32)[None, :]).to(tl.float16)
+            if CHANNEL:
+                pd = p.to(tl.float16)
+            else:
+                pd = (p * vs[c].to(tl.float32)[None, :]).to(tl.float16)
             if INT4:
                 v0, v1, v2, v3 = _i4x4_codes16(vx)
                 # parts 2, 3 first: the order the int4 per-token binaries were timed in
@@ -410,8 +431,9 @@ def _attend_chunked(
                 new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
                                      acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1))
         acc = new_acc
-        ks = ks_next
-        vs = vs_next
+        if not CHANNEL:
+            ks = ks_next
+            vs = vs_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     for c in tl.static_range(CHUNKS):
@@ -421,7 +443,11 @@ def _attend_chunked(
         for i in tl.static_range(PARTS):
             # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
             scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
-            tl.store(o_cols + i, acc[PARTS * c + i] * scale[:, None], mask=om)
+            o = acc[PARTS * c + i] * scale[:, None]
+            if CHANNEL:
+                vc = tl.load(vs_row + PARTS * cols + i, mask=cols < HEAD_DIM // PARTS, other=0.0)
+                o = o * vc[None, :]
+            tl.store(o_cols + i, o, mask=om)
     return m_i, l_i
 
 
@@ -521,13 +547,13 @@ def _attend_int(
 
 
 @triton.jit(
-    do_not_specialize=["use_sinks", "q_heads", "num_splits"],
-    do_not_specialize_on_alignment=["Sinks"],
+    do_not_specialize=["use_sinks", "write_lse", "q_heads", "num_splits", "stride_lse"],
+    do_not_specialize_on_alignment=["Sinks", "Lse"],
 )
 def decode_merge_kernel(
-    PartO, PartLse, Sinks, Out,
-    use_sinks, q_heads, num_splits,
-    stride_ob, stride_oh,
+    PartO, PartLse, Sinks, Out, Lse,
+    use_sinks, write_lse, q_heads, num_splits,
+    stride_ob, stride_oh, stride_lse,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid may start while the
@@ -560,3 +586,10 @@ def decode_merge_kernel(
     out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_d
     tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=d_mask)
+    if write_lse != 0:
+        # The natural log of the denominator `out` was divided by: the scaled scores' log-sum-exp
+        # over the attended tokens (the window's, when one is set) plus the sink, so that (out, lse)
+        # merges with another attention state. -inf where nothing was attended (out is zeros).
+        # Split log-sum-exps are base 2 (scores were scaled by log2(e)): ln(x) = log2(x) * ln(2).
+        total = tl.where(denom > 0, (m + tl.log2(tl.where(denom > 0, denom, 1.0))) * LN2, float("-inf"))
+        tl.store(Lse + b.to(tl.int64) * stride_lse + h, total)

@@ -20,20 +20,22 @@ def gather_tokens(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> 
 
 
 def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scale=None,
-                     window=None, sinks=None) -> torch.Tensor:
+                     window=None, sinks=None, return_lse=False):
     """Attention of one query token per request over its cached tokens, in float32.
 
     q [batch, q_heads, head_dim]; k_cache, v_cache [pages, page_size, kv_heads, head_dim] of real
     values (dequantize first); table [rows, max_pages]; seq_lens [batch]; req_idx [batch] or
     None (row b); window: attend to the last `window` tokens; sinks [q_heads]: logits joined to
     the softmax denominator that contribute no value. Returns [batch, q_heads, head_dim] float32;
-    a request of length 0 gives zeros.
+    a request of length 0 gives zeros. return_lse: also the [batch, q_heads] float32 natural-log
+    log-sum-exp of the scaled scores attended plus the sink (-inf where there is neither).
     """
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     out = torch.zeros(batch, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, q_heads), float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(batch):
         row = int(req_idx[b]) if req_idx is not None else b
         length = int(seq_lens[b])
@@ -46,9 +48,10 @@ def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scal
             scores = torch.cat([scores, sinks.float().view(q_heads, 1)], dim=1)
         if scores.shape[1] == 0:
             continue
+        lse[b] = torch.logsumexp(scores, dim=1)
         p = torch.softmax(scores, dim=1)[:, : k.shape[0]]
         out[b] = torch.einsum("ht,thd->hd", p, v)
-    return out
+    return (out, lse) if return_lse else out
 
 
 def quantize_reference(x: torch.Tensor, fmt: str, group: int, scale_dtype: torch.dtype):
@@ -82,6 +85,12 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     b = packed.view(torch.uint8).to(torch.int16)
     return torch.stack([(b & 0xF) - 7, (b >> 4) - 7], dim=-1).flatten(-2)
+
+
+def dequantize_per_channel(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """An int8 cache [..., kv_heads, head_dim] with one scale a KV head and channel, scale
+    [kv_heads, head_dim]: codes * scale[head, channel], float32."""
+    return cache.float() * scale.float()
 
 
 def dequantize(cache: torch.Tensor, fmt: str, scale: torch.Tensor | None = None) -> torch.Tensor:

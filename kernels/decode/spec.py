@@ -7,7 +7,9 @@ scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 
 at head_dim 128, which share a loop in the kernel that scales exact code dots; "group" for the
 other groups of 32 channels and more at head dims 128 and 256, "small_group" for
 the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
-(kernel._scales); "none" for other formats), `tile` (the program's launch
+(kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel, [kv_heads, D]
+(the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's into the
+output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's launch
 geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
 int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
 fill the GPU with it; see `split_tiles`), plus `cache`,
@@ -101,12 +103,13 @@ def choose_tile(tiles: tuple[str, ...], base_programs: int, sm_count: int) -> st
 
 
 def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0,
-               tile: str | None = None) -> dict:
+               tile: str | None = None, channel: bool = False) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
     int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
     channels a scale covers (int8/int4), picks "chunk" (int8, >= CHUNK_CHANNELS at CHUNK_HEAD_DIMS),
     "group" (>= GROUP_RUN at WIDE_GROUP_HEAD_DIMS) or "small_group" (<= MAX_SMALL_GROUP).
-    tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s)."""
+    tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s).
+    channel: an int8 cache with fp32 scales [kv_heads, head_dim] ("channel")."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
     if kv not in KV_FORMATS:
@@ -123,8 +126,12 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
     if per_token and (kv not in INT_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
         raise ValueError(f"one scale a token is for int8/int4 caches of head_dim {PER_TOKEN_HEAD_DIMS}, not "
                          f"{kv} at head_dim {head_dim}")
+    if channel and (kv != "int8" or scale != "fp32" or per_token or quant_group):
+        raise ValueError(f"per-channel scales are for int8 caches with fp32 scales, not {kv} with {scale} scales")
     if kv not in INT_FORMATS:
         scales = "none"
+    elif channel:
+        scales = "channel"
     elif per_token:
         scales = "token"
     elif kv == "int8" and head_dim in CHUNK_HEAD_DIMS and quant_group >= CHUNK_CHANNELS:
@@ -242,7 +249,8 @@ def split_constexprs(axes) -> dict:
     hd = int(axes["head_dim"])
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd, str(axes["tile"])), "BLOCK_H": BLOCK_H,
             "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
-            "ROW_SCALES": int(axes["scales"] == "small_group"), "CHUNK_SCALES": int(axes["scales"] == "chunk")}
+            "ROW_SCALES": int(axes["scales"] == "small_group"), "CHUNK_SCALES": int(axes["scales"] == "chunk"),
+            "CHANNEL_SCALES": int(axes["scales"] == "channel")}
 
 
 def split_variants():
@@ -260,6 +268,8 @@ def split_variants():
                                 calls.append({"quant_group": GROUP_RUN})  # there "group" serves groups of 32
                         if hd in PER_TOKEN_HEAD_DIMS:
                             calls.append({"per_token": True})
+                        if kv == "int8" and scale == "fp32":
+                            calls.append({"channel": True})
                     for call in calls:
                         axes = split_axes(q, kv, scale, hd, **call)
                         for tile in split_tiles(kv, hd, axes["scales"]):
@@ -281,6 +291,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
     # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
     # pipeliner (kernel._pages_nc).
+    # "channel" takes int8 per-token's config (its loop, minus the scale loads): not measured yet.
     stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
     if grouped and int(axes["head_dim"]) > 128:
         # Head dim 256 (64-token tiles), split kernel, % of copy at batch 32 x 4K / 64 x 4K / 1 x 32K
@@ -311,7 +322,7 @@ SPLIT = KernelSpec(
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
-                     "PDL"),
+                     "CHANNEL_SCALES", "PDL"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,
@@ -324,11 +335,14 @@ MERGE_ARGS = (
     Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
     Arg("Sinks", "ptr", dtype="=fp32"),
     Arg("Out", "ptr", aligned=True, dtype="out"),
+    Arg("Lse", "ptr", dtype="=fp32"),  # [batch, q_heads] natural-log LSE when write_lse (a runtime flag)
     Arg("use_sinks", "i32"),
+    Arg("write_lse", "i32"),
     Arg("q_heads", "i32"),
     Arg("num_splits", "i32"),
     Arg("stride_ob", "i32", aligned=True),
     Arg("stride_oh", "i32", aligned=True),
+    Arg("stride_lse", "i32"),
 )
 
 

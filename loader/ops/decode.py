@@ -112,16 +112,30 @@ class _KV:
     (Plain classes here and below: a dataclass costs ~1 ms to create at import, which the first
     `decode` in a process pays.)"""
 
-    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride")
+    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel")
 
-    def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0):
+    def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0, channel=False):
         self.fmt, self.k, self.v = fmt, k, v
-        self.ks, self.vs = ks, vs  # int: [pages, page_size, kv_heads, groups]; fp8: scalar/[kv_heads]
+        # int: [pages, page_size, kv_heads, groups], or [kv_heads, head_dim] (channel); fp8: scalar/[kv_heads]
+        self.ks, self.vs = ks, vs
         self.group, self.scale_name = group, scale_name
         self.ks_head_stride, self.vs_head_stride = ks_head_stride, vs_head_stride
+        self.channel = channel
 
 
-def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device) -> _KV:
+SCALE_LAYOUTS = ("group", "channel")
+
+
+def _channel_scales(scale, name, kv_heads, head_dim, device):
+    """Check an int8 per-channel scale: [kv_heads, head_dim] fp32, channels contiguous."""
+    _tensor(scale, name, (torch.float32,), dim=2, device=device)
+    if tuple(scale.shape) != (kv_heads, head_dim):
+        raise ValueError(f"{name}: per-channel scales are [kv_heads, head_dim] = [{kv_heads}, {head_dim}], got "
+                         f"{tuple(scale.shape)}")
+    _unit_last(scale, name)
+
+
+def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device, scale_layout="group") -> _KV:
     _tensor(k_cache, "k_cache", dim=(3, 4), device=device)
     _tensor(v_cache, "v_cache", dim=(3, 4), device=device)
     if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
@@ -131,6 +145,10 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
     _unit_last(k_cache, "k_cache")
     _unit_last(v_cache, "v_cache")
     kv = _KV(fmt, _as_paged(k_cache), _as_paged(v_cache), None, None, S.MAX_QUANT_GROUP, "fp32")
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    if scale_layout == "channel" and fmt != "int8":
+        raise ValueError(f"scale_layout='channel' (scales [kv_heads, head_dim]) is for int8 caches, not {fmt}")
     if fmt in S.INT_FORMATS:
         for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
             if any(st % 2 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
@@ -138,6 +156,13 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
                                  f"even; got {t.stride()}")
         if k_scale is None or v_scale is None:
             raise ValueError(f"a {fmt} cache needs k_scale and v_scale")
+        if scale_layout == "channel":
+            kv_heads = kv.k.shape[2]
+            _channel_scales(k_scale, "k_scale", kv_heads, head_dim, device)
+            _channel_scales(v_scale, "v_scale", kv_heads, head_dim, device)
+            kv.ks, kv.vs, kv.channel = k_scale, v_scale, True
+            kv.ks_head_stride, kv.vs_head_stride = k_scale.stride(0), v_scale.stride(0)
+            return kv
         kv.group = _group_scales(k_scale, "k_scale", k_cache, head_dim, device)
         _group_scales(v_scale, "v_scale", v_cache, head_dim, device)
         if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
@@ -163,15 +188,15 @@ def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str) -> None:
 class _Decode:
     """A checked decode call."""
 
-    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits")
+    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "lse")
 
-    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits):
+    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, lse=None):
         self.q, self.kv, self.table, self.seq_lens, self.req_idx = q, kv, table, seq_lens, req_idx
-        self.sinks, self.sm_scale, self.window, self.splits = sinks, sm_scale, window, splits
+        self.sinks, self.sm_scale, self.window, self.splits, self.lse = sinks, sm_scale, window, splits, lse
 
 
 def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                  window, sinks, num_splits, out) -> _Decode:
+                  window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
     _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
@@ -181,7 +206,7 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     if batch > S.MAX_BATCH:
         raise ValueError(f"q: batch {batch} is over {S.MAX_BATCH} (the split grid's second dimension)")
     _unit_last(q, "q")
-    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
+    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
     if kv.fmt in ("fp16", "bf16") and kv.fmt != _FLOAT_NAMES[q.dtype]:
         raise TypeError(f"k_cache: an {kv.fmt} cache needs an {kv.fmt} query, got q of dtype {q.dtype}")
     kv_heads = kv.k.shape[2]
@@ -207,6 +232,11 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
         if out.shape != q.shape:
             raise ValueError(f"out: shape {tuple(out.shape)}, expected q's {tuple(q.shape)}")
         _unit_last(out, "out")
+    if lse is not None:
+        _tensor(lse, "lse", (torch.float32,), dim=2, device=dev)
+        if lse.shape != q.shape[:2]:
+            raise ValueError(f"lse: shape {tuple(lse.shape)}, expected [batch, q_heads] = {tuple(q.shape[:2])}")
+        _unit_last(lse, "lse")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
     elif not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
@@ -222,10 +252,10 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     if page_size * max_pages > _I32_MAX:
         raise ValueError(f"table: {max_pages} pages of {page_size} tokens exceed int32 token indices")
     for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("table", table), ("out", out),
-                    ("k_scale", kv.ks), ("v_scale", kv.vs)):
+                    ("k_scale", kv.ks), ("v_scale", kv.vs), ("lse", lse)):
         if t is not None and max(t.stride(), default=0) > _I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
-    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits)
+    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse)
 
 
 def _skip_value_checks(t) -> bool:
@@ -324,7 +354,9 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     batch, q_heads, head_dim = q.shape
     kv_heads = kv.k.shape[2]
     group = q_heads // kv_heads
-    if kv.fmt in S.INT_FORMATS:
+    if kv.channel:
+        ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
+    elif kv.fmt in S.INT_FORMATS:
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
     elif kv.fmt in _FP8_DTYPES:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
@@ -333,8 +365,11 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
-    per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-    split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
+    if kv.channel:
+        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, channel=True)
+    else:
+        per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
+        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
     tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
     split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
     fp8 = kv.fmt in _FP8_DTYPES
@@ -349,7 +384,9 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                 q.device.index)
         splits = S.num_splits(batch, kv_heads, group, _sm_count(q.device), per_sm)
     n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
-    merge_ints = [int(d.sinks is not None), q_heads, splits, out.stride(0), out.stride(1)]
+    lse = d.lse
+    merge_ints = [int(d.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
+                  lse.stride(0) if lse is not None else 0]
     plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits),
                  S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim, splits), S.merge_grid(batch, q_heads),
                  n_o, n_lse, split_ints, merge_ints, byte_view, fp8, kv.fmt, q.device)
@@ -367,7 +404,7 @@ def _fp8_scales(k_scale, v_scale, device):
 
 
 def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                     stream) -> None:
+                     lse, stream) -> None:
     """The steady-state launch: pointers only; grids and every other argument are in the plan."""
     keep, part_o, part_lse = workspace.pair_pointers(plan.device, stream, plan.n_o, plan.n_lse)
     if plan.fp8:
@@ -383,7 +420,8 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
         _check_halfword_aligned(kp, vp, plan.fmt)
     plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
                      lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
-    plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr()), stream)
+    plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
+                     part_lse if lse is None else lse.data_ptr()), stream)
     del keep
 
 
@@ -402,12 +440,13 @@ def _split_args(fp8, byte_view, q, k_cache, v_cache, k_scale, v_scale, table, re
             part_o, part_lse, *split_ints]
 
 
-def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out) -> None:
+def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
+            lse=None) -> None:
     if plan.fast_split is not None:
         index = plan.device.index
         if torch._C._cuda_getDevice() == index:
             _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                             torch._C._cuda_getCurrentRawStream(index))
+                             lse, torch._C._cuda_getCurrentRawStream(index))
             return
     if plan.halfword:
         _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
@@ -418,11 +457,13 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
                _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens,
                            part_o, part_lse, plan.split_ints))
     run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
-               [part_o, part_lse, sinks if sinks is not None else part_lse, out, *plan.merge_ints])
+               [part_o, part_lse, sinks if sinks is not None else part_lse, out, lse if lse is not None else part_lse,
+                *plan.merge_ints])
 
 
 def _run_decode(d: _Decode, out: torch.Tensor) -> None:
-    _launch(_make_plan(d, out), d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, out)
+    _launch(_make_plan(d, out), d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, out,
+            d.lse)
 
 
 def _meta(t):
@@ -433,30 +474,55 @@ def _meta(t):
 # Plans by the inputs' metadata: a call whose tensors have the shapes, strides, dtypes and
 # devices of a call already checked skips the checks and the argument derivation. Bounded, so
 # a stream of ever-new shapes cannot grow it without limit; emptied by `set_artifacts`.
+# `DecodePlan` (decode_plan.py) builds on the same plans.
 _plans: dict = register_plan_cache({})
 _MAX_PLANS = 4096
 
 
+def plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
+             num_splits, out, lse, scale_layout="group"):
+    """The metadata a plan depends on; raises AttributeError/TypeError for non-tensors."""
+    return (q.size(), q.stride(), q.dtype, q.get_device(), k_cache.size(), k_cache.stride(), k_cache.dtype,
+            k_cache.get_device(), v_cache.size(), v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+            table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
+            seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
+            _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(lse), kv_format, sm_scale, window,
+            num_splits, scale_layout)
+
+
+def cached_plan(key, d: _Decode, out) -> _Plan:
+    """The plan of `key` (made from the checked call `d` when it is new)."""
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = _make_plan(d, out)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return plan
+
+
 def _decode_op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-               num_splits, out) -> None:
+               num_splits, out, lse=None, scale_layout="group") -> None:
     d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                      window, sinks, num_splits, out)
+                      window, sinks, num_splits, out, lse, scale_layout)
     _run_decode(d, out)
 
 
 def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                 sinks, num_splits, out) -> None:
+                 sinks, num_splits, out, lse=None, scale_layout="group") -> None:
     _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                  sinks, num_splits, out)
+                  sinks, num_splits, out, lse, scale_layout)
 
 
 library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
                "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-               "SymInt? num_splits, Tensor(a!) out) -> ()", _decode_op, _decode_fake)
+               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()", _decode_op, _decode_fake)
 
 
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
-           sm_scale=None, window=None, sinks=None, out=None, num_splits=None, validate=True) -> torch.Tensor:
+           sm_scale=None, window=None, sinks=None, out=None, num_splits=None, return_lse=False, lse=None,
+           scale_layout="group", validate=True):
     """Attention of one new query token per request over its paged KV cache (flash-decoding).
 
     Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
@@ -477,47 +543,53 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       k_scale, v_scale  int8/int4: the cache's shape with last dim D // group (group a power of two
                in [8, 128]), fp16/bf16/fp32, value = code * scale. fp8: None (1.0), a one-element
                tensor, or [Hk]. None for fp16/bf16.
+      scale_layout  "group" (the above) or "channel": int8 only, k_scale and v_scale [Hk, D] fp32
+               (one scale a KV head and channel, constant over tokens, channels contiguous), value
+               = code * scale[head, channel]. Said explicitly, so no scale shape is read two ways.
       kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2".
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
       out      [B, H, D] in q's dtype, written and returned; allocated when None.
       num_splits  sequence splits per request (default from batch, heads, the SM count and how many
                programs of the kernel's binary fit an SM, <= 64; never from lengths).
+      return_lse  also return lse: [B, H] fp32, the natural-log log-sum-exp of the scaled scores
+               (sm_scale * q.k) over the tokens attended (the window's when one is set) plus the
+               sink's logit when sinks are given: the log of the softmax denominator `out` was
+               divided by, so (out, lse) merges with another attention state as cascade/merge
+               attention does. -inf for a request of length 0 without sinks.
+      lse      [B, H] fp32 (last dim contiguous) to write it into; only with return_lse=True.
       validate  read lengths, req_idx and used page ids back to check them (one device sync;
                skipped under torch.compile and CUDA graph capture). The kernel clamps lengths to
                the table either way; out-of-range page ids are undefined behaviour.
 
+    Returns out, or (out, lse) with return_lse=True.
     Errors: TypeError for a wrong type or dtype, ValueError for a wrong shape, device, stride
     (each naming the argument) or value, all raised before any launch.
     """
+    if lse is not None and not return_lse:
+        raise ValueError("lse is written only with return_lse=True")
+    if return_lse and lse is None and isinstance(q, torch.Tensor) and q.dim() == 3:
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if torch.compiler.is_compiling():  # the op's fake implementation runs the checks
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         torch.ops.aotc.decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
-                              sm_scale, window, sinks, num_splits, out)
-        return out
+                              sm_scale, window, sinks, num_splits, out, lse, scale_layout)
+        return (out, lse) if return_lse else out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
     try:
-        key = (q.size(), q.stride(), q.dtype, q.get_device(), k_cache.size(), k_cache.stride(), k_cache.dtype,
-               k_cache.get_device(), v_cache.size(), v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-               table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
-               seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
-               _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), kv_format, sm_scale, window,
-               num_splits)
+        key = plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                       sinks, num_splits, out, lse, scale_layout)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None
     if plan is None or validate:
         d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                          window, sinks, num_splits, out)
+                          window, sinks, num_splits, out, lse, scale_layout)
         if validate:
             _check_decode_values(d)
         if plan is None:
-            plan = _make_plan(d, out)
-            if key is not None:
-                if len(_plans) >= _MAX_PLANS:
-                    _plans.clear()
-                _plans[key] = plan
-    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out)
-    return out
+            plan = cached_plan(key, d, out)
+    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
+    return (out, lse) if return_lse else out

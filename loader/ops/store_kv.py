@@ -17,7 +17,7 @@ from .decode import _FP8_DTYPES, _KV, _check_cache, _skip_value_checks, _tensor
 _QMAX = {"int8": 127.0, "int4": 7.0}
 _FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
-def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> _KV:
+def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> _KV:
     _tensor(k, "k", (torch.float16, torch.bfloat16), dim=3)
     dev = k.device
     _tensor(v, "v", (k.dtype,), dim=3, device=dev)
@@ -26,7 +26,7 @@ def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> 
     tokens, kv_heads, head_dim = k.shape
     if head_dim % 2:
         raise ValueError(f"k: head_dim {head_dim} must be even")
-    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev)
+    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
     if kv.k.shape[2] != kv_heads:
         raise ValueError(f"k: {kv_heads} kv heads, but the cache has {kv.k.shape[2]}")
     _tensor(slots, "slots", (torch.int32,), dim=1, device=dev)
@@ -60,6 +60,9 @@ def _encode(x: torch.Tensor, kv: _KV, scale: Optional[torch.Tensor], cache_dtype
         s = torch.ones((), device=x.device) if scale is None else scale.float().reshape(-1, 1)
         lim = _FP8_MAX[kv.fmt]  # out-of-range values would become NaN in e4m3: saturate instead
         return (x.float() / s).clamp(-lim, lim).to(_FP8_DTYPES[kv.fmt]).view(cache_dtype), None
+    if kv.channel:  # int8, fixed scales [kv_heads, head_dim]: codes only
+        codes = (x.float() / scale.float().clamp_min(torch.finfo(torch.float32).tiny)).round().clamp(-127, 127)
+        return codes.to(torch.int8).view(cache_dtype), None
     codes, scales = _quantize(x, _QMAX[kv.fmt], kv.group, scale.dtype)
     if kv.fmt == "int4":
         nib = (codes + 7).to(torch.uint8)
@@ -87,21 +90,21 @@ def _check_slots(slots, kv: _KV) -> None:
         raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
 
 
-def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
+    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
     _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
 
 
-def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format) -> None:
-    _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
+    _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
 
 
 library.define("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
-               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format) -> ()", _store_kv_op, _store_kv_fake)
+               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format, str scale_layout=\"group\") -> ()", _store_kv_op, _store_kv_fake)
 
 
 def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",
-             validate=True) -> None:
+             scale_layout="group", validate=True) -> None:
     """Write new tokens into a cache in the format `decode` reads.
 
     k, v      [T, Hk, D] fp16 or bf16.
@@ -110,6 +113,8 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
               / 7 (int4), stored in the scale tensor's dtype; codes = round-to-nearest(x / scale)
               clamped to +-127 / +-7 against that stored scale. fp8: x / scale (scalar or per kv
               head, default 1.0) saturated to the format's range. fp16/bf16: a copy.
+    scale_layout  "group", or "channel" (int8: fixed scales [Hk, D] fp32, read, never written:
+              codes = round-to-nearest(x / scale[head, channel]) clamped to +-127).
     slots     [T] int32 global token slots, slot = page * page_size + offset.
     validate  check slots against the cache (one device sync; skipped under torch.compile and
               CUDA graph capture).
@@ -120,9 +125,9 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
               saturates inf); int8/int4 store a NaN scale for their group, so decode reads NaN.
     """
     if torch.compiler.is_compiling():
-        torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+        torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
         return
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format)
+    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
     if validate:
         _check_slots(slots, kv)
     _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)

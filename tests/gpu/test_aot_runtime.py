@@ -32,6 +32,14 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
     kw = {}
     if kv in ("fp16", "bf16"):
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)
+    elif axes.get("scales") == "channel":  # int8, fp32 scales [kv_heads, head_dim]
+        kc = torch.zeros(num_pages, page, kv_heads, hd, device="cuda", dtype=torch.int8)
+        vc = torch.zeros_like(kc)
+        ks = (2.0 + 4.0 * torch.rand(kv_heads, hd, device="cuda", generator=g)) / 127
+        vs = (2.0 + 4.0 * torch.rand(kv_heads, hd, device="cuda", generator=g)) / 127
+        kw = dict(k_scale=ks, v_scale=vs, kv_format=kv, scale_layout="channel")
+        slots = torch.arange(num_pages * page, device="cuda", dtype=torch.int32)
+        loader.store_kv(k, v, kc, vc, slots, **kw)
     elif kv in ("int8", "int4"):
         width = hd // 2 if kv == "int4" else hd
         # the group size that selects the variant: one scale a token, 64 channels (int8 at head_dim

@@ -23,7 +23,8 @@ class Case:
     kwargs: dict = field(default_factory=dict)  # k_scale, v_scale, kv_format, req_idx
 
     def reference(self, **extra):
-        kw = {k: v for k, v in {**self.kwargs, **extra}.items() if k in ("req_idx", "sm_scale", "window", "sinks")}
+        kw = {k: v for k, v in {**self.kwargs, **extra}.items()
+              if k in ("req_idx", "sm_scale", "window", "sinks", "return_lse")}
         return R.decode_reference(self.q, self.k_real, self.v_real, self.table, self.seq_lens, **kw)
 
 
@@ -44,9 +45,11 @@ def empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype, head
 
 def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=64, page_size=16,
               quant_group=32, scale_dtype="fp16", fp8_scale="per_head", extra_pages=3, req_idx=False,
-              token_level=False, head_major=False, device="cpu", seed=0) -> Case:
+              token_level=False, head_major=False, scale_layout="group", device="cpu", seed=0) -> Case:
     """A batch with lengths `lens`, pages in random order, the cache written by store_kv.
-    head_major: caches and scales stored [pages, kv_heads, page_size, dim], passed as views."""
+    head_major: caches and scales stored [pages, kv_heads, page_size, dim], passed as views.
+    scale_layout "channel" (int8): fp32 scales [kv_heads, head_dim], different for every head and
+    channel (absmax of 2-6 standard deviations / 127), K and V quantized against them."""
     from aotc.loader.ops.store_kv import store_kv
 
     g = torch.Generator(device).manual_seed(seed)  # drawn where the test runs: 16K x 32 on a GPU
@@ -68,7 +71,11 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
 
     k_cache, v_cache = empty_cache(fmt, pages, page_size, kv_heads, head_dim, device, q_dtype, head_major)
     kwargs = {}
-    if fmt in ("int8", "int4"):
+    if scale_layout == "channel":
+        for key in ("k_scale", "v_scale"):
+            kwargs[key] = (2.0 + 4.0 * torch.rand(kv_heads, head_dim, generator=g, device=device)) / 127
+        kwargs["scale_layout"] = "channel"
+    elif fmt in ("int8", "int4"):
         sshape = (pages, page_size, kv_heads, head_dim // quant_group)
         kwargs["k_scale"] = zeros(sshape, DTYPES[scale_dtype], device, head_major)
         kwargs["v_scale"] = zeros(sshape, DTYPES[scale_dtype], device, head_major)
@@ -84,12 +91,16 @@ def make_case(lens, *, fmt="bf16", q_dtype=None, kv_heads=2, group=4, head_dim=6
     slots = torch.randperm(pages * page_size, generator=g, device=device).to(torch.int32)
     store_kv(k_new, v_new, k_cache, v_cache, slots, **kwargs)
 
-    k_real = R.dequantize(k_cache, fmt, kwargs.get("k_scale"))
-    v_real = R.dequantize(v_cache, fmt, kwargs.get("v_scale"))
+    if scale_layout == "channel":
+        k_real = R.dequantize_per_channel(k_cache, kwargs["k_scale"])
+        v_real = R.dequantize_per_channel(v_cache, kwargs["v_scale"])
+    else:
+        k_real = R.dequantize(k_cache, fmt, kwargs.get("k_scale"))
+        v_real = R.dequantize(v_cache, fmt, kwargs.get("v_scale"))
     if token_level:
         k_cache, v_cache = k_cache[:, 0], v_cache[:, 0]
         for key in ("k_scale", "v_scale"):
-            if fmt in ("int8", "int4"):
+            if fmt in ("int8", "int4") and scale_layout != "channel":
                 kwargs[key] = kwargs[key][:, 0]
     if req_idx:
         kwargs["req_idx"] = order.to(torch.int32)

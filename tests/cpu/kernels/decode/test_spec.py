@@ -34,11 +34,13 @@ def test_variant_count_and_keys():
     # ones read groups of 8-16 channels (and 32 at head dims 64, 96) ("small_group"); they add
     # groups of 32+ ("group") at head dims 128 and 256, and one scale a token ("token", group ==
     # head_dim) at 64 and 128; int8 groups of 64 at head_dim 128 ("chunk", q dtype x 3 scale
-    # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes)
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 == 132
+    # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes);
+    # int8 with fp32 scales per KV head and channel ("channel") at every head dim (q dtype x 4)
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 == 140
+    assert sum(a["scales"] == "channel" for a in split) == 8
     assert len(merge) == 2 * 4 * 3  # out dtype x head_dim x split tile (4, 16, 64)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (132 + 24)
+    assert len(set(keys)) == len(keys) == 2 * (140 + 24)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 

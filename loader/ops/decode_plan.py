@@ -1,0 +1,270 @@
+"""`DecodePlan`: one decode step planned once, then run per layer with pointers only.
+
+A serving engine runs one decode step over many layers with the same page table and lengths
+(FlashInfer's `plan()` once a step, `run()` a layer). `DecodePlan(table, seq_lens, q=..., k_cache=...,
+v_cache=...)` runs every check `decode` runs (the value checks too, once, with one device sync)
+on tensors that stand for every layer's (their shapes, strides and dtypes; values are not read),
+takes the plan `decode` caches for that metadata (decode.cached_plan: grids, variant, split count,
+every non-pointer argument), and packs the step's own pointers (table, lengths, req_idx, sinks,
+and a workspace of its own) into private copies of the two launches' parameter buffers.
+`plan.run(q, k_cache, v_cache, out, k_scale, v_scale)` then reads each tensor's dtype, size,
+stride and device, compares them with the plan's (the cheap check: 16 metadata reads for q,
+k_cache, v_cache and out, 8 more with int8/int4 scales; no tensor created), packs the per-layer
+pointers (5 into the split kernel's buffer, 1-2 into the merge's) and makes the two driver calls.
+Measured against bare driver calls by bench/launch_overhead.py ("aot_plan_run").
+
+What run() checks, and why that is enough: a layer's q, caches, scales, out and lse must have
+the plan's dtypes, sizes and strides exactly (so the packed strides and grid fit them, and the
+page ids validated at plan time are within every layer's cache), and be on the plan's device;
+int8/int4 caches must start at even addresses. It does not re-read lengths or page ids: they
+were validated when the plan was made, and the table and lengths must not change while the plan
+is used (the plan's point). A mismatch raises ValueError/TypeError naming the argument; nothing
+is launched.
+
+A plan owns its workspace (split partials): runs of one plan must be ordered, as layers on one
+stream are; keep the plan alive while a CUDA graph that captured its runs may replay. A plan is
+tied to one (window, sm_scale): alternating sliding-window layers take two plans.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+import torch
+
+from aotc.kernels.decode import spec as S
+from aotc.kernels.variants import ALIGNED, GENERIC
+
+from ..dispatch import prepare
+from . import decode as D
+
+_PTR = struct.Struct("<Q")
+
+
+class _Meta:
+    """A tensor's dtype, size, stride and device index, as run() compares them."""
+
+    __slots__ = ("dtype", "size", "stride", "device")
+
+    def __init__(self, t):
+        self.dtype, self.size, self.stride, self.device = t.dtype, t.size(), t.stride(), t.get_device()
+
+    def matches(self, t) -> bool:
+        return (t.dtype is self.dtype and t.size() == self.size and t.stride() == self.stride
+                and t.get_device() == self.device)
+
+    def describe(self) -> str:
+        return f"dtype {self.dtype}, shape {tuple(self.size)}, strides {self.stride}"
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}"
+    return f"dtype {t.dtype}, shape {tuple(t.shape)}, strides {t.stride()}, device {t.device}"
+
+
+class _Launch:
+    """One kernel of a plan on the fast path: a private `dispatch.Prepared` (its own parameter
+    buffer) with the plan's fixed pointers packed once; `pack(buffer, offset, ...)` packs the
+    per-layer ones. `go(aligned)` is the driver call of the ALIGNED or GENERIC binary, resolved
+    on first use into a closure that takes only the stream."""
+
+    __slots__ = ("prep", "grid", "pack", "offset", "buffer", "calls")
+
+    def __init__(self, prep, fixed: dict, first_per_call: int, n_per_call: int):
+        self.prep, self.grid, self.buffer = prep, prep.grid, prep.buffer
+        for i, p in fixed.items():
+            _PTR.pack_into(prep.buffer, 8 * i, p)
+        self.pack = struct.Struct("<" + "Q" * n_per_call).pack_into
+        self.offset = 8 * first_per_call
+        self.calls = [None, None]  # [generic, aligned]
+
+    def go(self, aligned: bool):
+        call = self.calls[aligned]
+        return call if call is not None else self._resolve(aligned)
+
+    def _resolve(self, aligned: bool):
+        prep, grid = self.prep, self.grid
+        sel = prep.sel
+        if aligned and prep.use_aligned:
+            la = sel.l_aligned or sel._launchable(ALIGNED)
+        else:
+            la = sel.l_generic or sel._launchable(GENERIC)
+        function, pointers = la.function, prep.pointers
+        if la.needs_ex:
+            config = (prep.ex_configs.get(la) or prep._ex_config(la))[0]
+            ref, launch_ex = ctypes.byref(config), la.driver.cuLaunchKernelEx
+
+            def call(stream):
+                config.hStream = stream
+                code = launch_ex(ref, function, pointers, None)
+                if code:
+                    la._retry_or_raise(code, grid, stream, pointers)
+        else:
+            gx, gy, gz = grid
+            block, shared, launch = la.block, la.shared, la.cu_launch
+
+            def call(stream):
+                code = launch(function, gx, gy, gz, block, 1, 1, shared, stream, pointers, None)
+                if code:
+                    la._retry_or_raise(code, grid, stream, pointers)
+        self.calls[aligned] = call
+        return call
+
+
+class DecodePlan:
+    """`decode` for one step, planned once and run per layer.
+
+        plan = loader.DecodePlan(table, seq_lens, q=q0, k_cache=k0, v_cache=v0, k_scale=ks0, v_scale=vs0)
+        for layer in range(n):
+            plan.run(q[layer], k_cache[layer], v_cache[layer], out[layer], k_scale[layer], v_scale[layer])
+
+    table, seq_lens, req_idx: the step's page table, lengths and rows (as `decode` takes them);
+    their values must not change while the plan is used. q, k_cache, v_cache, k_scale, v_scale,
+    out, lse: tensors with the metadata every layer's will have (any layer's own; their values
+    are not read); out defaults to a contiguous tensor of q's shape and dtype, lse (with
+    return_lse=True) to a contiguous [B, H] fp32 one. fp8 scales must be fp32 (or None).
+    kv_format, scale_layout, sm_scale, window, sinks, num_splits, validate: as `decode` (validate checks the
+    lengths and used page ids once, here). return_lse: `run` also writes the log-sum-exp.
+    Errors as `decode`'s, raised here; `run` raises ValueError/TypeError naming the argument
+    whose dtype, shape, strides or device differ from the plan's.
+    """
+
+    def __init__(self, table, seq_lens, *, q, k_cache, v_cache, k_scale=None, v_scale=None, out=None,
+                 req_idx=None, kv_format="auto", scale_layout="group", sm_scale=None, window=None, sinks=None,
+                 num_splits=None, return_lse=False, lse=None, validate=True):
+        D._tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if return_lse and lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        elif lse is not None and not return_lse:
+            raise ValueError("lse is written only with return_lse=True")
+        d = D._check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                            window, sinks, num_splits, out, lse, scale_layout)
+        if d.kv.fmt in D._FP8_DTYPES:
+            if (k_scale is None) != (v_scale is None):
+                raise ValueError("k_scale/v_scale: a DecodePlan takes both fp8 scales or neither")
+            for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if s is not None and s.dtype != torch.float32:
+                    raise TypeError(f"{name}: a DecodePlan takes fp8 scales in fp32 (got {s.dtype}); convert once")
+        if validate:
+            D._check_decode_values(d)
+        key = D.plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                         window, sinks, num_splits, out, lse, scale_layout)
+        self._plan = plan = D.cached_plan(key, d, out)
+        self._d = d  # holds table, seq_lens, req_idx and sinks alive: their pointers are packed
+        self.return_lse = bool(return_lse)
+        self.device = q.device
+        self._meta = [_Meta(t) for t in (q, k_cache, v_cache, out)]
+        self._expect = (*(m.dtype for m in self._meta), *(m.size for m in self._meta),
+                        *(m.stride for m in self._meta), q.get_device())
+        self._scale_meta = (_Meta(k_scale), _Meta(v_scale)) if k_scale is not None else None
+        self._fp8 = d.kv.fmt in D._FP8_DTYPES
+        self._lse_meta = _Meta(lse) if lse is not None else None
+        self._halfword = plan.halfword
+        self._lock = threading.Lock()
+        self._fast = None
+        if plan.fast_split is not None:
+            self._fast = self._bind(d)
+
+    def _bind(self, d):
+        """Private launches with the step's pointers packed in, or None (the general path)."""
+        plan, dev = self._plan, self.device
+        split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, plan.split_ints, dev.index)
+        merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, plan.merge_ints, dev.index)
+        if split is None or merge is None:
+            return None
+        self._workspace = torch.empty(plan.n_o + plan.n_lse, dtype=torch.float32, device=dev)
+        part_o = self._workspace.data_ptr()
+        part_lse = part_o + 4 * plan.n_o
+        lens = d.seq_lens.data_ptr()
+        fixed_split = {5: d.table.data_ptr(), 6: lens if d.req_idx is None else d.req_idx.data_ptr(), 7: lens,
+                       8: part_o, 9: part_lse}
+        fixed_merge = {0: part_o, 1: part_lse, 2: part_lse if d.sinks is None else d.sinks.data_ptr(),
+                       4: part_lse}
+        self._one = D._one(dev)
+        return (_Launch(split, fixed_split, 0, 5), _Launch(merge, fixed_merge, 3, 2 if self.return_lse else 1),
+                dev.index, part_lse)
+
+    def _refuse(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
+        names = ("q", "k_cache", "v_cache", "out")
+        for name, m, t in zip(names, self._meta, (q, k_cache, v_cache, out)):
+            if not isinstance(t, torch.Tensor) or not m.matches(t):
+                err = TypeError if not isinstance(t, torch.Tensor) or t.dtype is not m.dtype else ValueError
+                raise err(f"{name}: {_describe(t)}; this DecodePlan was made for {m.describe()} on {self.device}")
+        if self._scale_meta is None:
+            if k_scale is not None or v_scale is not None:
+                raise ValueError("k_scale/v_scale: this DecodePlan was made without scales")
+        else:
+            for name, m, t in zip(("k_scale", "v_scale"), self._scale_meta, (k_scale, v_scale)):
+                if not isinstance(t, torch.Tensor) or not m.matches(t):
+                    raise ValueError(f"{name}: {_describe(t)}; this DecodePlan was made for {m.describe()}")
+        if lse is not None:
+            if self._lse_meta is None:
+                raise ValueError("lse: this DecodePlan was made without return_lse=True")
+            raise ValueError(f"lse: {_describe(lse)}; this DecodePlan was made for {self._lse_meta.describe()}")
+        raise ValueError("inputs differ from the plan")  # not reached: one of the above differs
+
+    def run(self, q, k_cache, v_cache, out, k_scale=None, v_scale=None, lse=None):
+        """Decode one layer: `decode(q, k_cache, v_cache, <plan's table and lengths>, out=out, ...)`.
+
+        q, k_cache, v_cache, out (and k_scale, v_scale for int8/int4/fp8-with-scales plans, lse
+        for return_lse plans, allocated when None) must have the plan's dtypes, shapes, strides
+        and device. Returns out, or (out, lse) for a return_lse plan.
+        """
+        # The cheap check (decided by its cost: ~16 attribute reads, no tensor created, ~1 us on
+        # a fast host): every layer tensor has the plan's dtype, size, strides and device.
+        e, sm = self._expect, self._scale_meta
+        try:
+            ok = (q.dtype is e[0] and k_cache.dtype is e[1] and v_cache.dtype is e[2] and out.dtype is e[3]
+                  and q.size() == e[4] and k_cache.size() == e[5] and v_cache.size() == e[6] and out.size() == e[7]
+                  and q.stride() == e[8] and k_cache.stride() == e[9] and v_cache.stride() == e[10]
+                  and out.stride() == e[11] and q.get_device() == e[12] and k_cache.get_device() == e[12]
+                  and v_cache.get_device() == e[12] and out.get_device() == e[12])
+            if ok and sm is not None:
+                ok = sm[0].matches(k_scale) and sm[1].matches(v_scale)
+        except AttributeError:  # not a tensor
+            ok = False
+        if not ok:
+            self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, None)
+        if sm is None and (k_scale is not None or v_scale is not None):
+            if not self._fp8:
+                self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, None)
+            for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):  # fp8 plan made with unit scales
+                if t is not None:
+                    raise ValueError(f"{name}: this DecodePlan was made with fp8 scales of 1.0 (None)")
+        if self.return_lse:
+            if lse is None:
+                lse = torch.empty(self._lse_meta.size, dtype=torch.float32, device=self.device)
+            elif not self._lse_meta.matches(lse):
+                self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+        elif lse is not None:
+            self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+        fast = self._fast
+        if fast is not None and torch._C._cuda_getDevice() == fast[2]:
+            qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+            if self._halfword and (kp | vp) & 1:
+                D._check_halfword_aligned(kp, vp, self._plan.fmt)
+            if k_scale is not None:
+                ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
+            elif self._fp8:
+                ksp = vsp = self._one.data_ptr()
+            else:
+                ksp = vsp = fast[3]  # never read: fp16/bf16 caches have no scales
+            split, merge = fast[0], fast[1]
+            stream = torch._C._cuda_getCurrentRawStream(fast[2])
+            with self._lock:
+                split.pack(split.buffer, split.offset, qp, kp, vp, ksp, vsp)
+                if lse is None:
+                    merge.pack(merge.buffer, merge.offset, op)
+                else:
+                    merge.pack(merge.buffer, merge.offset, op, lse.data_ptr())
+                split.go(not (qp | kp | vp) & 15)(stream)
+                merge.go(not op & 15)(stream)
+        else:
+            d = self._d  # the general path: CPU (interpreter), the JIT fallback, another current device
+            D._launch(self._plan, q, k_cache, v_cache, k_scale, v_scale, d.table, d.req_idx, d.seq_lens, d.sinks,
+                      out, lse)
+        return (out, lse) if self.return_lse else out

@@ -1,0 +1,25 @@
+"""decode's new variants compile to the same bytes through the AOT build as through Triton's JIT
+for an aligned call: the int8 per-channel split kernel and the merge kernel with its LSE output
+(tests/cpu/aot/decode_jit_sha.py, in a process without the interpreter; ~20 s)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+
+@pytest.mark.parametrize("arch", [90])
+def test_new_decode_variants_jit_equals_aot(arch, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["TRITON_DISABLE_LINE_INFO"] = "1"  # as the build and the loader's JIT fallback compile
+    out = subprocess.run([sys.executable, "-m", "tests.cpu.aot.decode_jit_sha", str(arch)], capture_output=True,
+                         text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.split("\n")[:2]
+    assert len(lines) == 2
+    for line in lines:
+        aot, jit = line.split()
+        assert aot == jit

@@ -6,6 +6,10 @@ earlier may still point at it. While the current stream is capturing, a buffer t
 grown here: the call gets a fresh tensor from the graph's private pool, which lives as long as
 the graph does. Two graphs that use one stream's buffer must not replay concurrently on
 different streams.
+
+Threads that share a stream share its buffer: an op whose launches pass data through it holds
+`stream_lock` across them, else thread B's first launch could land between thread A's two and
+overwrite A's partials (found by tests/gpu/soak.py's design: 4 threads on 2 streams).
 """
 from __future__ import annotations
 
@@ -51,6 +55,18 @@ def pair_pointers(device, stream: int, n_first: int, n_second: int):
         buf = get(device, n_first + n_second)
     p = buf.data_ptr()
     return buf, p, p + 4 * n_first
+
+
+_stream_locks: dict = {}
+
+
+def stream_lock(index: int, stream: int) -> threading.Lock:
+    """The lock that keeps one call's launches on (device `index`, `stream`) together."""
+    lock = _stream_locks.get((index, stream))
+    if lock is None:
+        with _lock:
+            lock = _stream_locks.setdefault((index, stream), threading.Lock())
+    return lock
 
 
 def _buffer_key(device):

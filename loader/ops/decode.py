@@ -7,6 +7,7 @@ it. The public function runs the same checks and code; under compilation it call
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -418,10 +419,11 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
     kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
     if plan.halfword:
         _check_halfword_aligned(kp, vp, plan.fmt)
-    plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
-                     lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
-    plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
-                     part_lse if lse is None else lse.data_ptr()), stream)
+    with workspace.stream_lock(plan.device.index, stream):  # no other call's split between ours and our merge
+        plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
+                         lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+        plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
+                         part_lse if lse is None else lse.data_ptr()), stream)
     del keep
 
 
@@ -453,12 +455,18 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
     if not all(plan.split_grid) or not all(plan.merge_grid):
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
-    run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
-               _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens,
-                           part_o, part_lse, plan.split_ints))
-    run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
-               [part_o, part_lse, sinks if sinks is not None else part_lse, out, lse if lse is not None else part_lse,
-                *plan.merge_ints])
+    if q.is_cuda:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        together = workspace.stream_lock(index, torch._C._cuda_getCurrentRawStream(index))
+    else:
+        together = contextlib.nullcontext()  # CPU: a fresh workspace a call
+    with together:
+        run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
+                   _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx,
+                               seq_lens, part_o, part_lse, plan.split_ints))
+        run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
+                   [part_o, part_lse, sinks if sinks is not None else part_lse, out,
+                    lse if lse is not None else part_lse, *plan.merge_ints])
 
 
 def _run_decode(d: _Decode, out: torch.Tensor) -> None:

@@ -44,7 +44,7 @@ def decode_cases() -> int:
     n = 0
     for fmt, head_dim, group in (("bf16", 128, 32), ("fp16", 64, 32), ("int8", 128, 32), ("int8", 128, 128),
                                  ("int4", 128, 32), ("int4", 64, 64), ("fp8_e4m3", 128, 32)):
-        axes = DS.split_axes("bf16", fmt, "fp16" if fmt in DS.INT_FORMATS else "fp32", head_dim,
+        axes = DS.split_axes(fmt if fmt in ("fp16", "bf16") else "bf16", fmt, "fp16" if fmt in DS.INT_FORMATS else "fp32", head_dim,
                              fmt in DS.INT_FORMATS and group == head_dim, group)
         block = DS.block_n(head_dim, DS.split_tiles(fmt, head_dim, axes["scales"])[0])
         lens = [0, 1, block - 1, block + 1, 3 * block]  # the last uses every page of its row

@@ -150,13 +150,14 @@ GENERIC = {  # mutation -> (change, accepted with the same answer allowed)
 }
 
 
-def _tensor_args(op):
+def _tensor_shapes(op) -> dict:
     names, args, kw = OPS[op][0]()
-    return [n for n, t in {**args, **kw}.items() if isinstance(t, torch.Tensor)]
+    return {n: t.shape for n, t in {**args, **kw}.items() if isinstance(t, torch.Tensor)}
 
 
-GENERATED = [(op, arg, m) for op in OPS for arg in _tensor_args(op) for m in GENERIC
-             if not (m == "last-dim stride 2" and OPS[op][0]()[1].get(arg, OPS[op][0]()[2].get(arg)).shape[-1] < 2)
+_SHAPES = {op: _tensor_shapes(op) for op in OPS}
+GENERATED = [(op, arg, m) for op in OPS for arg, shape in _SHAPES[op].items() for m in GENERIC
+             if not (m == "last-dim stride 2" and (not shape or shape[-1] < 2))
              and not (m == "dtype=bool" and arg == "out")]
 
 
@@ -184,9 +185,6 @@ def _empty_batch(*names):
             d = args if n in args else kw
             d[n] = d[n][:0]
     return change
-
-
-DECODE_PAGES = None  # filled by _decode_values
 
 
 VALUES = [

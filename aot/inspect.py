@@ -36,7 +36,8 @@ def summarize(root: str | Path) -> dict:
             k["variants"] = len({e.key.rsplit("@", 1)[0] for e in entries if e.kernel == kernel})
             del k["_paths"]
         out[folder.name] = {
-            "arch": m.target.arch, "backend": m.target.backend, "binaries": len(entries),
+            "arch": m.target.arch, "backend": m.target.backend, "warp_size": m.target.warp_size,
+            "binaries": len(entries),
             "files": len(seen_paths), "bytes": sum(k["bytes"] for k in kernels.values()),
             "triton_version": m.triton_version, "aotc_version": m.aotc_version, "kernels": kernels,
         }

@@ -160,3 +160,70 @@ def test_describe_reads_vendor_markers_from_torch(monkeypatch, name, hip, gcn, c
     monkeypatch.setattr(torch.version, "corex", corex, raising=False)
     device = targets.describe(0)
     assert device.vendor == vendor and targets.candidates(device)[0] == first
+
+
+def _relabel(tiny_artifacts, root, name):
+    """The tiny sm90 build's manifest and files under another target's folder (the loader checks
+    sha256 before a load, not the ELF: verify does that)."""
+    import shutil
+
+    m = read_manifest(tiny_artifacts / "sm90")
+    shutil.copytree(tiny_artifacts / "sm90" / "bin", root / name / "bin")
+    (root / name / "manifest.json").write_text(Manifest(Target.from_name(name), m.aotc_version, m.triton_version,
+                                                        m.entries).to_json())
+
+
+def test_an_iluvatar_gpu_launches_its_ivcore_binary_through_the_cuda_api_with_64_thread_warps(
+        tiny_artifacts, tmp_path, fake_driver):
+    from aotc.kernels.registry import get_spec
+    from aotc.loader import dispatch
+
+    from .conftest import FakeTensor
+
+    _relabel(tiny_artifacts, tmp_path, "ivcore20")
+    _write_manifest(tmp_path / "sm80", Target.from_name("sm80"))
+    artifacts.set_artifacts(tmp_path)
+    try:
+        target = artifacts.load_target(BI_V150)
+        sel = dispatch.Selection(get_spec("tiny_axpy"), {"block": 64, "dtype": "fp16"}, 0, target, BI_V150)
+        sel.launch((2, 1, 1), [FakeTensor(0x1000), FakeTensor(0x2000), FakeTensor(0x3000), 128, 100, 3, 0.5], 5)
+    finally:
+        artifacts.set_artifacts(None)
+    assert target.name == "ivcore20" and sel.driver is fake_driver
+    entry = target.entries["tiny_axpy(block=64,dtype=fp16)@aligned"]
+    (_, grid, block, *_), = fake_driver.launches
+    assert grid == (2, 1, 1) and block == (64 * entry.num_warps, 1, 1)
+
+
+def test_an_iluvatar_gpu_with_only_nvidia_artifacts_never_loads_them(tiny_artifacts, tmp_path, fake_driver,
+                                                                      monkeypatch):
+    from aotc.kernels.registry import get_spec
+    from aotc.loader import dispatch, fallback
+
+    from .conftest import FakeTensor
+
+    monkeypatch.setenv("AOTC_DISABLE_JIT", "1")
+    monkeypatch.setitem(dispatch._devices, 0, BI_V150)
+    artifacts.set_artifacts(tiny_artifacts)  # sm80 and sm90: A100 and H100 cubins
+    try:
+        sel = dispatch._selection(get_spec("tiny_axpy"), {"block": 64, "dtype": "fp16"}, 0)
+        with pytest.raises(fallback.MissingVariantError) as err:
+            sel.launch((1, 1, 1), [FakeTensor(0x1000), FakeTensor(0x2000), FakeTensor(0x3000), 16, 1, 1, 1.0], 0)
+    finally:
+        artifacts.set_artifacts(None)
+        dispatch.reset()
+    assert sel.target is None and fake_driver.loaded == [] and fake_driver.launches == []
+    msg = str(err.value)
+    assert "Iluvatar BI-V150 (iluvatar, capability 8.0)" in msg and "sm80 holds nvidia cubin binaries" in msg
+    assert "on corex80" not in msg and "on ivcore20" in msg  # the miss names the target to build
+
+
+def test_a_variant_a_spec_leaves_out_on_a_target_raises_naming_it():
+    from aotc.kernels.decode import spec as decode_spec
+    from aotc.loader import fallback
+
+    axes = next(a for a in decode_spec.split_variants() if a["kv"] == "int8")
+    arch = targets.get("gfx942").spec_arch()
+    with pytest.raises(NotImplementedError, match=r"does not exist on target gfx942 \(hip\)"):
+        fallback.launch_config(decode_spec.SPLIT, axes, arch)
+    assert fallback.launch_config(decode_spec.SPLIT, axes, targets.get("sm90").spec_arch()) is not None

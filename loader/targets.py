@@ -190,10 +190,22 @@ def describe(index: int) -> Device:
     props = torch.cuda.get_device_properties(index)
     hip = bool(getattr(torch.version, "hip", None))
     # CoreX builds of torch report CUDA; their device names start with "Iluvatar" (BI-V100/V150,
-    # MR-V100). A `corex` version attribute, where present, marks the runtime too.
-    corex = bool(getattr(torch.version, "corex", None))
+    # MR-V100). Runtime markers too: a `corex` version attribute, or a CUDA library mapped from the
+    # CoreX SDK (installed under /usr/local/corex). Unverified on Iluvatar hardware.
+    corex = bool(getattr(torch.version, "corex", None)) or corex_runtime_mapped()
     return Device(name=str(props.name), capability=tuple(torch.cuda.get_device_capability(index)),
                   hip=hip, gcn_arch=str(getattr(props, "gcnArchName", "") or "") if hip else "", corex=corex)
+
+
+def corex_runtime_mapped(maps: str | None = None) -> bool:
+    """Whether this process has a CUDA runtime or driver library from a CoreX SDK mapped."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return False
+    return any("/corex" in line and "libcuda" in line for line in maps.splitlines())
 
 
 def no_target_message(device: Device, available, source: str) -> str:

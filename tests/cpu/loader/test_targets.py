@@ -227,3 +227,13 @@ def test_a_variant_a_spec_leaves_out_on_a_target_raises_naming_it():
     with pytest.raises(NotImplementedError, match=r"does not exist on target gfx942 \(hip\)"):
         fallback.launch_config(decode_spec.SPLIT, axes, arch)
     assert fallback.launch_config(decode_spec.SPLIT, axes, targets.get("sm90").spec_arch()) is not None
+
+
+@pytest.mark.parametrize("maps, expected", [
+    ("7f00-7f10 r-xp 0 08:01 1 /usr/local/corex/lib64/libcuda.so.1\n", True),
+    ("7f00-7f10 r-xp 0 08:01 1 /usr/local/corex-4.1.0/lib/libcudart.so.10.2\n", True),
+    ("7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54\n", False),
+    ("", False),
+])
+def test_the_corex_runtime_marker(maps, expected):
+    assert targets.corex_runtime_mapped(maps) is expected

@@ -98,6 +98,8 @@ def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -
         "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, arch).items())},
         "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
     }
+    if target.backend == "hip":
+        doc["amd_buffer_ops"] = 0  # _init_worker's AMDGCN_USE_BUFFER_OPS (a hip-only hash input)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -148,6 +150,11 @@ def _init_worker() -> None:
     # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
     # compiles with the same switch (loader.fallback.aot_compile_options).
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    # AMD: no buffer ops. Triton's HIP JIT turns them on per call for tensors under 2 GB (a
+    # "tt.pointer_range" it reads off each tensor's storage), which a binary built ahead of time
+    # cannot know; off in both the build and the JIT fallback, a JIT compile of a key gives the
+    # build's bytes (tests/cpu/aot/test_parity.py, gfx942). Their speed cost is not measured.
+    os.environ["AMDGCN_USE_BUFFER_OPS"] = "0"
 
 
 def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:

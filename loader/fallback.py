@@ -144,12 +144,14 @@ def jit_function(spec: KernelSpec):
 @contextlib.contextmanager
 def aot_compile_options():
     """Compile as `aotc build` does: without line info, whose file paths would make the bytes
-    depend on where the sources sit (the build sets the same switch in its workers). The knob
-    is process-wide while this runs."""
+    depend on where the sources sit, and on AMD without buffer ops, which Triton's HIP JIT
+    enables per call from tensor sizes (the build sets the same switches in its workers). The
+    knobs are process-wide while this runs."""
     import triton
 
-    with triton.knobs.compilation.scope():
+    with triton.knobs.compilation.scope(), triton.knobs.amd.scope():
         triton.knobs.compilation.disable_line_info = True
+        triton.knobs.amd.use_buffer_ops = False  # as the build's workers (aot/build.py _init_worker)
         yield
 
 

@@ -3,6 +3,8 @@
 # (tests/gpu/sanitizer_cases.py), printing each tool's error count. Needs the sm90 artifacts:
 #   aotc build --arch sm90 -j 16 --quiet && bash tests/gpu/sanitize.sh [OP ...]
 # OP: decode store_kv prefix_prefill gated_delta_decode (default: all in one process per tool).
+# TOOLS="memcheck initcheck" runs only those (default: memcheck racecheck initcheck), e.g. one
+# tool a call where a call is limited to 10 minutes.
 # Logs land in $OUT (default /tmp/aotc-out)/sanitizer-<tool>.log. Exit 1 if any tool reports errors
 # or a case fails. Caching off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every torch.empty is a fresh
 # cudaMalloc, so initcheck sees a read of memory nobody wrote instead of a reused block's old bytes.
@@ -39,13 +41,13 @@ echo "compute-sanitizer: $sanitizer ($("$sanitizer" --version 2>/dev/null | tail
 ops=("${@:-all}")
 status=0
 printf "%-10s %-20s %8s %s\n" tool op errors cases
-for tool in memcheck racecheck initcheck; do
+for tool in ${TOOLS:-memcheck racecheck initcheck}; do
   for op in "${ops[@]}"; do
     log="$OUT/sanitizer-$tool-$op.log"
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check no)
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 1500 "$sanitizer" --tool "$tool" "${extra[@]}" --print-limit 50 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 1500 "$sanitizer" --tool "$tool" ${extra[@]+"${extra[@]}"} --print-limit 50 \
       "$py" "$here/sanitizer_cases.py" --op "$op" >"$log" 2>&1
     rc=$?
     errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -Eo "[0-9]+$")

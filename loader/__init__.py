@@ -3,7 +3,8 @@
     from aotc import loader
     out = loader.decode(q, k_cache, v_cache, table, seq_lens)
 
-Public ops: `decode`, `store_kv`, `prefix_prefill`, `gated_delta_prefill`. Artifacts come from `set_artifacts(...)`,
+Public ops: `decode`, `store_kv`, `prefix_prefill`, `gated_delta_decode`, `gated_delta_prefill`.
+Artifacts come from `set_artifacts(...)`,
 `AOTC_ARTIFACTS` (a folder or `hf://ORG/NAME@REV`), or the `artifacts/` folder beside this
 package. Importing this module imports neither triton, click nor huggingface_hub; the ops are
 imported on first use.
@@ -14,10 +15,12 @@ _OPS = {
     "decode": "aotc.loader.ops.decode",
     "store_kv": "aotc.loader.ops.store_kv",
     "prefix_prefill": "aotc.loader.ops.prefix_prefill",
+    "gated_delta_decode": "aotc.loader.ops.gated_delta",
     "gated_delta_prefill": "aotc.loader.ops.gated_delta_prefill",
 }
 
-__all__ = ["decode", "store_kv", "prefix_prefill", "gated_delta_prefill", "set_artifacts", "current_source"]
+__all__ = ["decode", "store_kv", "prefix_prefill", "gated_delta_decode", "gated_delta_prefill", "set_artifacts",
+           "current_source"]
 
 
 def set_artifacts(source) -> None:

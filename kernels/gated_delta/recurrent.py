@@ -1,0 +1,125 @@
+"""Recurrent decode of the gated delta rule (Gated DeltaNet and KDA) over a pool of fp32 states.
+
+One program per (request b, value head hv, tile of BV value rows): it loads its [BV, K] slice
+of the request's state h once, runs the T <= 8 tokens of the request through it in registers and
+stores it once. The grid is (B * HV * cdiv(V, BV),): it depends on no length, so one CUDA graph
+serves every step. Per token (reference.py):
+
+    h  = h * exp(g)         g: one log-gate a head (GDN) or one a head and K channel (KDA)
+    v' = beta * (v - h k)
+    h  = h + v' k^T
+    o  = scale * h q
+
+The state is a bandwidth problem (a [V, K] fp32 matrix a head read and written per step against
+a few hundred bytes of q/k/v), so the layout of the tile is what matters:
+  KMAJOR = 0: V-major pool [slots, HV, V, K], K contiguous: each row of the tile is K contiguous
+              floats (16-byte vector loads along K).
+  KMAJOR = 1: K-major pool [slots, HV, K, V], V contiguous: the tile is read as BV contiguous
+              floats per K row. A constexpr, not a runtime stride: a runtime unit stride would
+              leave Triton unable to prove contiguity, and every state access would be a scalar.
+The other state strides (slot, head, the non-unit row stride) are runtime ints.
+
+GDN and KDA share one code path: the gate is read as a [K] vector with a runtime K stride, 0 for
+GDN (one value a head, broadcast over K). The fused-gate form (`fused` != 0) reads
+a (G), b (Beta), A_log and dt_bias instead of g and beta and computes
+g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) here. Gate tensors (g, beta, a, b,
+A_log, dt_bias) arrive as byte pointers with a runtime dtype code each (0 fp32, 1 fp16, 2 bf16),
+so their dtype costs no binary: they are a few bytes a token next to the state.
+
+A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
+state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
+"""
+import triton
+import triton.language as tl
+
+L2NORM_EPS = tl.constexpr(1e-6)  # as reference.py and flash-linear-attention's l2norm
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # as torch.nn.functional.softplus and SGLang
+
+
+@triton.jit
+def _load_f32(P, offs, code):
+    """Load a byte pointer `P` as fp32 (code 0), fp16 (1) or bf16 (2) elements at element
+    offsets `offs` (all in bounds), widened to fp32."""
+    if code == 0:
+        x = tl.load(P.to(tl.pointer_type(tl.float32), bitcast=True) + offs)
+    elif code == 1:
+        x = tl.load(P.to(tl.pointer_type(tl.float16), bitcast=True) + offs).to(tl.float32)
+    else:
+        x = tl.load(P.to(tl.pointer_type(tl.bfloat16), bitcast=True) + offs).to(tl.float32)
+    return x
+
+
+@triton.jit(
+    do_not_specialize=[
+        "T", "HV", "group", "num_slots",
+        "stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "stride_bt", "stride_bh",
+        "stride_dh", "stride_dk", "g_code", "beta_code", "alog_code", "dt_code", "fused", "qk_l2norm",
+    ],
+    do_not_specialize_on_alignment=["G", "Beta", "A_log", "Dt_bias", "Idx"],
+)
+def gated_delta_decode_kernel(
+    Q, K, V, Out, State, G, Beta, A_log, Dt_bias, Idx,
+    scale,
+    T, HV, group, num_slots, V_DIM,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh, stride_ob, stride_ot, stride_oh,
+    stride_sn, stride_sh, stride_srow,
+    stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
+    g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
+    K_DIM: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_v = tl.cdiv(V_DIM, BV)
+    i_v = pid % n_v  # value tiles of one head are neighbours: the head's state streams in order
+    bh = pid // n_v
+    b = bh // HV
+    hv = bh % HV
+    hq = hv // group
+
+    offs_k = tl.arange(0, K_DIM)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    v_mask = offs_v < V_DIM
+    slot = tl.load(Idx + b)
+    valid = (slot >= 0) & (slot < num_slots)
+    base = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    if KMAJOR:
+        s_offs = offs_k[None, :].to(tl.int64) * stride_srow + offs_v[:, None]
+    else:
+        s_offs = offs_v[:, None].to(tl.int64) * stride_srow + offs_k[None, :]
+    s_mask = valid & v_mask[:, None]
+    h = tl.load(base + s_offs, mask=s_mask, other=0.0)  # [BV, K] fp32
+
+    if fused:
+        # Per head: -exp(A_log) and dt_bias ([K] for KDA, stride_dk 0 for GDN), read once.
+        decay = -tl.exp(_load_f32(A_log, hv, alog_code))
+        dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code)
+    else:
+        decay = tl.full([], 0.0, tl.float32)
+        dt = tl.zeros([K_DIM], dtype=tl.float32)
+
+    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    for t in range(0, T):
+        q = tl.load(q_row + t * stride_qt + offs_k).to(tl.float32)
+        k = tl.load(k_row + t * stride_kt + offs_k).to(tl.float32)
+        v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+        if qk_l2norm:
+            q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
+            k = k / tl.sqrt(tl.sum(k * k) + L2NORM_EPS)
+        g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code)  # [K]
+        beta = _load_f32(Beta, beta_row + t * stride_bt, beta_code)
+        if fused:
+            x = g + dt
+            g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+            beta = 1.0 / (1.0 + tl.exp(-beta))
+        h = h * tl.exp(g)[None, :]
+        v_new = beta * (v - tl.sum(h * k[None, :], 1))
+        h = h + v_new[:, None] * k[None, :]
+        o = tl.sum(h * q[None, :], 1) * scale
+        o = tl.where(valid, o, 0.0)
+        tl.store(o_row + t * stride_ot + offs_v, o.to(Out.dtype.element_ty), mask=v_mask)
+    tl.store(base + s_offs, h, mask=s_mask)

@@ -1,0 +1,369 @@
+"""Gated delta rule (Gated DeltaNet / KDA) recurrent decode, `gated_delta_decode`, and the
+argument checks it shares with the chunked prefill (the `check_*` functions: they take an `op`
+name for their messages and accept [1, total_T, ...] varlen inputs as well as [B, T, ...]).
+
+`gated_delta_decode` is also a `torch.library` op (`torch.ops.aotc.gated_delta_decode`, mutating
+`state` and `out`, returning nothing) with a Meta implementation that runs the same checks, so
+`torch.compile(fullgraph=True)` traces through it. Eager calls skip the dispatcher: a plan per
+input metadata holds the checked launch, as `decode` does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aotc.kernels.gated_delta import spec as S
+
+from . import library
+from ..dispatch import prepare, register_plan_cache, run_kernel
+
+OP = "gated_delta_decode"
+QKV_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+GATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+LAYOUTS = S.LAYOUTS
+_I32_MAX = 2 ** 31 - 1
+
+
+class Dims:
+    """The sizes every gated-delta argument is checked against: B rows (1 for varlen) of T
+    tokens (total_T for varlen), H query/key heads of size K, HV value heads of size V."""
+
+    __slots__ = ("B", "T", "H", "K", "HV", "V")
+
+    def __init__(self, B, T, H, K, HV, V):
+        self.B, self.T, self.H, self.K, self.HV, self.V = B, T, H, K, HV, V
+
+    def __repr__(self):
+        return f"Dims(B={self.B}, T={self.T}, H={self.H}, K={self.K}, HV={self.HV}, V={self.V})"
+
+
+def _fail(op, name, expected, got, exc=ValueError):
+    raise exc(f"{op}: {name} must be {expected}, got {got}")
+
+
+def check_tensor(t, name, op, dtypes=None, ndim=None, device=None):
+    """A torch.Tensor of one of `dtypes` (a dict or tuple), `ndim` dims, on `device`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        _fail(op, name, f"of dtype {' or '.join(str(d) for d in dtypes)}", t.dtype, TypeError)
+    if ndim is not None and t.dim() != ndim:
+        _fail(op, name, f"{ndim}-D", f"shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        _fail(op, name, f"on {device} (q's device)", t.device)
+    if any(s < 0 or s > _I32_MAX for s in t.stride()):
+        _fail(op, f"{name}'s strides", "in [0, 2**31)", t.stride())
+    return t
+
+
+def _unit_last(t, name, op):
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(op, name, "contiguous in its last dim (stride 1)", f"strides {t.stride()}")
+
+
+def check_qkv(q, k, v, op, max_t=None) -> Dims:
+    """q, k [B, T, H, K] and v [B, T, HV, V]: fp16/bf16 alike, last dims contiguous, K in
+    spec.K_DIMS, V a multiple of 16 up to spec.MAX_V, HV a multiple of H, T >= 1 (<= max_t)."""
+    check_tensor(q, "q", op, QKV_DTYPES, 4)
+    dev = q.device
+    check_tensor(k, "k", op, (q.dtype,), 4, dev)
+    check_tensor(v, "v", op, (q.dtype,), 4, dev)
+    B, T, H, K = q.shape
+    if K not in S.K_DIMS:
+        _fail(op, "q.shape[3] (K)", f"one of {S.K_DIMS}", K)
+    if T < 1 or (max_t is not None and T > max_t):
+        _fail(op, "q.shape[1] (T, tokens a row)", f"in [1, {max_t}]" if max_t else ">= 1", T)
+    if tuple(k.shape) != tuple(q.shape):
+        _fail(op, "k", f"shaped like q {tuple(q.shape)}", tuple(k.shape))
+    if tuple(v.shape[:2]) != (B, T):
+        _fail(op, "v", f"[{B}, {T}, HV, V] (q's first two dims)", tuple(v.shape))
+    HV, V = v.shape[2], v.shape[3]
+    if H < 1 or HV < 1 or HV % H:
+        _fail(op, "v.shape[2] (HV, value heads)", f"a positive multiple of H = {H}", HV)
+    if V < S.V_MULTIPLE or V % S.V_MULTIPLE or V > S.MAX_V:
+        _fail(op, "v.shape[3] (V)", f"a multiple of {S.V_MULTIPLE} in [{S.V_MULTIPLE}, {S.MAX_V}]", V)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _unit_last(t, name, op)
+    return Dims(B, T, H, K, HV, V)
+
+
+def _gate_kind(t, name, op, d: Dims, per_k_shape) -> str:
+    if tuple(t.shape) == (d.B, d.T, d.HV):
+        return "gdn"
+    if tuple(t.shape) == (d.B, d.T, d.HV, d.K):
+        return "kda"
+    _fail(op, name, f"[{d.B}, {d.T}, {d.HV}] (GDN) or {list(per_k_shape)} (KDA)", tuple(t.shape))
+
+
+def check_gates(g, beta, d: Dims, device, op) -> str:
+    """g [B, T, HV] (GDN) or [B, T, HV, K] (KDA), log-space; beta [B, T, HV]; fp32/fp16/bf16,
+    any strides. Returns "gdn" or "kda"."""
+    check_tensor(g, "g", op, GATE_DTYPES, device=device)
+    check_tensor(beta, "beta", op, GATE_DTYPES, 3, device)
+    kind = _gate_kind(g, "g", op, d, (d.B, d.T, d.HV, d.K))
+    if tuple(beta.shape) != (d.B, d.T, d.HV):
+        _fail(op, "beta", f"[{d.B}, {d.T}, {d.HV}]", tuple(beta.shape))
+    return kind
+
+
+def check_fused_gate(A_log, a, dt_bias, b, d: Dims, device, op) -> str:
+    """The fused-gate form (g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)):
+    A_log [HV] contiguous; a [B, T, HV] with dt_bias [HV] (GDN), or a [B, T, HV, K] with
+    dt_bias [HV, K] (KDA); b [B, T, HV]; fp32/fp16/bf16 each. Returns "gdn" or "kda"."""
+    for name, t in (("A_log", A_log), ("a", a), ("dt_bias", dt_bias), ("b", b)):
+        if t is None:
+            raise ValueError(f"{op}: the fused-gate form needs A_log, a, dt_bias and b; {name} is None")
+        check_tensor(t, name, op, GATE_DTYPES, device=device)
+    kind = _gate_kind(a, "a", op, d, (d.B, d.T, d.HV, d.K))
+    if tuple(A_log.shape) != (d.HV,) or (d.HV > 1 and A_log.stride(0) != 1):
+        _fail(op, "A_log", f"a contiguous [{d.HV}] tensor", f"shape {tuple(A_log.shape)} strides {A_log.stride()}")
+    want = (d.HV,) if kind == "gdn" else (d.HV, d.K)
+    if tuple(dt_bias.shape) != want:
+        _fail(op, "dt_bias", f"{list(want)} (a is {kind.upper()}: {tuple(a.shape)})", tuple(dt_bias.shape))
+    if tuple(b.shape) != (d.B, d.T, d.HV):
+        _fail(op, "b", f"[{d.B}, {d.T}, {d.HV}]", tuple(b.shape))
+    return kind
+
+
+def resolve_gates(g, beta, A_log, a, dt_bias, b, d: Dims, device, op) -> tuple[str, bool]:
+    """Which gate form a call uses, checked: (kind "gdn"/"kda", fused)."""
+    fused_args = {"A_log": A_log, "a": a, "dt_bias": dt_bias, "b": b}
+    if g is None and beta is None and any(t is not None for t in fused_args.values()):
+        return check_fused_gate(A_log, a, dt_bias, b, d, device, op), True
+    given = [n for n, t in fused_args.items() if t is not None]
+    if given:
+        raise ValueError(f"{op}: pass either g and beta, or A_log, a, dt_bias and b (the fused-gate form) with "
+                         f"g=None and beta=None; got g/beta and {', '.join(given)}")
+    if g is None or beta is None:
+        raise ValueError(f"{op}: g and beta are required (or A_log, a, dt_bias and b with g=None, beta=None)")
+    return check_gates(g, beta, d, device, op), False
+
+
+def check_state(state, state_layout, d: Dims, device, op) -> str:
+    """The fp32 state pool: [slots, HV, V, K] ("vmajor", the default) or [slots, HV, K, V]
+    ("kmajor"), the layout named explicitly (K == V cannot tell them apart), last dim contiguous."""
+    if state_layout not in LAYOUTS:
+        raise ValueError(f"{op}: state_layout must be one of {LAYOUTS}, got {state_layout!r}")
+    check_tensor(state, "state", op, (torch.float32,), 4, device)
+    inner = (d.V, d.K) if state_layout == "vmajor" else (d.K, d.V)
+    if tuple(state.shape[1:]) != (d.HV, *inner):
+        what = "[slots, HV, V, K]" if state_layout == "vmajor" else "[slots, HV, K, V]"
+        _fail(op, "state", f"{what} = [slots, {d.HV}, {inner[0]}, {inner[1]}] for state_layout={state_layout!r}",
+              tuple(state.shape))
+    _unit_last(state, "state", op)
+    return state_layout
+
+
+def check_state_indices(state_indices, n, device, op) -> None:
+    """int32 [n], contiguous: row/sequence i uses state slot state_indices[i] (< 0: padded)."""
+    check_tensor(state_indices, "state_indices", op, (torch.int32,), 1, device)
+    if state_indices.shape[0] != n or (n > 1 and state_indices.stride(0) != 1):
+        _fail(op, "state_indices", f"a contiguous [{n}] tensor", f"shape {tuple(state_indices.shape)} "
+              f"strides {state_indices.stride()}")
+
+
+def check_state_index_values(state_indices, slots, op) -> None:
+    """Values (copied to the host: one device sync): each index < slots, no slot twice (two rows
+    updating one state at once would race). Negative indices are padded rows, any number of them."""
+    idx = state_indices.cpu().long()
+    bad = (idx >= slots).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"{op}: state_indices[{i}] = {int(idx[i])} is past the pool's {slots} slots")
+    used = idx[idx >= 0]
+    if used.numel() != used.unique().numel():
+        vals, counts = used.unique(return_counts=True)
+        slot = int(vals[counts > 1][0])
+        rows = (idx == slot).nonzero().flatten().tolist()[:2]
+        raise ValueError(f"{op}: state_indices names slot {slot} twice (rows {rows[0]} and {rows[1]}); each slot "
+                         f"may be updated by one row a call")
+
+
+def check_out(out, shape, dtype, device, op) -> None:
+    check_tensor(out, "out", op, (dtype,), len(shape), device)
+    if tuple(out.shape) != tuple(shape):
+        _fail(op, "out", f"of shape {tuple(shape)}", tuple(out.shape))
+    _unit_last(out, "out", op)
+
+
+def check_scale(scale, K, op) -> float:
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite float or None (1/sqrt(K)), got {scale!r}")
+    return float(scale)
+
+
+def skip_value_checks(t) -> bool:
+    # Reading values back syncs the device: never while tracing or capturing a CUDA graph.
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+# ---- the decode op --------------------------------------------------------------------------
+
+def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
+                  out):
+    """Every check that needs no tensor values; returns (Dims, scale, fused)."""
+    d = check_qkv(q, k, v, OP, max_t=S.MAX_T)
+    dev = q.device
+    _kind, fused = resolve_gates(g, beta, A_log, a, dt_bias, b, d, dev, OP)
+    check_state(state, state_layout, d, dev, OP)
+    check_state_indices(state_indices, d.B, dev, OP)
+    if out is not None:
+        check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
+    if not isinstance(qk_l2norm, bool):
+        raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
+    return d, check_scale(scale, d.K, OP), fused
+
+
+def _strides(t, n):
+    """The first n strides of t, padded with 0 (a GDN gate's K stride: broadcast over K)."""
+    return (tuple(t.stride()) + (0,) * n)[:n]
+
+
+class _Plan:
+    """A checked launch: variant axes, grid, the non-pointer arguments, and for CUDA tensors whose
+    binaries are built the `dispatch.Prepared` launch that packs only the pointers per call."""
+
+    __slots__ = ("axes", "grid", "ints", "fused", "fast")
+
+    def __init__(self, axes, grid, ints, fused):
+        self.axes, self.grid, self.ints, self.fused, self.fast = axes, grid, ints, fused, None
+
+
+def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    axes = S.axes_for(QKV_DTYPES[q.dtype], K, state_layout)
+    bv = S.constexprs(axes)["BV"]
+    gt, bt = (a, b) if fused else (g, beta)
+    gs, bs = _strides(gt, 4), _strides(bt, 3)
+    if fused:
+        ds = _strides(dt_bias, 2)
+        codes = (S.GATE_CODES[GATE_DTYPES[a.dtype]], S.GATE_CODES[GATE_DTYPES[b.dtype]],
+                 S.GATE_CODES[GATE_DTYPES[A_log.dtype]], S.GATE_CODES[GATE_DTYPES[dt_bias.dtype]])
+    else:
+        ds = (0, 0)
+        codes = (S.GATE_CODES[GATE_DTYPES[g.dtype]], S.GATE_CODES[GATE_DTYPES[beta.dtype]], 0, 0)
+    ints = (float(scale), T, HV, HV // H, state.shape[0], V,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            state.stride(0), state.stride(1), state.stride(2),
+            *gs, *bs, *ds, *codes, int(fused), int(qk_l2norm))
+    plan = _Plan(axes, S.grid(B, HV, V, bv), ints, fused)
+    if q.is_cuda and plan.grid[0]:
+        plan.fast = prepare(S.DECODE, axes, plan.grid, ints, q.device.index)
+    return plan
+
+
+def _as_bytes(t):
+    """A uint8 tensor starting at t's first element (the kernel reads gate tensors as bytes and
+    casts by a dtype code): what a JIT or interpreter launch binds to a `=u8` pointer."""
+    offset = t.storage_offset() * t.element_size()
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, offset, (storage.nbytes() - offset,), (1,))
+
+
+def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> None:
+    if not plan.grid[0]:
+        return
+    gt, bt = (a, b) if plan.fused else (g, beta)
+    al, dt = (A_log, dt_bias) if plan.fused else (state_indices, state_indices)  # never read unfused
+    if plan.fast is not None and torch._C._cuda_getDevice() == q.device.index:
+        plan.fast((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), gt.data_ptr(),
+                   bt.data_ptr(), al.data_ptr(), dt.data_ptr(), state_indices.data_ptr()),
+                  torch._C._cuda_getCurrentRawStream(q.device.index))
+        return
+    run_kernel(S.DECODE, plan.axes, plan.grid, (q, k, v, out, state, _as_bytes(gt), _as_bytes(bt), _as_bytes(al),
+                                                _as_bytes(dt), state_indices, *plan.ints))
+
+
+def _decode_op(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
+               out) -> None:
+    _d, scale, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
+                                     state_layout, out)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused)
+    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
+
+
+def _decode_fake(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
+                 out) -> None:
+    _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out)
+
+
+library.define("gated_delta_decode(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state, "
+               "Tensor state_indices, Tensor? A_log, Tensor? a, Tensor? dt_bias, Tensor? b, float? scale, "
+               "bool qk_l2norm, str state_layout, Tensor(b!) out) -> ()", _decode_op, _decode_fake)
+
+
+def _meta(t):
+    # t.device, not get_device(): that is -1 for the CPU and for meta tensors alike.
+    return None if t is None else (t.size(), t.stride(), t.dtype, t.device)
+
+
+_plans: dict = register_plan_cache({})
+_MAX_PLANS = 4096
+
+
+def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk_l2norm=False, out=None,
+                       state_layout="vmajor", A_log=None, a=None, dt_bias=None, b=None,
+                       validate=True) -> torch.Tensor:
+    """One decode step (T <= 8 tokens a request, e.g. speculative verify) of the gated delta
+    rule, each request's recurrent state read from and written back to a pool in place.
+
+    Per token and value head (reference.py): h *= exp(g); v' = beta * (v - h k); h += v' k^T;
+    o = scale * h q, with h [V, K] fp32.
+    Shapes (B requests, T in [1, 8] tokens each, H query/key heads, HV value heads, HV % H == 0:
+    value head hv reads q/k head hv // (HV // H)):
+      q, k      [B, T, H, K] fp16 or bf16, K in (64, 128, 256); last dim contiguous.
+      v         [B, T, HV, V] q's dtype; V a multiple of 16 in [16, 512]; last dim contiguous.
+      g         [B, T, HV] (Gated DeltaNet: one log-gate a head) or [B, T, HV, K] (KDA: one a
+                head and K channel); log space (<= 0); fp32, fp16 or bf16; any strides.
+      beta      [B, T, HV]; fp32, fp16 or bf16.
+      Fused-gate form (SGLang's decode): g=None, beta=None and the keywords A_log [HV], a
+                [B, T, HV] with dt_bias [HV] (GDN) or a [B, T, HV, K] with dt_bias [HV, K] (KDA),
+                b [B, T, HV]; fp32/fp16/bf16 each. The kernel computes
+                g = -exp(A_log) * softplus(a + dt_bias) (softplus threshold 20) and beta = sigmoid(b).
+      state     fp32 pool, updated in place: [slots, HV, V, K] for state_layout="vmajor" (the
+                default, K contiguous) or [slots, HV, K, V] for "kmajor" (V contiguous). The
+                layout is always the argument's, never guessed from the shape. Other strides free.
+      state_indices  [B] int32, contiguous: request b uses state[state_indices[b]]. An index < 0
+                is a padded row: its outputs are zeros and no state is read or written. (The
+                kernel also treats an index >= slots as padded, so nothing out of range is touched
+                even with validate=False.)
+      scale     float, default K ** -0.5. qk_l2norm: L2-normalize q and k per head in the kernel
+                (x / sqrt(sum(x^2) + 1e-6)).
+      out       [B, T, HV, V] in q's dtype, last dim contiguous; allocated when None.
+      validate  copy state_indices to the host and check every index < slots and no slot named
+                twice (one device sync; skipped under CUDA-graph capture and torch.compile).
+    Returns out. CUDA-graph safe: the grid is B * HV * cdiv(V, BV), no length or value in it.
+    Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index),
+    naming the argument, before anything is launched.
+    """
+    if torch.compiler.is_compiling():  # the op's Meta implementation runs the checks
+        if out is None:
+            out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
+        torch.ops.aotc.gated_delta_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+                                          qk_l2norm, state_layout, out)
+        return out
+    try:
+        if out is None:
+            out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
+        key = (_meta(q), _meta(k), _meta(v), _meta(g), _meta(beta), _meta(state), _meta(state_indices),
+               _meta(A_log), _meta(a), _meta(dt_bias), _meta(b), _meta(out), scale, qk_l2norm, state_layout)
+        plan = _plans.get(key)
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
+        key = plan = None
+    if plan is None:
+        _d, scale_f, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+                                           qk_l2norm, state_layout, out)
+        plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale_f, qk_l2norm, state_layout, out,
+                          fused)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    if validate and not skip_value_checks(state_indices):
+        check_state_index_values(state_indices, state.shape[0], OP)
+    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
+    return out

@@ -1,0 +1,101 @@
+"""gated_delta_decode through Triton's interpreter against the float32 reference (cases.py):
+both pool layouts, GDN and KDA gates, plain and fused-gate forms, L2 norm on and off, GVA, padded
+rows, T from 1 to 8, V tails, gate dtypes, strided inputs. Every case poisons `out` with NaN and
+checks the slots no row names bit for bit."""
+import itertools
+
+import pytest
+import torch
+
+from aotc.loader.ops.gated_delta import gated_delta_decode
+
+from .cases import OUT_TOL, STATE_TOL, assert_close, check_case, make_case, reference, run
+
+FORMS = list(itertools.product(("vmajor", "kmajor"), (False, True), (False, True), (False, True)))
+
+
+@pytest.mark.parametrize("layout,kda,fused,l2", FORMS)
+def test_forms_match_reference(layout, kda, fused, l2):
+    n = FORMS.index((layout, kda, fused, l2))
+    T = (1, 2, 5, 8)[n % 4]
+    args, kw = make_case(B=3, T=T, H=1, HV=2, kda=kda, fused=fused, qk_l2norm=l2, layout=layout, pads=(1,), seed=n)
+    check_case(gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+@pytest.mark.parametrize("H,HV", [(2, 4), (1, 1), (2, 2)])
+def test_grouped_value_heads(layout, H, HV):
+    args, kw = make_case(B=2, T=3, H=H, HV=HV, layout=layout, pads=(), seed=H * 10 + HV)
+    check_case(gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+@pytest.mark.parametrize("V", [16, 48, 80, 128])
+def test_value_sizes_and_tails(layout, V):
+    # K = 64: BV 16 (V-major) tiles every V whole; BV 32 (K-major) leaves a partial tile at 16, 48 and 80.
+    args, kw = make_case(B=2, T=2, H=1, HV=2, V=V, layout=layout, kda=V == 80, seed=V)
+    check_case(gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gate_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_input_and_gate_dtypes(dtype, gate_dtype):
+    for fused in (False, True):
+        args, kw = make_case(B=2, T=2, dtype=dtype, gate_dtype=gate_dtype, fused=fused, kda=fused, seed=3)
+        check_case(gated_delta_decode, args, kw)
+
+
+def test_head_size_128_and_custom_scale():
+    args, kw = make_case(B=2, T=2, H=1, HV=1, K=128, V=128, qk_l2norm=True, pads=(0,), seed=5)
+    check_case(gated_delta_decode, args, kw, scale=0.3)
+
+
+def test_every_row_padded_touches_nothing():
+    args, kw = make_case(B=3, T=4, pads=(0, 1, 2), seed=6)
+    out, pool = run(gated_delta_decode, args, kw)
+    assert (out == 0).all()
+    assert torch.equal(pool, args["state"])
+
+
+def test_index_past_the_pool_is_a_padded_row_without_validation():
+    # validate=False skips the host check; the kernel still touches no state for such a row.
+    args, kw = make_case(B=2, T=1, pads=(), slots=4, seed=7)
+    args["state_indices"] = torch.tensor([4, 1], dtype=torch.int32)
+    out, pool = run(gated_delta_decode, args, kw, validate=False)
+    assert (out[0] == 0).all() and not out[1].isnan().any()
+    assert torch.equal(pool[[0, 2, 3]], args["state"][[0, 2, 3]])
+
+
+def test_strided_inputs_and_pool():
+    """q/k/v as slices of one fused projection, gates as transposed views, the pool a slice of a
+    wider buffer (slot stride past its size), out a slice: strides, not copies, are read."""
+    B, T, H, HV, K, V = 3, 3, 1, 2, 64, 64
+    for layout, kda in (("vmajor", True), ("kmajor", False)):
+        args, kw = make_case(B=B, T=T, H=H, HV=HV, K=K, V=V, layout=layout, kda=kda, seed=8)
+        qkv = torch.cat([args["q"].flatten(2), args["k"].flatten(2), args["v"].flatten(2)], dim=2)
+        q = qkv[..., :H * K].unflatten(2, (H, K))
+        k = qkv[..., H * K:2 * H * K].unflatten(2, (H, K))
+        v = qkv[..., 2 * H * K:].unflatten(2, (HV, V))
+        g = args["g"].transpose(0, 1).contiguous().transpose(0, 1)
+        beta = args["beta"].transpose(1, 2).contiguous().transpose(1, 2)
+        wide = torch.full((args["state"].shape[0], HV + 1, *args["state"].shape[2:]), float("nan"))
+        wide[:, :HV] = args["state"]
+        pool = wide[:, :HV]
+        out_buf = torch.full((B, T, HV + 1, V), float("nan"), dtype=q.dtype)
+        out = out_buf[:, :, 1:]
+        assert not q.is_contiguous() and not pool.is_contiguous() and not g.is_contiguous()
+        got = gated_delta_decode(q, k, v, g, beta, pool, args["state_indices"], out=out, **kw)
+        ref_out, ref_pool = reference(args, kw)
+        assert got is out
+        assert_close(out, ref_out, OUT_TOL[q.dtype], "out")
+        idx = args["state_indices"].long()
+        named = idx[idx >= 0]
+        assert_close(pool[named], ref_pool[named], STATE_TOL, "state")
+        assert wide[:, HV].isnan().all(), "the pool's neighbouring head was written"
+        assert out_buf[:, :, 0].isnan().all(), "out's neighbouring head was written"
+
+
+def test_empty_batch():
+    args, kw = make_case(B=0, T=1, pads=(), slots=3)
+    out, pool = run(gated_delta_decode, args, kw)
+    assert out.shape == (0, 1, 2, 64) and torch.equal(pool, args["state"])

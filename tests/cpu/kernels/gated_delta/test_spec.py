@@ -1,0 +1,96 @@
+"""The decode kernel's variant table, its agreement with the kernel's decorator, and what the
+sm90 binaries contain (compiled in a subprocess on this CPU: Triton carries ptxas)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aotc.aot.triton_compat import check_consistency
+from aotc.kernels.gated_delta import spec
+from aotc.kernels.gated_delta.recurrent import gated_delta_decode_kernel
+from aotc.kernels.registry import get_spec
+from aotc.kernels.variants import VariantKey
+
+
+def test_variant_count_and_keys():
+    variants = list(spec.variants())
+    assert len(variants) == 12  # dtype 2 x K 3 x layout 2
+    keys = spec.DECODE.keys()
+    assert len(set(map(str, keys))) == 24
+    assert all(VariantKey.parse(str(k)) == k for k in keys)
+    assert get_spec("gated_delta_decode") is spec.DECODE
+
+
+def _as_jit(fn):
+    if hasattr(fn, "params"):
+        return fn
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(fn.fn, **fn.kwargs)
+
+
+def test_decorator_matches_declared_alignment():
+    kernel = _as_jit(gated_delta_decode_kernel)
+    check_consistency(spec.DECODE, kernel)  # the build's own check
+    params = {p.name: p for p in kernel.params}
+    assert [p.name for p in kernel.params if not p.is_constexpr] == [a.name for a in spec.ARGS]
+    for a in spec.ARGS:
+        p = params[a.name]
+        if a.kind == "i32":
+            assert p.do_not_specialize == (not a.aligned), a.name
+        elif a.kind == "ptr":
+            assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
+    # Every pointer comes before every scalar: dispatch.Prepared packs only the leading pointers.
+    assert spec.DECODE.leading_ptrs == sum(a.kind == "ptr" for a in spec.ARGS)
+
+
+@pytest.mark.parametrize("axes", list(spec.variants()))
+def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
+    cx = spec.constexprs(axes)
+    cfg = spec.launch(axes, 90)
+    assert cx["BV"] * cx["K_DIM"] == 32 * 32 * cfg.num_warps
+    assert cx["BV"] & (cx["BV"] - 1) == 0 and cx["KMAJOR"] == (axes["layout"] == "kmajor")
+    if axes["layout"] == "vmajor":
+        assert spec.V_MULTIPLE % cx["BV"] == 0  # every allowed V is whole tiles: no masked rows
+    else:
+        assert cx["BV"] * 4 >= 128  # each K row of a K-major tile is a full 128-byte line
+    assert spec.launch(axes, 80) == cfg
+    assert spec.grid(3, 5, 80, cx["BV"]) == (3 * 5 * -(-80 // cx["BV"]), 1, 1)
+
+
+_COMPILE = textwrap.dedent("""
+    import json, re, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from aotc.kernels.gated_delta import spec
+    from aotc.kernels.gated_delta.recurrent import gated_delta_decode_kernel as fn
+    axes, arch = json.loads(sys.argv[1]), int(sys.argv[2])
+    s = spec.DECODE
+    sig = s.signature(axes)
+    src = ASTSource(fn, {n: sig[n] for n in fn.arg_names},
+                    constexprs={(fn.arg_names.index(k),): v for k, v in s.constexprs(axes).items()},
+                    attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in s.divisible_args("aligned")})
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=s.launch(axes, arch).triton_options())
+    ptx = k.asm["ptx"]
+    print(json.dumps({"ld_v4": len(re.findall(r"ld\\.global[.a-z0-9]*\\.v4\\.b32", ptx)),
+                      "st_v4": len(re.findall(r"st\\.global[.a-z0-9]*\\.v4\\.b32", ptx)),
+                      "local": ptx.count("ld.local") + ptx.count("st.local"), "shared": k.metadata.shared}))
+""")
+
+
+@pytest.mark.parametrize("layout", spec.LAYOUTS)
+def test_sm90_state_moves_in_16_byte_vectors(layout):
+    # 32 fp32 state values a thread: 8 vector loads and 8 vector stores, no scalar fallback,
+    # nothing spilled to local memory.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    axes = {"dtype": "bf16", "k_dim": 128, "layout": layout}
+    res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(axes), "90"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["ld_v4"] >= 8 and got["st_v4"] == 8, got
+    assert got["local"] == 0, got

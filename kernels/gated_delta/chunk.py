@@ -166,11 +166,11 @@ def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
     tl.store(ptrs, x.to(Ptr.dtype.element_ty), mask=(t < end)[:, None])
 
 
-@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
+@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Kg, Aqk, Decay, Cu_seqlens, State_indices,
-    scale, qk_l2norm, num_seqs, HV, group,
+    scale, qk_l2norm, num_seqs, num_slots, HV, group,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr,
 ):
@@ -182,7 +182,8 @@ def gdn_chunk_prep(
     start = tl.load(Cu_seqlens + n)
     end = tl.load(Cu_seqlens + n + 1)
     t0 = start + (pid - (start // CHUNK + n)) * CHUNK
-    if (t0 >= end) | (tl.load(State_indices + n) < 0):
+    slot = tl.load(State_indices + n)
+    if (t0 >= end) | (slot < 0) | (slot >= num_slots):  # nothing to do, or a padded sequence
         return
     hk = (hv // group).to(tl.int64)
     hv64 = hv.to(tl.int64)
@@ -291,11 +292,11 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
     tl.store(ptrs + 3 * SUB, c3.to(dt), mask=m)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "HV", "s_sn", "s_sh", "s_sv", "s_sk"],
+@triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "s_sn", "s_sh", "s_sv", "s_sk"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "Decay"])
 def gdn_chunk_state(
     W, U, Qg, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
-    num_seqs, HV, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
+    num_seqs, num_slots, HV, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr,
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
@@ -311,7 +312,7 @@ def gdn_chunk_state(
     offs_v = vt * BV + tl.arange(0, BV)
     offs_c = tl.arange(0, CHUNK)
     dt = Out.dtype.element_ty
-    if slot < 0:  # a padded sequence: zeros out, state untouched
+    if (slot < 0) | (slot >= num_slots):  # a padded sequence: zeros out, state untouched
         for t0 in range(start, end, CHUNK):
             t = t0 + offs_c
             tl.store(Out + t.to(tl.int64)[:, None] * s_ot + hv * s_oh + offs_v[None, :],

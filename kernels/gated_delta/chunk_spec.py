@@ -30,7 +30,8 @@ PREP_ARGS = (
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg", "Kg", "Aqk"))
     + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("HV", "i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("HV", "i32"),
        Arg("group", "i32"))
     # q/k/v token and head strides: multiples of 16 elements for contiguous tensors at these
     # head dims; the gate and beta strides are small (HV, 1) and never assumed.
@@ -42,7 +43,7 @@ STATE_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg", "Kg", "Aqk", "Out"))
     + (Arg("State", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("num_seqs", "i32"), Arg("HV", "i32"))
+       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"))
     + tuple(Arg(n, "i32", aligned=True) for n in ("s_ot", "s_oh"))
     # pool strides: one of the last two is 1 (V-major or K-major), so none is assumed
     + tuple(Arg(n, "i32") for n in ("s_sn", "s_sh", "s_sv", "s_sk"))

@@ -1,7 +1,7 @@
 """The chunked gated delta rule (loader.gated_delta_prefill) on the Triton interpreter against the
 float32 per-token reference: chunk boundaries (lengths 1, 63, 64, 65 and 200 packed together),
 padded and empty sequences, GVA, both pool layouts, KDA with strong gates, qk_l2norm on and off,
-strided inputs, and the chunked result equal to token-by-token prefill of the same sequence.
+strided inputs, and the chunked result equal to the recurrent decode op run over the same sequence.
 
 Every output is NaN-poisoned before the call; the pool slots no sequence uses hold NaN and must
 come back bit for bit; tolerances in chunk_cases.TOL (max abs error over max |reference|).
@@ -95,23 +95,24 @@ def test_strided_inputs_and_int64_metadata():
 
 
 @pytest.mark.parametrize("kda", [False, True])
-def test_chunked_equals_token_by_token(kda):
-    # One 70-token sequence prefilled at once, then again as 70 one-token calls chaining the pool
-    # (each a "chunk" of one token: the decode recurrence). Outputs and final states agree.
-    case = make_case([70], kda=kda, seed=6)
+def test_chunked_equals_decode_token_by_token(kda):
+    # One 70-token sequence prefilled at once (two chunks), then again through the recurrent
+    # decode op (loader.gated_delta_decode) 8 tokens a call, chaining the pool: outputs and final
+    # states agree.
+    from aotc.loader.ops.gated_delta import gated_delta_decode
+
+    case = make_case([70], kda=kda, strong_gates=kda, seed=6)
     pool = case["state"].clone()
     whole = torch.full(case["v"].shape, float("nan"), dtype=torch.bfloat16)
     gated_delta_prefill(case["q"], case["k"], case["v"], case["g"], case["beta"], pool, case["state_indices"],
                         case["cu_seqlens"], qk_l2norm=True, out=whole)
-    pool_tokens = case["state"].clone()
+    pool_steps = case["state"].clone()
     steps = []
-    cu1 = torch.tensor([0, 1], dtype=torch.int32)
-    for t in range(70):
-        s = slice(t, t + 1)
-        steps.append(gated_delta_prefill(case["q"][:, s], case["k"][:, s], case["v"][:, s], case["g"][:, s],
-                                         case["beta"][:, s], pool_tokens, case["state_indices"], cu1,
-                                         qk_l2norm=True))
+    for t in range(0, 70, 8):
+        s = slice(t, min(t + 8, 70))
+        steps.append(gated_delta_decode(case["q"][:, s], case["k"][:, s], case["v"][:, s], case["g"][:, s],
+                                        case["beta"][:, s], pool_steps, case["state_indices"], qk_l2norm=True))
     by_token = torch.cat(steps, 1)
-    assert_close(whole, by_token, torch.bfloat16, "out, chunked vs token by token")
+    assert_close(whole, by_token, torch.bfloat16, "out, chunked vs decode")
     slot = case["state_indices"].long()
-    assert_close(pool[slot], pool_tokens[slot], torch.bfloat16, "state, chunked vs token by token")
+    assert_close(pool[slot], pool_steps[slot], torch.bfloat16, "state, chunked vs decode")

@@ -59,16 +59,15 @@ def _row(x, rows, r):
 
 
 @triton.jit
-def _load_block(Q, K, V, G, Beta, t0, b, end, hv, hk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh,
-                s_bt, s_bh, offs_k, offs_v, qk_l2norm, KDA: tl.constexpr):
-    """Sub-block b (16 tokens) of a chunk: q, k (fp32, normalized if asked), v (fp32), beta, g.
-    Tokens at or past `end` read as zeros (beta = g = 0: they change nothing)."""
+def _load_block(Q, K, G, Beta, t0, b, end, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                qk_l2norm, KDA: tl.constexpr):
+    """Sub-block b (16 tokens) of a chunk: q, k (fp32, normalized if asked), beta, g. Tokens at
+    or past `end` read as zeros (beta = g = 0: they change nothing)."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
     t = t.to(tl.int64)
     q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
     k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-    v = tl.load(V + t[:, None] * s_vt + hv * s_vh + offs_v[None, :], mask=m[:, None], other=0.0).to(tl.float32)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     if KDA:
         g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None], other=0.0)
@@ -77,7 +76,17 @@ def _load_block(Q, K, V, G, Beta, t0, b, end, hv, hk, s_qt, s_qh, s_kt, s_kh, s_
     if qk_l2norm != 0:
         q = q / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)[:, None]
         k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
-    return q, k, v, beta, g
+    return q, k, beta, g
+
+
+@triton.jit
+def _load_bv(V, Beta, t0, b, end, hv, s_vt, s_vh, s_bt, s_bh, offs_v):
+    """beta v of sub-block b (fp32), read late so v is not held through the inverse."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    t = t.to(tl.int64)
+    v = tl.load(V + t[:, None] * s_vt + hv * s_vh + offs_v[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    return v * tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)[:, None]
 
 
 @triton.jit
@@ -192,14 +201,14 @@ def gdn_chunk_prep(
     rows = tl.arange(0, SUB)
     cols = tl.arange(0, SUB)
 
-    q0, k0, v0, b0, g0 = _load_block(Q, K, V, G, Beta, t0, 0, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-                                     s_gt, s_gh, s_bt, s_bh, offs_k, offs_v, qk_l2norm, KDA)
-    q1, k1, v1, b1, g1 = _load_block(Q, K, V, G, Beta, t0, 1, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-                                     s_gt, s_gh, s_bt, s_bh, offs_k, offs_v, qk_l2norm, KDA)
-    q2, k2, v2, b2, g2 = _load_block(Q, K, V, G, Beta, t0, 2, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-                                     s_gt, s_gh, s_bt, s_bh, offs_k, offs_v, qk_l2norm, KDA)
-    q3, k3, v3, b3, g3 = _load_block(Q, K, V, G, Beta, t0, 3, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-                                     s_gt, s_gh, s_bt, s_bh, offs_k, offs_v, qk_l2norm, KDA)
+    q0, k0, b0, g0 = _load_block(Q, K, G, Beta, t0, 0, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                                 offs_k, qk_l2norm, KDA)
+    q1, k1, b1, g1 = _load_block(Q, K, G, Beta, t0, 1, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                                 offs_k, qk_l2norm, KDA)
+    q2, k2, b2, g2 = _load_block(Q, K, G, Beta, t0, 2, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                                 offs_k, qk_l2norm, KDA)
+    q3, k3, b3, g3 = _load_block(Q, K, G, Beta, t0, 3, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                                 offs_k, qk_l2norm, KDA)
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)
     else:
@@ -208,50 +217,6 @@ def gdn_chunk_prep(
     G1, R2 = _cumulate(g1, R1, KDA)
     G2, R3 = _cumulate(g2, R2, KDA)
     G3, RL = _cumulate(g3, R3, KDA)  # RL: the cumulative gate at the chunk's last token
-
-    # A (with beta) and Aqk (with scale) in 16 x 16 sub-blocks.
-    a00, q00 = _diag(q0, k0, G0, b0, scale, rows, cols, KDA)
-    a11, q11 = _diag(q1, k1, G1, b1, scale, rows, cols, KDA)
-    a22, q22 = _diag(q2, k2, G2, b2, scale, rows, cols, KDA)
-    a33, q33 = _diag(q3, k3, G3, b3, scale, rows, cols, KDA)
-    a10, q10 = _pair(q1, k1, G1, R1, k0, G0, b1, scale, KDA)
-    a20, q20 = _pair(q2, k2, G2, R2, k0, G0, b2, scale, KDA)
-    a21, q21 = _pair(q2, k2, G2, R2, k1, G1, b2, scale, KDA)
-    a30, q30 = _pair(q3, k3, G3, R3, k0, G0, b3, scale, KDA)
-    a31, q31 = _pair(q3, k3, G3, R3, k1, G1, b3, scale, KDA)
-    a32, q32 = _pair(q3, k3, G3, R3, k2, G2, b3, scale, KDA)
-
-    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-    x00 = _inverse_unit_lower(a00, rows, cols)
-    x11 = _inverse_unit_lower(a11, rows, cols)
-    x22 = _inverse_unit_lower(a22, rows, cols)
-    x33 = _inverse_unit_lower(a33, rows, cols)
-    x10 = -_mm(x11, _mm(a10, x00))
-    x21 = -_mm(x22, _mm(a21, x11))
-    x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))
-    x32 = -_mm(x33, _mm(a32, x22))
-    x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
-    x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
-
-    # W = X (beta k exp(G)), U = X (beta v); fp32 operands (tf32 on tensor cores).
-    bk0 = k0 * _gate(G0, KDA) * b0[:, None]
-    bk1 = k1 * _gate(G1, KDA) * b1[:, None]
-    bk2 = k2 * _gate(G2, KDA) * b2[:, None]
-    bk3 = k3 * _gate(G3, KDA) * b3[:, None]
-    bv0 = v0 * b0[:, None]
-    bv1 = v1 * b1[:, None]
-    bv2 = v2 * b2[:, None]
-    bv3 = v3 * b3[:, None]
-    _store_rows(W, tl.dot(x00, bk0), t0, 0, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x10, bk0) + tl.dot(x11, bk1), t0, 1, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x20, bk0) + tl.dot(x21, bk1) + tl.dot(x22, bk2), t0, 2, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x30, bk0) + tl.dot(x31, bk1) + tl.dot(x32, bk2) + tl.dot(x33, bk3), t0, 3, end, hv64,
-                HV, HEAD_K)
-    _store_rows(U, tl.dot(x00, bv0), t0, 0, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x10, bv0) + tl.dot(x11, bv1), t0, 1, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x20, bv0) + tl.dot(x21, bv1) + tl.dot(x22, bv2), t0, 2, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x30, bv0) + tl.dot(x31, bv1) + tl.dot(x32, bv2) + tl.dot(x33, bv3), t0, 3, end, hv64,
-                HV, HEAD_V)
 
     # Qg = scale q exp(G), Kg = k exp(G_last - G) (both exponents <= 0), exp(G_last).
     _store_rows(Qg, q0 * _gate(G0, KDA) * scale, t0, 0, end, hv64, HV, HEAD_K)
@@ -272,12 +237,57 @@ def gdn_chunk_prep(
         decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
-    # Aqk rows of each sub-block: [16, 64], zero right of the diagonal block.
+    # A (with beta) and Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once (q dies
+    # here: fewer live [16, K] tiles through the inverse).
+    a00, q00 = _diag(q0, k0, G0, b0, scale, rows, cols, KDA)
+    a11, q11 = _diag(q1, k1, G1, b1, scale, rows, cols, KDA)
+    a22, q22 = _diag(q2, k2, G2, b2, scale, rows, cols, KDA)
+    a33, q33 = _diag(q3, k3, G3, b3, scale, rows, cols, KDA)
+    a10, q10 = _pair(q1, k1, G1, R1, k0, G0, b1, scale, KDA)
+    a20, q20 = _pair(q2, k2, G2, R2, k0, G0, b2, scale, KDA)
+    a21, q21 = _pair(q2, k2, G2, R2, k1, G1, b2, scale, KDA)
+    a30, q30 = _pair(q3, k3, G3, R3, k0, G0, b3, scale, KDA)
+    a31, q31 = _pair(q3, k3, G3, R3, k1, G1, b3, scale, KDA)
+    a32, q32 = _pair(q3, k3, G3, R3, k2, G2, b3, scale, KDA)
     zero = tl.zeros([SUB, SUB], tl.float32)
     _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
     _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
     _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
     _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
+    # W's right-hand side: beta k exp(G) (k and G die here)
+    bk0 = k0 * _gate(G0, KDA) * b0[:, None]
+    bk1 = k1 * _gate(G1, KDA) * b1[:, None]
+    bk2 = k2 * _gate(G2, KDA) * b2[:, None]
+    bk3 = k3 * _gate(G3, KDA) * b3[:, None]
+
+    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
+    x00 = _inverse_unit_lower(a00, rows, cols)
+    x11 = _inverse_unit_lower(a11, rows, cols)
+    x22 = _inverse_unit_lower(a22, rows, cols)
+    x33 = _inverse_unit_lower(a33, rows, cols)
+    x10 = -_mm(x11, _mm(a10, x00))
+    x21 = -_mm(x22, _mm(a21, x11))
+    x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))
+    x32 = -_mm(x33, _mm(a32, x22))
+    x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
+    x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
+
+    # W = X (beta k exp(G)), U = X (beta v); fp32 operands (tf32 on tensor cores: bf16/fp16 inputs
+    # pass exactly, gated and normalized values round to 10 bits, finer than the stored dtype).
+    _store_rows(W, tl.dot(x00, bk0), t0, 0, end, hv64, HV, HEAD_K)
+    _store_rows(W, tl.dot(x10, bk0) + tl.dot(x11, bk1), t0, 1, end, hv64, HV, HEAD_K)
+    _store_rows(W, tl.dot(x20, bk0) + tl.dot(x21, bk1) + tl.dot(x22, bk2), t0, 2, end, hv64, HV, HEAD_K)
+    _store_rows(W, tl.dot(x30, bk0) + tl.dot(x31, bk1) + tl.dot(x32, bk2) + tl.dot(x33, bk3), t0, 3, end, hv64,
+                HV, HEAD_K)
+    bv0 = _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
+    bv1 = _load_bv(V, Beta, t0, 1, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
+    bv2 = _load_bv(V, Beta, t0, 2, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
+    bv3 = _load_bv(V, Beta, t0, 3, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
+    _store_rows(U, tl.dot(x00, bv0), t0, 0, end, hv64, HV, HEAD_V)
+    _store_rows(U, tl.dot(x10, bv0) + tl.dot(x11, bv1), t0, 1, end, hv64, HV, HEAD_V)
+    _store_rows(U, tl.dot(x20, bv0) + tl.dot(x21, bv1) + tl.dot(x22, bv2), t0, 2, end, hv64, HV, HEAD_V)
+    _store_rows(U, tl.dot(x30, bv0) + tl.dot(x31, bv1) + tl.dot(x32, bv2) + tl.dot(x33, bv3), t0, 3, end, hv64,
+                HV, HEAD_V)
 
 
 @triton.jit
@@ -293,7 +303,7 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "s_sn", "s_sh", "s_sv", "s_sk"],
-            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "Decay"])
+            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state(
     W, U, Qg, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
     num_seqs, num_slots, HV, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,

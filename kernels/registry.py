@@ -13,6 +13,7 @@ FAMILY_SPECS = (
     "aotc.kernels.decode.spec",
     "aotc.kernels.prefix_prefill.spec",
     "aotc.kernels.gated_delta.spec",
+    "aotc.kernels.gated_delta.chunk_spec",
 )
 
 

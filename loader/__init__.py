@@ -4,7 +4,7 @@
     out = loader.decode(q, k_cache, v_cache, table, seq_lens)
 
 Public ops: `decode` (and `DecodePlan`: one step planned once, run per layer), `store_kv`,
-`prefix_prefill`, `gated_delta_decode`. Artifacts come from `set_artifacts(...)`,
+`prefix_prefill`, `gated_delta_decode`, `gated_delta_prefill`. Artifacts come from `set_artifacts(...)`,
 `AOTC_ARTIFACTS` (a folder or `hf://ORG/NAME@REV`), or the `artifacts/` folder beside this
 package. Importing this module imports neither triton, click nor huggingface_hub; the ops are
 imported on first use.
@@ -17,10 +17,11 @@ _OPS = {
     "prefix_prefill": "aotc.loader.ops.prefix_prefill",
     "gated_delta_decode": "aotc.loader.ops.gated_delta",
     "DecodePlan": "aotc.loader.ops.decode_plan",
+    "gated_delta_prefill": "aotc.loader.ops.gated_delta_prefill",
 }
 
-__all__ = ["decode", "DecodePlan", "store_kv", "prefix_prefill", "gated_delta_decode", "set_artifacts",
-           "current_source"]
+__all__ = ["decode", "DecodePlan", "store_kv", "prefix_prefill", "gated_delta_decode", "gated_delta_prefill",
+           "set_artifacts", "current_source"]
 
 
 def set_artifacts(source) -> None:

@@ -1,0 +1,132 @@
+"""Chunked gated delta rule prefill (loader.gated_delta_prefill): device time of aotc with a V-major
+and a K-major pool, each of its two kernels alone, flash-linear-attention's chunk_gated_delta_rule
+(K-major state) when `import fla` works, and a bandwidth floor, side by side in one run.
+
+Shapes per issue 19: B = 1 x T = 8192 and B = 8 x T = 2048 packed (varlen), H = 16 q/k heads,
+HV = 32 value heads, K = V = 128, bf16, GDN gates from SGLang's form, beta = sigmoid, L2 norm of
+q and k in the kernel; plus KDA (per-channel gates) at 1 x 8192. The floor: q, k, v, g, beta
+read once, out written once, the states read and written once, at the device-to-device copy
+bandwidth measured in the same run (no chunked algorithm reaches it: the workspace round trip
+alone is larger). Times are medians of CUDA-event timings, L2 emptied before each call
+(harness.device_time). Rows: JSON lines at --out.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from aotc.loader.dispatch import run_kernel
+from aotc.loader.fallback import AotcJitFallbackWarning
+from aotc.loader.ops import gated_delta_prefill as op
+from harness import Rows, copy_bandwidth, device_time
+
+H, HV, K, V = 16, 32, 128, 128
+DTYPE = torch.bfloat16
+SHAPES = [("1x8192", [8192], False), ("8x2048", [2048] * 8, False), ("1x8192 kda", [8192], True)]
+# Issue 19's measurement of fla 0.6.0 on the H100 at 1 x 8192 (quoted when fla is not importable here).
+FLA_QUOTED = "fla 0.6.0 chunk_gated_delta_rule on the H100 at 1x8192 (issue 19): K-major 0.62 ms, V-major 1.03 ms"
+
+
+def make(lengths, kda, layout):
+    T, N = sum(lengths), len(lengths)
+    dev = "cuda"
+    q = torch.randn(1, T, H, K, device=dev, dtype=DTYPE)
+    k = torch.randn(1, T, H, K, device=dev, dtype=DTYPE)
+    v = torch.randn(1, T, HV, V, device=dev, dtype=DTYPE)
+    a_log = torch.log(torch.rand(HV, device=dev) * 15 + 1)
+    gshape = (1, T, HV, K) if kda else (1, T, HV)
+    decay = a_log.exp().view(-1, 1) if kda else a_log.exp()
+    g = -decay * F.softplus(torch.randn(gshape, device=dev) - 2)
+    beta = torch.sigmoid(torch.randn(1, T, HV, device=dev))
+    inner = (V, K) if layout == "vmajor" else (K, V)
+    state = torch.randn(N, HV, *inner, device=dev) * 0.1
+    idx = torch.arange(N, device=dev, dtype=torch.int32)
+    cu = torch.tensor([0] + lengths, device=dev).cumsum(0).to(torch.int32)
+    return q, k, v, g, beta, state, idx, cu
+
+
+def floor_bytes(lengths, kda) -> int:
+    T, N = sum(lengths), len(lengths)
+    qkv = 2 * T * H * K * 2 + T * HV * V * 2
+    gates = T * HV * (K if kda else 1) * 4 + T * HV * 4
+    return qkv + gates + T * HV * V * 2 + 2 * N * HV * V * K * 4
+
+
+def fla_call(q, k, v, g, beta, lengths):
+    """fla's chunk_gated_delta_rule on the same inputs (K-major initial state), or (None, why)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available here"
+        return None, f"fla not importable ({type(e).__name__}: {str(e)[:80]})"
+    N = len(lengths)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).long()
+    h0 = torch.randn(N, HV, K, V, device="cuda") * 0.1
+    group = HV // H
+    qe, ke = q.repeat_interleave(group, 2), k.repeat_interleave(group, 2)  # outside the timing
+
+    def fn():
+        return chunk_gated_delta_rule(qe, ke, v, g, beta, initial_state=h0, output_final_state=True,
+                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    try:
+        fn()
+        return fn, ""
+    except Exception as e:  # noqa: BLE001
+        return None, f"fla call failed ({type(e).__name__}: {str(e)[:80]})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = Rows(a.out)
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e9:.0f} GB/s")
+    print(f"{'shape':14s} {'vmajor ms':>10s} {'kmajor ms':>10s} {'prep ms':>8s} {'state ms':>9s} {'fla ms':>8s} "
+          f"{'floor ms':>9s} {'fla/vmaj':>9s}")
+    notes = set()
+    for name, lengths, kda in SHAPES:
+        times, prov = {}, "aot"
+        for layout in ("vmajor", "kmajor"):
+            q, k, v, g, beta, state, idx, cu = make(lengths, kda, layout)
+            out = torch.empty_like(v)
+
+            def call():
+                op.gated_delta_prefill(q, k, v, g, beta, state, idx, cu, qk_l2norm=True, state_layout=layout,
+                                       out=out, validate=False)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call()
+            if any(issubclass(w.category, AotcJitFallbackWarning) for w in caught):
+                prov = "aot_jit_fallback"
+            times[layout] = device_time(call)
+            if layout == "vmajor":
+                plan = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
+                for (spec, axes, grid, args), part in zip(plan, ("prep", "state")):
+                    times[part] = device_time(lambda: run_kernel(spec, axes, grid, args))
+                fn, why = fla_call(q, k, v, g, beta, lengths) if not kda else (None, "fla's KDA is another op")
+                times["fla"] = device_time(fn) if fn else float("nan")
+                if why:
+                    notes.add(why)
+        floor = floor_bytes(lengths, kda) / bw
+        variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}"
+        shape = f"{name} h{H}/{HV}"
+        for p, key in ((prov + "_vmajor", "vmajor"), (prov + "_kmajor", "kmajor"), ("prep_kernel", "prep"),
+                       ("state_kernel", "state"), ("fla_kmajor", "fla")):
+            if times[key] == times[key]:
+                rows.add("gated_delta_prefill", variant, p, shape, "ms", times[key] * 1e3)
+        rows.add("gated_delta_prefill", variant, "bandwidth_floor", shape, "ms", floor * 1e3)
+        ratio = times["fla"] / times["vmajor"]
+        print(f"{name:14s} {times['vmajor'] * 1e3:10.3f} {times['kmajor'] * 1e3:10.3f} {times['prep'] * 1e3:8.3f} "
+              f"{times['state'] * 1e3:9.3f} {times['fla'] * 1e3:8.3f} {floor * 1e3:9.3f} {ratio:9.2f}"
+              + (f"  [{prov}]" if prov != "aot" else ""))
+        torch.cuda.empty_cache()
+    for n in sorted(notes):
+        print("note:", n)
+    print("note:", FLA_QUOTED)
+
+
+if __name__ == "__main__":
+    main()

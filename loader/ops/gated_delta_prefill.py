@@ -1,0 +1,163 @@
+"""Chunked gated delta rule prefill over packed variable-length sequences, as `aotc::gated_delta_prefill`."""
+from __future__ import annotations
+
+import torch
+
+from aotc.kernels.gated_delta import chunk_spec as _spec
+
+from . import library
+
+from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
+                          check_state_index_values, check_state_indices, check_tensor, skip_value_checks)
+
+OP = "gated_delta_prefill"
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _fail(name, expected, got):
+    raise ValueError(f"{OP}: {name} must be {expected}, got {got}")
+
+
+def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out):
+    """Every check that needs no tensor values (the decode op's shared checks plus the varlen
+    ones); returns the scale. state_indices and cu_seqlens may still be int64 here."""
+    d = check_qkv(q, k, v, OP)
+    dev = q.device
+    if d.B != 1:
+        _fail("q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
+    if d.V not in _spec.HEAD_DIMS:
+        _fail("v.shape[3] (V)", f"one of {_spec.HEAD_DIMS}", d.V)
+    check_gates(g, beta, d, dev, OP)
+    check_state(state, state_layout, d, dev, OP)
+    check_tensor(state_indices, "state_indices", OP, _INDEX_DTYPES, 1, dev)
+    check_tensor(cu_seqlens, "cu_seqlens", OP, _INDEX_DTYPES, 1, dev)
+    n = state_indices.shape[0]
+    if cu_seqlens.shape[0] != n + 1:
+        _fail("cu_seqlens", f"[N + 1] = [{n + 1}] (state_indices names N = {n} sequences)", tuple(cu_seqlens.shape))
+    if out is not None:
+        check_out(out, tuple(v.shape), q.dtype, dev, OP)
+        if any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in (q, k, v, state)):
+            _fail("out", "a tensor that shares no memory with q, k, v or state", "a view of one of them")
+    if d.T >= 2 ** 30:
+        _fail("q.shape[1] (T)", "below 2**30 tokens", d.T)
+    return check_scale(scale, d.K, OP)
+
+
+def _check_values(T, state, state_indices, cu_seqlens):
+    """Data checks on host copies (one device sync): cu_seqlens from 0 to T, non-decreasing;
+    slots below the pool's size and none twice (two sequences would race on it)."""
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0:
+        _fail("cu_seqlens[0]", "0", cu[0])
+    drops = [i for i in range(len(cu) - 1) if cu[i + 1] < cu[i]]
+    if drops:
+        i = drops[0]
+        _fail("cu_seqlens", "non-decreasing", f"cu_seqlens[{i}] = {cu[i]} > cu_seqlens[{i + 1}] = {cu[i + 1]}")
+    if cu[-1] != T:
+        _fail("cu_seqlens[-1]", f"q.shape[1] = {T} (every packed token belongs to a sequence)", cu[-1])
+    check_state_index_values(state_indices, state.shape[0], OP)
+
+
+def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout):
+    """The two launches [(spec, axes, grid, args), ...] for validated arguments, with their
+    workspace (the bench reuses it). cu_seqlens and state_indices are int32 here."""
+    _, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = state_indices.shape[0]
+    kda = g.dim() == 4
+    dev, dt = q.device, q.dtype
+    slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
+    w = torch.empty(T, HV, K, dtype=dt, device=dev)
+    u = torch.empty(T, HV, V, dtype=dt, device=dev)
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev)
+    kg = torch.empty(T, HV, K, dtype=dt, device=dev)
+    aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
+    decay = torch.empty(slots, HV, K, dtype=torch.float32, device=dev)
+    name = QKV_DTYPES[dt]
+    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
+        q, k, v, g, beta, w, u, qg, kg, aqk, decay, cu_seqlens, state_indices,
+        float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
+    if state_layout == "vmajor":
+        s_v, s_k = state.stride(2), state.stride(3)
+    else:
+        s_k, s_v = state.stride(2), state.stride(3)
+    st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V), (N, HV, V // _spec.block_v(V)), (
+        w, u, qg, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV,
+        out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
+    return [prep, st]
+
+
+def _prefill_op(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
+                validate) -> None:
+    from aotc.loader.dispatch import run_kernel
+
+    if validate:
+        _check_values(q.shape[1], state, state_indices, cu_seqlens)
+    if state_indices.shape[0] == 0 or q.shape[1] == 0:
+        return
+    for spec, axes, grid, args in launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale,
+                                              qk_l2norm, state_layout):
+        run_kernel(spec, axes, grid, args)
+
+
+def _prefill_fake(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
+                  validate) -> None:
+    return None  # the public function validated every argument before calling the op
+
+
+library.define("gated_delta_prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, "
+               "Tensor state_indices, Tensor cu_seqlens, Tensor(b!) out, float scale, bool qk_l2norm, "
+               "str state_layout, bool validate) -> ()", _prefill_op, _prefill_fake)
+
+
+def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, scale=None, qk_l2norm=False,
+                        state_layout="vmajor", out=None, validate=None) -> torch.Tensor:
+    """Gated DeltaNet / KDA prefill of packed sequences, chunked (64 tokens, WY form), from and into a state pool.
+
+    Per value head and token: h *= exp(g); v' = beta (v - h k); h += v' k^T; o = scale h q
+    (h [V, K]; see kernels/gated_delta/reference.py). Shapes (T packed tokens, N sequences):
+      q, k `[1, T, H, K]`, v `[1, T, HV, V]`: fp16 or bf16, last dim contiguous, HV a multiple of H
+        (value head hv reads q/k head hv // (HV // H)); K, V in (64, 128, 256).
+      g: log-gates (<= 0), `[1, T, HV]` (GDN) or `[1, T, HV, K]` (KDA: one a K channel, last dim
+        contiguous); beta `[1, T, HV]`. float32, or fp16/bf16 (converted to float32 first).
+      state: float32 pool, `[slots, HV, V, K]` for state_layout="vmajor" (default) or
+        `[slots, HV, K, V]` for "kmajor"; any strides. Sequence n starts from
+        state[state_indices[n]] and its final state is written there, in place. An index < 0
+        marks a padded sequence: its outputs are zeros and no state is read or written.
+      state_indices `[N]`, cu_seqlens `[N + 1]`: int32 or int64 (int64 is converted to int32);
+        sequence n is tokens cu_seqlens[n]:cu_seqlens[n+1]. Chunks never cross sequences.
+    Options: scale (default K ** -0.5); qk_l2norm: q and k divided by sqrt(sum(x^2) + 1e-6) in
+      the kernel; out `[1, T, HV, V]` (q's dtype, last dim contiguous), allocated when None.
+      validate: copy cu_seqlens and state_indices to the host and check them (cu_seqlens from 0
+      to T, non-decreasing; indices below the pool's slots, no slot twice): one device sync.
+      Default on, except under CUDA-graph capture and torch.compile. The kernels find each
+      chunk's sequence on the device (binary search over cu_seqlens), so no lengths are read on
+      the host otherwise and the launch needs no sync. Unvalidated, an index >= slots is treated
+      as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
+    Workspace: W, U, q exp(G), k exp(G_last - G) `[T, HV, K or V]` and the chunk's attention
+      `[T, HV, 64]` in q's dtype, allocated per call (torch's caching allocator).
+    Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
+    stride, device, option or (when validated) value, naming the argument, before any launch.
+    """
+    sc = _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out)
+    if not isinstance(qk_l2norm, bool):
+        raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
+    if validate is None:
+        validate = not skip_value_checks(q)
+    if validate:  # on the caller's tensors, before int64 values are narrowed
+        _check_values(q.shape[1], state, state_indices, cu_seqlens)
+    # Converted once: the kernels read fp32 gates (a KDA gate row contiguous) and int32 metadata.
+    g = g.float()
+    if g.dim() == 4 and g.stride(-1) != 1:
+        g = g.contiguous()
+    beta = beta.float()
+    state_indices = state_indices.to(torch.int32).contiguous()
+    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    check_state_indices(state_indices, state_indices.shape[0], q.device, OP)
+    if out is None:
+        out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    torch.ops.aotc.gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, out, sc, qk_l2norm,
+                                       state_layout, False)
+    return out

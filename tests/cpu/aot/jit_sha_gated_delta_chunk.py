@@ -1,0 +1,28 @@
+"""Run as a script (without TRITON_INTERPRET): the sha256 of the cubins Triton's JIT compiles for
+two gdn_chunk_state calls of one key, one that meets every ALIGNED assumption and one that meets
+none (tests/cpu/aot/jit_sha.py does the compiling)."""
+import sys
+
+import torch
+
+from tests.cpu.aot.jit_sha import jit_sha
+
+AXES = {"dtype": "bf16", "head_k": 128, "head_v": 128}
+
+
+def args(aligned: bool) -> list:
+    off = 0 if aligned else 1  # one element: 2 bytes off for bf16, 4 for fp32
+    bf = torch.empty(1 << 16, dtype=torch.bfloat16)
+    f32 = torch.empty(1 << 16, dtype=torch.float32)
+    idx = torch.empty(64, dtype=torch.int32)
+    assert bf.data_ptr() % 16 == 0 and f32.data_ptr() % 16 == 0
+    ptrs = [bf[i * 8192 + off:] for i in range(6)] + [f32[off:], f32[32768 + off:], idx, idx[8:]]
+    counts = [3, 40, 32]  # num_seqs, num_slots, HV: never specialized
+    out_strides = [4096, 128] if aligned else [4097, 129]
+    pool_strides = [524288, 16384, 128, 1]  # never specialized
+    return ptrs + counts + out_strides + pool_strides
+
+
+if __name__ == "__main__":
+    arch = int(sys.argv[1])
+    print(jit_sha("gdn_chunk_state", AXES, args(True), arch), jit_sha("gdn_chunk_state", AXES, args(False), arch))

@@ -1,0 +1,112 @@
+"""The public gated_delta_prefill op: argument checks (each raising before any launch), the
+torch.library op and its Meta implementation, and the small conveniences (out allocated,
+int64 metadata, fp16/bf16 gates)."""
+import pytest
+import torch
+
+import aotc.loader
+from aotc.kernels.gated_delta.reference import gated_delta_reference
+from aotc.loader.ops import gated_delta_prefill as op
+from tests.cpu.kernels.gated_delta.chunk_cases import assert_close, make_case
+
+
+@pytest.fixture
+def good():
+    return make_case([3, 70, 0], H=1, HV=2, seed=11)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fails the test if a kernel would launch: errors must come first."""
+    import aotc.loader.dispatch as dispatch
+
+    def boom(*a, **k):
+        raise AssertionError("launched a kernel despite bad input")
+
+    monkeypatch.setattr(dispatch, "run_kernel", boom)
+
+
+BAD = [  # (name, change(case, options), exception, words the message must hold)
+    ("q dtype", lambda c, o: c.update(q=c["q"].float()), TypeError, "q must be of dtype"),
+    ("q not a tensor", lambda c, o: c.update(q=c["q"].tolist()), TypeError, "q must be a torch.Tensor"),
+    ("k dtype", lambda c, o: c.update(k=c["k"].half()), TypeError, "k must be of dtype"),
+    ("batch of 2", lambda c, o: c.update(q=c["q"].expand(2, -1, -1, -1), k=c["k"].expand(2, -1, -1, -1),
+                                         v=c["v"].expand(2, -1, -1, -1)), ValueError, "q.shape[0] must be 1"),
+    ("K not supported", lambda c, o: c.update(q=c["q"][..., :32], k=c["k"][..., :32]), ValueError, "K"),
+    ("V not supported", lambda c, o: c.update(v=c["v"][..., :48].contiguous()), ValueError, "v.shape[3] (V)"),
+    ("HV not a multiple", lambda c, o: c.update(q=torch.cat([c["q"]] * 3, 2), k=torch.cat([c["k"]] * 3, 2)),
+     ValueError, "HV"),
+    ("v tokens", lambda c, o: c.update(v=c["v"][:, :-1]), ValueError, "v must be"),
+    ("q last dim strided", lambda c, o: c.update(q=torch.randn(1, 73, 1, 128).bfloat16()[..., ::2]), ValueError,
+     "q must be contiguous in its last dim"),
+    ("g shape", lambda c, o: c.update(g=c["g"][:, :-1]), ValueError, "g must be"),
+    ("g dtype", lambda c, o: c.update(g=c["g"].double()), TypeError, "g must be of dtype"),
+    ("beta shape", lambda c, o: c.update(beta=c["beta"][..., :1]), ValueError, "beta must be"),
+    ("state dtype", lambda c, o: c.update(state=c["state"].half()), TypeError, "state must be of dtype"),
+    ("state shape", lambda c, o: c.update(state=c["state"][:, :1]), ValueError, "state must be"),
+    ("layout name", lambda c, o: o.update(state_layout="hnd"), ValueError, "state_layout must be one of"),
+    ("kmajor shape for K != V", lambda c, o: (c.update(v=torch.randn(1, 73, 2, 128).bfloat16(),
+                                                       state=torch.zeros(6, 2, 128, 64)),
+                                              o.update(state_layout="kmajor")), ValueError, "state must be"),
+    ("state_indices dtype", lambda c, o: c.update(state_indices=c["state_indices"].float()), TypeError,
+     "state_indices must be of dtype"),
+    ("state_indices length", lambda c, o: c.update(state_indices=c["state_indices"][:2]), ValueError,
+     "cu_seqlens must be [N + 1]"),
+    ("cu_seqlens dtype", lambda c, o: c.update(cu_seqlens=c["cu_seqlens"].short()), TypeError,
+     "cu_seqlens must be of dtype"),
+    ("cu_seqlens 2-D", lambda c, o: c.update(cu_seqlens=c["cu_seqlens"][None]), ValueError, "cu_seqlens must be 1-D"),
+    ("out dtype", lambda c, o: o.update(out=torch.empty(1, 73, 2, 64)), TypeError, "out must be of dtype"),
+    ("out shape", lambda c, o: o.update(out=torch.empty(1, 72, 2, 64).bfloat16()), ValueError, "out must be"),
+    ("out aliases v", lambda c, o: o.update(out=c["v"]), ValueError, "out must be a tensor that shares no memory"),
+    ("scale nan", lambda c, o: o.update(scale=float("nan")), ValueError, "scale must be a finite float"),
+    ("qk_l2norm type", lambda c, o: o.update(qk_l2norm=1), TypeError, "qk_l2norm must be a bool"),
+    ("device", lambda c, o: c.update(cu_seqlens=c["cu_seqlens"].to("meta")), ValueError,
+     "cu_seqlens must be on cpu"),
+    # Value checks (the metadata is on the CPU here, so they run by default):
+    ("cu_seqlens start", lambda c, o: c["cu_seqlens"].add_(1), ValueError, "cu_seqlens[0] must be 0"),
+    ("cu_seqlens order", lambda c, o: c["cu_seqlens"].copy_(torch.tensor([0, 50, 20, 73])), ValueError,
+     "non-decreasing"),
+    ("cu_seqlens end", lambda c, o: c["cu_seqlens"].copy_(torch.tensor([0, 3, 50, 60])), ValueError,
+     "cu_seqlens[-1] must be q.shape[1] = 73"),
+    # checked before int64 is narrowed to int32 (where 2**32 + 73 would read as 73)
+    ("cu_seqlens int64 past int32", lambda c, o: c.update(cu_seqlens=torch.tensor([0, 3, 73, 2 ** 32 + 73])),
+     ValueError, "cu_seqlens[-1] must be q.shape[1] = 73"),
+    ("index past the pool", lambda c, o: c["state_indices"].__setitem__(1, 6), ValueError, "state_indices[1] = 6"),
+    ("index twice", lambda c, o: c["state_indices"].copy_(torch.tensor([2, 2, -1])), ValueError, "slot 2 twice"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_refused_before_launch(good, no_launch, name, change, exc, words):
+    case, options = dict(good), {}
+    change(case, options)
+    with pytest.raises(exc) as err:
+        op.gated_delta_prefill(**case, **options)
+    assert words in str(err.value), str(err.value)
+    assert "gated_delta_prefill" in str(err.value)
+
+
+def test_public_name_and_library_op(good):
+    assert aotc.loader.gated_delta_prefill is op.gated_delta_prefill
+    assert hasattr(torch.ops.aotc, "gated_delta_prefill")
+    # The Meta implementation: fake tensors trace through the op without running a kernel.
+    meta = {n: t.to("meta") for n, t in good.items()}
+    out = torch.empty(meta["v"].shape, dtype=meta["q"].dtype, device="meta")
+    torch.ops.aotc.gated_delta_prefill(meta["q"], meta["k"], meta["v"], meta["g"], meta["beta"], meta["state"],
+                                       meta["state_indices"], meta["cu_seqlens"], out, 0.125, True, "vmajor", False)
+
+
+def test_allocates_out_and_takes_half_gates(good):
+    # out=None allocates; bf16 g and beta are widened to float32 first (the reference gets the
+    # same widened values); an empty sequence leaves its slot as it was... after 0 tokens.
+    c = dict(good, g=good["g"].bfloat16(), beta=good["beta"].bfloat16())
+    pool = c["state"].clone()
+    out = op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], pool, c["state_indices"],
+                                 c["cu_seqlens"], qk_l2norm=True)
+    assert out.shape == c["v"].shape and out.dtype == c["q"].dtype
+    ref_out, ref_pool = gated_delta_reference(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"],
+                                              c["state_indices"], c["cu_seqlens"], qk_l2norm=True)
+    assert_close(out, ref_out, torch.bfloat16, "out")
+    used = c["state_indices"].long()
+    assert_close(pool[used], ref_pool[used], torch.bfloat16, "states")
+    assert torch.equal(pool[used[2]], c["state"][used[2]])  # the empty sequence's state, bit for bit

@@ -140,6 +140,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       `[T, HV, 64]` in q's dtype, allocated per call (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch.
+    NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
+    state from that token on; other sequences unaffected).
     """
     sc = _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out)
     if not isinstance(qk_l2norm, bool):

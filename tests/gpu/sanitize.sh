@@ -2,7 +2,7 @@
 # compute-sanitizer memcheck, racecheck and initcheck over every op at its edge shapes
 # (tests/gpu/sanitizer_cases.py), printing each tool's error count. Needs the sm90 artifacts:
 #   aotc build --arch sm90 -j 16 --quiet && bash tests/gpu/sanitize.sh [OP ...]
-# OP: decode store_kv prefix_prefill gated_delta_decode (default: all in one process per tool).
+# OP: decode store_kv prefix_prefill gated_delta_decode gated_delta_prefill (default: all in one process per tool).
 # TOOLS="memcheck initcheck" runs only those (default: memcheck racecheck initcheck), e.g. one
 # tool a call where a call is limited to 10 minutes.
 # Logs land in $OUT (default /tmp/aotc-out)/sanitizer-<tool>.log. Exit 1 if any tool reports errors

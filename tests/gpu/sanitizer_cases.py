@@ -110,8 +110,25 @@ def gated_delta_cases() -> int:
     return n
 
 
+def gated_delta_prefill_cases() -> int:
+    from aotc.loader.ops.gated_delta_prefill import gated_delta_prefill
+    from tests.cpu.kernels.gated_delta.chunk_cases import make_case
+
+    n = 0
+    # Chunks of 64 tokens: sequences of 1, 63, 65 (one past a chunk) and 64, the second padded.
+    for K, V, kda, layout in ((128, 128, False, "vmajor"), (64, 64, True, "kmajor")):
+        case = make_case([1, 63, 65, 64], H=2, HV=4, K=K, V=V, kda=kda, padded=(1,), state_layout=layout,
+                         device=DEVICE, seed=n)
+        out = torch.full_like(case["v"], float("nan"))
+        gated_delta_prefill(*case.values(), state_layout=layout, out=out)
+        _finite(f"gated_delta_prefill K{K} V{V} {'kda' if kda else 'gdn'} {layout} lengths [1, 63, 65, 64], "
+                f"sequence 1 padded", out)
+        n += 1
+    return n
+
+
 OPS = {"decode": decode_cases, "store_kv": store_kv_cases, "prefix_prefill": prefix_prefill_cases,
-       "gated_delta_decode": gated_delta_cases}
+       "gated_delta_decode": gated_delta_cases, "gated_delta_prefill": gated_delta_prefill_cases}
 
 
 def main() -> None:

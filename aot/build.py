@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -24,9 +25,10 @@ from filelock import FileLock
 
 from aotc.kernels.registry import all_specs, spec_folder
 from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
+from aotc.loader import targets
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 
-from .triton_compat import triton_version
+from .triton_compat import check_backend, triton_version
 
 AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
 # Bump when the compile path changes in a way the other hash inputs do not show.
@@ -88,13 +90,16 @@ def source_hash(spec: KernelSpec) -> str:
 
 def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -> str:
     axes = key.axis_dict
-    cfg = spec.launch(axes, target.arch)
+    arch = target.info.spec_arch()
+    cfg = spec.launch_config(axes, arch)
     doc = {
         "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
         "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
-        "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, target.arch).items())},
+        "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, arch).items())},
         "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
     }
+    if target.backend == "hip":
+        doc["amd_buffer_ops"] = 0  # _init_worker's AMDGCN_USE_BUFFER_OPS (a hip-only hash input)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -107,15 +112,18 @@ def plan_keys(kernels: Iterable[str] | None, misses: list[tuple[VariantKey, str 
         if unknown:
             raise ValueError(f"unknown kernel(s) {sorted(unknown)}; declared: {sorted(specs)}")
     out: dict[str, tuple[KernelSpec, VariantKey]] = {}
+    arch = target.info.spec_arch()
     for name, spec in sorted(specs.items()):
         if wanted is None or name in wanted:
-            for key in spec.keys():
+            for key in spec.keys(arch):  # the variants the spec declares for this target
                 out[str(key)] = (spec, key)
     for key, miss_target in misses or ():
         if miss_target not in (None, target.name):
             continue
         if key.kernel not in specs:
             raise ValueError(f"miss log names unknown kernel {key.kernel!r}")
+        if specs[key.kernel].launch_config(key.axis_dict, arch) is None:
+            continue  # declared absent on this target: a JIT call for it raises, it never misses
         for level in ("aligned", GENERIC):
             k = key.with_level(level)
             out[str(k)] = (specs[key.kernel], k)
@@ -142,9 +150,14 @@ def _init_worker() -> None:
     # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
     # compiles with the same switch (loader.fallback.aot_compile_options).
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    # AMD: no buffer ops. Triton's HIP JIT turns them on per call for tensors under 2 GB (a
+    # "tt.pointer_range" it reads off each tensor's storage), which a binary built ahead of time
+    # cannot know; off in both the build and the JIT fallback, a JIT compile of a key gives the
+    # build's bytes (tests/cpu/aot/test_parity.py, gfx942). Their speed cost is not measured.
+    os.environ["AMDGCN_USE_BUFFER_OPS"] = "0"
 
 
-def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash: str) -> dict:
+def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:
     """Runs in a worker: compile one variant, write its binary and record, return the entry."""
     from aotc.kernels.registry import get_spec
 
@@ -152,9 +165,15 @@ def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash
 
     spec = get_spec(spec_name)
     key = VariantKey.parse(key_text)
-    out = compile_variant(spec, key, arch)
+    info = targets.get(target_name)
+    running = _running_path(Path(target_dir), bhash)  # left behind only if this process dies
+    atomic_write(running, b"")
+    try:
+        out = compile_variant(spec, key, info)
+    finally:
+        running.unlink(missing_ok=True)
     digest = hashlib.sha256(out.cubin).hexdigest()
-    rel = f"bin/{digest}.cubin"
+    rel = f"bin/{digest}{info.ext}"
     target_dir = Path(target_dir)
     binary = target_dir / rel
     if not (binary.is_file() and binary.stat().st_size == len(out.cubin)):
@@ -168,7 +187,7 @@ def compile_job(spec_name: str, key_text: str, arch: int, target_dir: str, bhash
         global_scratch_size=md["global_scratch_size"], global_scratch_align=md["global_scratch_align"],
         profile_scratch_size=md["profile_scratch_size"], profile_scratch_align=md["profile_scratch_align"],
         launch_cooperative_grid=md["launch_cooperative_grid"], launch_pdl=md["launch_pdl"],
-        constexprs=spec.compile_constexprs(key.axis_dict, arch),
+        constexprs=spec.compile_constexprs(key.axis_dict, info.spec_arch()),
         provenance={"source_sha256": source_hash(spec), "build_hash": bhash, "triton_hash": out.triton_hash,
                     "triton_version": triton_version()},
     )
@@ -202,9 +221,11 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
     report = BuildReport()
     triton = triton_version()
     out_dir = Path(out_dir)
+    chosen = [Target.from_name(arch) for arch in dict.fromkeys(archs)]  # ValueError names a bad one
+    for target in chosen:  # before anything compiles: a missing backend stops the whole build
+        check_backend(target.info)
     plans = []
-    for arch in archs:
-        target = Target.from_name(arch)
+    for target in chosen:
         target_dir = out_dir / target.name
         target_dir.mkdir(parents=True, exist_ok=True)
         entries: dict[str, Entry] = {}
@@ -230,23 +251,53 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
 
 
 def _run_jobs(all_jobs, plans, report, jobs, progress, echo) -> None:
+    """Compile every job in worker processes. A compiler that kills its process (LLVM aborts on
+    some AMD inputs) breaks the whole pool: each job marks itself running on disk, so the jobs that
+    were running are compiled again one at a time (the one that dies alone is reported by key) and
+    the others go back to a fresh pool."""
     entries_by_target = {t.name: entries for t, _, entries, _ in plans}
     workers = max(1, min(jobs or os.cpu_count() or 1, len(all_jobs)))
+    bar = _progress(len(all_jobs), progress)
+    pending = list(all_jobs)
+    while pending:
+        broken = _run_pool(pending, workers, entries_by_target, report, bar)
+        suspects = [j for j in broken if _running_path(j[1], j[2].build_hash).exists()]
+        pending = [j for j in broken if j not in suspects]
+        for item in suspects:
+            _running_path(item[1], item[2].build_hash).unlink(missing_ok=True)
+            if _run_pool([item], 1, entries_by_target, report, bar):
+                target, target_dir, job = item
+                _running_path(target_dir, job.build_hash).unlink(missing_ok=True)
+                report.failed[f"{target.name} {job.key}"] = (
+                    "the compiler process died compiling this variant (a crash or a signal, not a Python error)")
+                bar.update(1)
+    bar.close()
+
+
+def _running_path(target_dir: Path, bhash: str) -> Path:
+    return Path(target_dir) / ".records" / f"{bhash}.running"
+
+
+def _run_pool(items, workers, entries_by_target, report, bar) -> list:
+    """Run `items` in one pool; the items left unfinished because a worker died."""
     ctx = multiprocessing.get_context("spawn")
+    broken = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futures = {pool.submit(compile_job, job.spec_name, job.key, target.arch, str(target_dir), job.build_hash):
-                   (target, job) for target, target_dir, job in all_jobs}
-        bar = _progress(len(futures), progress)
+        futures = {pool.submit(compile_job, job.spec_name, job.key, target.name, str(target_dir), job.build_hash):
+                   (target, target_dir, job) for target, target_dir, job in items}
         for fut in as_completed(futures):
-            target, job = futures[fut]
+            target, target_dir, job = futures[fut]
             try:
                 entry = Entry(**fut.result())
                 entries_by_target[target.name][job.key] = entry
                 report.compiled.append(f"{target.name} {job.key}")
+            except BrokenProcessPool:
+                broken.append(futures[fut])
+                continue
             except Exception as e:  # noqa: BLE001 - any compiler error is reported by key
                 report.failed[f"{target.name} {job.key}"] = f"{type(e).__name__}: {e}"
             bar.update(1)
-        bar.close()
+    return broken
 
 
 class _progress:

@@ -17,7 +17,9 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--arch", "archs", multiple=True, required=True, help="Target, e.g. sm90 (repeatable).")
+@click.option("--arch", "archs", multiple=True, required=True,
+              help="Target (repeatable): smNN (NVIDIA, e.g. sm90, sm80), gfx942 or gfx90a (AMD), "
+                   "ivcore11 or ivcore20 (Iluvatar, with FlagTree's Triton).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Artifacts folder (default: the loader's default, artifacts/ in a checkout).")
 @click.option("--kernel", "kernels", multiple=True, help="Build only these kernels (repeatable).")
@@ -64,7 +66,8 @@ def list_command(directory, as_json) -> None:
             click.echo(f"{target}: {info['error']}")
             continue
         click.echo(f"{target}: {info['binaries']} binaries, {info['bytes']} bytes "
-                   f"(Triton {info['triton_version']}, aotc {info['aotc_version']})")
+                   f"({info['backend']} {info['arch']}, warp {info['warp_size']}; "
+                   f"Triton {info['triton_version']}, aotc {info['aotc_version']})")
         for kernel, k in sorted(info["kernels"].items()):
             click.echo(f"  {kernel:24s} {k['variants']:5d} variants {k['binaries']:5d} binaries {k['bytes']:10d} bytes")
 

@@ -1,25 +1,26 @@
-"""Reading the two facts `aotc verify` checks in a cubin: it is a CUDA ELF for the right SM, and it
-defines the kernel's symbol. Stdlib only."""
+"""Reading the facts `aotc verify` checks in a binary: its ELF machine and flags (for the target's
+vendor and arch, loader/targets.py) and that it defines the kernel's symbol. Stdlib only."""
 from __future__ import annotations
 
 import struct
 
-EM_CUDA = 190
+from aotc.loader.targets import AMDGPU_MACH, EM_AMDGPU, EM_CUDA, TargetInfo
+
+_MACHINES = {EM_CUDA: "CUDA", EM_AMDGPU: "AMDGPU"}
+_GFX = {code: name for name, code in AMDGPU_MACH.items()}
 
 
 class ElfError(ValueError):
     pass
 
 
-def cubin_info(data: bytes) -> tuple[int, set[str]]:
-    """(SM number from e_flags, names in the symbol table) of a 64-bit little-endian cubin."""
+def elf_info(data: bytes) -> tuple[int, int, set[str]]:
+    """(e_machine, e_flags, names in the symbol table) of a 64-bit little-endian ELF."""
     if len(data) < 64 or data[:4] != b"\x7fELF":
         raise ElfError("not an ELF file")
     if data[4] != 2 or data[5] != 1:
         raise ElfError("not a 64-bit little-endian ELF")
     e_machine = struct.unpack_from("<H", data, 18)[0]
-    if e_machine != EM_CUDA:
-        raise ElfError(f"e_machine {e_machine}, expected {EM_CUDA} (CUDA)")
     e_flags = struct.unpack_from("<I", data, 48)[0]
     e_shoff = struct.unpack_from("<Q", data, 40)[0]
     e_shentsize, e_shnum = struct.unpack_from("<HH", data, 58)
@@ -37,4 +38,34 @@ def cubin_info(data: bytes) -> tuple[int, set[str]]:
                 symbols.add(data[str_off + name_off:end].decode("ascii", "replace"))
     except (struct.error, IndexError, ValueError) as e:
         raise ElfError(f"malformed section or symbol table: {e}") from None
-    return e_flags & 0xFF, symbols
+    return e_machine, e_flags, symbols
+
+
+def _arch_name(machine: int, arch: int) -> str:
+    if machine == EM_CUDA:
+        return f"sm{arch}"
+    if machine == EM_AMDGPU:
+        return _GFX.get(arch, f"AMDGPU mach 0x{arch:03x}")
+    return f"arch {arch}"
+
+
+def check_binary(data: bytes, target: TargetInfo) -> tuple[list[str], set[str]]:
+    """(problems with `data` as a binary of `target`, its symbols): ELF machine and arch field."""
+    machine, flags, symbols = elf_info(data)
+    problems = []
+    if target.elf_machine is not None and machine != target.elf_machine:
+        kind = _MACHINES.get(machine, "unknown")
+        problems.append(f"e_machine {machine} ({kind}), expected {target.elf_machine} "
+                        f"({_MACHINES[target.elf_machine]}) for {target.name}")
+    elif target.elf_arch is not None and target.elf_arch_of(flags) != target.elf_arch:
+        got = _arch_name(machine, target.elf_arch_of(flags))
+        problems.append(f"is for {got}, manifest target is {target.name}")
+    return problems, symbols
+
+
+def cubin_info(data: bytes) -> tuple[int, set[str]]:
+    """(SM number from e_flags, symbols) of a cubin; ElfError for any other ELF machine."""
+    machine, flags, symbols = elf_info(data)
+    if machine != EM_CUDA:
+        raise ElfError(f"e_machine {machine}, expected {EM_CUDA} (CUDA)")
+    return flags & 0xFF, symbols

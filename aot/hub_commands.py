@@ -116,11 +116,12 @@ def device_targets() -> list[str] | None:
     """Targets the current GPU can run, best first (the loader's order); None without a CUDA GPU."""
     import torch
 
-    from aotc.loader.artifacts import candidate_targets
+    from aotc.loader import targets
 
     if not torch.cuda.is_available():
         return None
-    return candidate_targets(torch.cuda.get_device_capability())
+    # The vendor first (an Iluvatar GPU reports a CUDA capability), then its targets.
+    return targets.candidates(targets.describe(torch.cuda.current_device()))
 
 
 def pull_artifacts(repo: str, revision: str = "main", targets: tuple[str, ...] = (),

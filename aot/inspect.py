@@ -5,7 +5,7 @@ from pathlib import Path
 
 from aotc.loader.manifest import MANIFEST_NAME, ManifestError, read_manifest, verify_files
 
-from .elf import ElfError, cubin_info
+from .elf import ElfError, check_binary
 
 
 def target_dirs(root: str | Path) -> list[Path]:
@@ -36,7 +36,8 @@ def summarize(root: str | Path) -> dict:
             k["variants"] = len({e.key.rsplit("@", 1)[0] for e in entries if e.kernel == kernel})
             del k["_paths"]
         out[folder.name] = {
-            "arch": m.target.arch, "backend": m.target.backend, "binaries": len(entries),
+            "arch": m.target.arch, "backend": m.target.backend, "warp_size": m.target.warp_size,
+            "binaries": len(entries),
             "files": len(seen_paths), "bytes": sum(k["bytes"] for k in kernels.values()),
             "triton_version": m.triton_version, "aotc_version": m.aotc_version, "kernels": kernels,
         }
@@ -44,7 +45,9 @@ def summarize(root: str | Path) -> dict:
 
 
 def verify(root: str | Path) -> tuple[list[str], int]:
-    """(problems, entries checked): sha256 and size of every file, ELF machine/SM, symbol."""
+    """(problems, entries checked): sha256 and size of every file, the manifest's target is the
+    table's target of its folder, each binary's ELF machine and arch field are that target's
+    (loader/targets.py), and it defines its symbol."""
     problems, checked = [], 0
     folders = target_dirs(root)
     if not folders:
@@ -57,18 +60,24 @@ def verify(root: str | Path) -> tuple[list[str], int]:
             problems.append(str(e))
             continue
         problems += [f"{folder.name}: {p}" for p in verify_files(folder, m)]
+        if folder.name != m.target.name or m.target.mismatch():
+            why = m.target.mismatch() or f"it is for target {m.target.name}"
+            problems.append(f"{folder.name}: manifest refused: {why}")
+            continue
+        info = m.target.info
         for e in entries:
             checked += 1
             path = folder / e.path
             if not path.is_file():
                 continue
+            if not e.path.endswith(info.ext):
+                problems.append(f"{folder.name}: {e.key}: {e.path} is not a {info.binary} ({info.ext}) file")
             try:
-                sm, symbols = cubin_info(path.read_bytes())
+                bad, symbols = check_binary(path.read_bytes(), info)
             except ElfError as err:
                 problems.append(f"{folder.name}: {e.key}: {e.path}: {err}")
                 continue
-            if sm != m.target.arch:
-                problems.append(f"{folder.name}: {e.key}: {e.path} is for sm{sm}, manifest target is sm{m.target.arch}")
+            problems += [f"{folder.name}: {e.key}: {e.path} {p}" for p in bad]
             if e.symbol not in symbols:
                 problems.append(f"{folder.name}: {e.key}: {e.path} does not define symbol {e.symbol}")
     return problems, checked

@@ -1,6 +1,7 @@
 """Every call into Triton's compiler internals (they move between minor versions): Triton 3.6.
 
-`compile_variant` turns (KernelSpec, VariantKey, arch) into a cubin plus the launch metadata
+`compile_variant` turns (KernelSpec, VariantKey, target) into a binary (a cubin for cuda, an hsaco
+code object for hip; loader/targets.py says which) plus the launch metadata
 the manifest records, building the same ASTSource that Triton's JIT builds for a call whose
 arguments match the key's specialization, so the bytes are the JIT's bytes.
 """
@@ -10,6 +11,8 @@ import importlib.metadata
 from dataclasses import dataclass
 
 from aotc.kernels.variants import KernelSpec, VariantKey
+from aotc.loader import targets
+from aotc.loader.targets import TargetInfo
 
 # The one Triton whose internals this module calls; pyproject's `build` extra pins the same.
 SUPPORTED_TRITON = "3.6.0"
@@ -50,7 +53,7 @@ def triton_version() -> str:
 
 @dataclass
 class Compiled:
-    cubin: bytes
+    cubin: bytes  # the binary, whatever its kind (cubin, hsaco): the name older callers read
     symbol: str
     params: list[str]
     param_names: list[str]
@@ -86,17 +89,47 @@ def jit_function(spec: KernelSpec):
     return fn
 
 
-def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
+def check_backend(info: TargetInfo) -> None:
+    """Raise, before anything compiles, when the installed Triton has no backend for `info`
+    (Triton's wheel carries cuda and hip; Iluvatar's corex comes with FlagTree's Triton)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = {"cuda": "nvidia", "hip": "amd", "corex": "iluvatar"}[info.backend]
+    module = f"triton.backends.{folder}"
+    # Looked up on disk, not imported: a no-op rebuild never imports Triton.
+    spec = importlib.util.find_spec("triton")
+    found = bool(spec and spec.origin) and (Path(spec.origin).parent / "backends" / folder / "compiler.py").is_file()
+    if not found:
+        if info.backend == "corex":
+            raise ValueError(
+                f"target {info.name} (Iluvatar CoreX) needs FlagTree's Triton with the Iluvatar backend "
+                f"({module}, package {info.triton_package!r}, built from FlagTree's third_party/iluvatar "
+                f"on a CoreX SDK machine); this environment's Triton has no {module}. Nothing was compiled.")
+        raise ValueError(f"target {info.name} needs Triton's {info.backend} backend ({module}), which the "
+                         f"installed Triton lacks. Nothing was compiled.")
+
+
+def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | TargetInfo) -> Compiled:
+    """Compile one variant for a target (a name from loader/targets.py, its row, or an int SM)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if isinstance(target, int):
+        target = f"sm{target}"
+    info = target if isinstance(target, TargetInfo) else targets.get(target)
     if not is_supported(triton.__version__):  # metadata and module can disagree (a second copy on the path)
         raise UnsupportedTritonError(f"aotc builds with Triton {SUPPORTED_TRITON}; imported "
                                      f"{triton.__version__} from {triton.__file__}")
+    check_backend(info)
     fn = jit_function(spec)
     check_consistency(spec, fn)
+    arch = info.spec_arch()
     axes = key.axis_dict
+    cfg = spec.launch_config(axes, arch)
+    if cfg is None:
+        raise ValueError(f"{key}: the spec declares no such variant for {info.name}")
     sig_by_name = spec.signature(axes)
     # The JIT orders the signature by the function's parameters; so do we.
     signature = {name: sig_by_name[name] for name in fn.arg_names}
@@ -106,23 +139,29 @@ def compile_variant(spec: KernelSpec, key: VariantKey, arch: int) -> Compiled:
         raise ValueError(f"{key}: spec.constexprs gave no value for {sorted(missing)}")
     divisible = spec.divisible_args(key.level)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    cfg = spec.launch(axes, arch)
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                     attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+    kernel = triton.compile(src, target=GPUTarget(info.backend, info.arch, info.warp_size),
                             options=cfg.triton_options())
     md = kernel.metadata
+    # Both backends append the same two scratch pointers (Triton 3.6: nvidia/driver.py and
+    # amd/driver.py). HIP's launcher always passes 0 for global scratch and its metadata has no
+    # global_scratch_*, cluster_dims or launch_pdl: recorded as 0 / (1, 1, 1) / False.
     params = [sig_by_name[a.name] for a in spec.args] + ["*i8", "*i8"]
     names = [a.name for a in spec.args] + ["global_scratch", "profile_scratch"]
+    if getattr(md, "warp_size", info.warp_size) != info.warp_size:
+        raise ValueError(f"{key}: Triton compiled for warp size {md.warp_size}, target {info.name} has {info.warp_size}")
     metadata = {
         "num_warps": md.num_warps, "num_stages": md.num_stages, "num_ctas": md.num_ctas,
         "cluster_dims": list(getattr(md, "cluster_dims", (1, 1, 1))), "shared": md.shared,
-        "global_scratch_size": md.global_scratch_size, "global_scratch_align": md.global_scratch_align,
+        "global_scratch_size": getattr(md, "global_scratch_size", 0),
+        "global_scratch_align": getattr(md, "global_scratch_align", 1),
         "profile_scratch_size": md.profile_scratch_size, "profile_scratch_align": md.profile_scratch_align,
-        "launch_cooperative_grid": bool(md.launch_cooperative_grid), "launch_pdl": bool(md.launch_pdl),
+        "launch_cooperative_grid": bool(md.launch_cooperative_grid),
+        "launch_pdl": bool(getattr(md, "launch_pdl", False)),
         "tensordesc": bool(md.tensordesc_meta),
     }
     if metadata["tensordesc"]:
         raise ValueError(f"{key}: kernels with tensor descriptors need host-side TMA descriptors, "
                          "which the aotc launcher does not build")
-    return Compiled(kernel.asm["cubin"], md.name, params, names, metadata, md.hash)
+    return Compiled(kernel.asm[info.asm], md.name, params, names, metadata, md.hash)

@@ -160,13 +160,48 @@ class VariantKey(_Record):
         return VariantKey.make(self.kernel, self.axis_dict, level)
 
 
+class TargetArch(int):
+    """What a spec's `launch(axes, arch)` receives: an int that compares as the NVIDIA SM number
+    (90 for sm90; 0 for AMD and Iluvatar targets, so `arch >= 90` never turns on an sm90-only
+    feature such as PDL there), carrying the target itself for a spec that needs more:
+    `arch.target` ("sm90", "gfx942", "ivcore20"), `arch.backend` ("cuda", "hip", "corex"),
+    `arch.warp_size`. Specs written against a plain int keep working. A plain int passed where a
+    TargetArch is expected means the NVIDIA target smN (`as_target_arch`)."""
+
+    def __new__(cls, value: int, target: str, backend: str, warp_size: int):
+        self = super().__new__(cls, value)
+        self.target, self.backend, self.warp_size = target, backend, warp_size
+        return self
+
+    def __repr__(self) -> str:
+        return f"TargetArch({int(self)}, {self.target!r}, {self.backend!r}, {self.warp_size})"
+
+    def __reduce__(self):
+        return (TargetArch, (int(self), self.target, self.backend, self.warp_size))
+
+
+def as_target_arch(arch) -> TargetArch:
+    if isinstance(arch, TargetArch):
+        return arch
+    if isinstance(arch, bool) or not isinstance(arch, int):
+        raise TypeError(f"arch must be a TargetArch or an NVIDIA SM number, got {arch!r}")
+    return TargetArch(arch, f"sm{arch}", "cuda", 32)
+
+
+# Compile options only Triton's CUDA backend takes: another backend ignores them, so the build
+# drops them there and the manifest records what was compiled.
+_CUDA_ONLY = ("maxnreg", "launch_pdl")
+
+
 class KernelSpec(_Record):
     """Everything needed to compile and launch one `@triton.jit` kernel, as data.
 
     `constexprs(axes)` maps a variant's axes to the values of every constexpr parameter.
     `variants()` yields the axes dicts to build. `launch(axes, arch)` gives num_warps and
-    num_stages for a target (arch as an int, e.g. 90). `sources` lists files (relative to
-    the spec's folder) whose bytes feed the provenance hash.
+    num_stages for a target (arch a `TargetArch`: an int, e.g. 90, carrying the target's name,
+    backend and warp size), or None where the variant does not exist on that target (it is not
+    built there and a call for it raises NotImplementedError naming the target). `sources` lists
+    files (relative to the spec's folder) whose bytes feed the provenance hash.
     """
 
     __slots__ = ("name", "module", "function", "args", "constexpr_names", "constexprs", "variants", "launch",
@@ -199,13 +234,26 @@ class KernelSpec(_Record):
         declares it. The wait it guards is an sm90+ instruction, so it follows the target."""
         values = dict(self.constexprs(axes))
         if "PDL" in self.constexpr_names:
-            values["PDL"] = int(self.launch(axes, arch).launch_pdl)
+            cfg = self.launch_config(axes, arch)
+            values["PDL"] = int(bool(cfg and cfg.launch_pdl))
         return values
 
-    def keys(self) -> list[VariantKey]:
-        """Every declared binary: each variant at both specialization levels."""
+    def launch_config(self, axes: Mapping[str, int | str], arch) -> LaunchConfig | None:
+        """`launch(axes, arch)` for a target (a TargetArch, or an int meaning smN), None where the
+        spec declares no such variant there; CUDA-only options dropped on other backends."""
+        arch = as_target_arch(arch)
+        cfg = self.launch(axes, arch)
+        if cfg is None or arch.backend == "cuda" or not any(getattr(cfg, o) for o in _CUDA_ONLY):
+            return cfg
+        return LaunchConfig(num_warps=cfg.num_warps, num_stages=cfg.num_stages, num_ctas=cfg.num_ctas)
+
+    def keys(self, arch=None) -> list[VariantKey]:
+        """Every declared binary: each variant at both specialization levels; with `arch`, only
+        the variants the spec declares for that target (launch not None)."""
         out = []
         for axes in self.variants():
+            if arch is not None and self.launch_config(axes, arch) is None:
+                continue
             for level in LEVELS:
                 out.append(VariantKey.make(self.name, axes, level))
         return out

@@ -5,8 +5,10 @@ then the default: the `artifacts/` folder beside the installed `aotc.loader` pac
 checkout, `<repo>/artifacts`, where `aotc build` writes by default). A source is a local folder
 or `hf://ORG/NAME@REVISION` (downloaded once into the Hugging Face cache, see `hub.py`).
 
-Targets: a device of compute capability M.m runs binaries built for smMx with x <= m (SASS is
-compatible within one major version only): sm90 on an H100, sm80 on an A100, sm86 or sm89.
+Targets (loader/targets.py): the vendor first, then the arch. An NVIDIA device of compute
+capability M.m runs binaries built for smMx with x <= m (SASS is compatible within one major
+version only): sm90 on an H100, sm80 on an A100, sm86 or sm89. An AMD device runs its own gfx
+target only, an Iluvatar device its ivcore target only, never an sm folder.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import os
 import threading
 from pathlib import Path
 
+from . import targets
 from .manifest import Entry, Manifest, ManifestError, read_manifest, sha256_file
+from .targets import Device
 
 ENV_SOURCE = "AOTC_ARTIFACTS"
 
@@ -40,10 +44,23 @@ def current_source() -> str:
     return _explicit or os.environ.get(ENV_SOURCE) or str(default_root())
 
 
-def candidate_targets(capability: tuple[int, int]) -> list[str]:
-    """Target names a device can run, best first."""
-    major, minor = capability
-    return [f"sm{major}{m}" for m in range(minor, -1, -1)]
+def as_device(device: Device | tuple[int, int]) -> Device:
+    """A `Device`; a bare capability (M, m) means an NVIDIA GPU."""
+    return device if isinstance(device, Device) else Device("", tuple(device))
+
+
+def candidate_targets(device: Device | tuple[int, int]) -> list[str]:
+    """Target names a device can run, best first (a capability tuple: an NVIDIA device)."""
+    return targets.candidates(as_device(device))
+
+
+def local_target_names(source: str | None = None) -> list[str]:
+    """The target folders of a local source (for error messages; a hub source lists none)."""
+    source = source or current_source()
+    root = Path(source).expanduser()
+    if source.startswith("hf://") or not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file())
 
 
 class TargetArtifacts:
@@ -51,6 +68,7 @@ class TargetArtifacts:
 
     def __init__(self, name: str, folder: Path, manifest: Manifest):
         self.name = name
+        self.info = targets.get(name)  # the table's row: backend, warp size, driver binding
         self.folder = folder
         self.manifest = manifest
         self.entries = manifest  # .get(key) -> Entry or None, parsed on first use
@@ -83,15 +101,17 @@ _targets: dict[tuple[str, str], TargetArtifacts | None] = {}
 _targets_lock = threading.Lock()
 
 
-def load_target(capability: tuple[int, int]) -> TargetArtifacts | None:
-    """The best target folder this device can run from the current source, or None.
+def load_target(device: Device | tuple[int, int]) -> TargetArtifacts | None:
+    """The best target folder this device can run from the current source, or None. Only the
+    device's own vendor's targets are looked at, and each manifest must be the table's target of
+    its folder (read_manifest), so a binary never reaches another vendor's or arch's GPU.
 
     Offline, a hub target that was never cached is skipped for the next candidate; if no
     candidate is found, the first such error is raised (it names the pull command).
     """
     source = current_source()
     not_cached = None
-    for name in candidate_targets(capability):
+    for name in candidate_targets(device):
         cache_key = (source, name)
         with _targets_lock:
             if cache_key not in _targets:
@@ -126,5 +146,5 @@ def _open_target(source: str, name: str) -> TargetArtifacts | None:
     return TargetArtifacts(name, folder, read_manifest(folder, expect_target=name))
 
 
-__all__ = ["set_artifacts", "current_source", "default_root", "candidate_targets", "load_target",
+__all__ = ["set_artifacts", "current_source", "default_root", "candidate_targets", "load_target", "local_target_names",
            "TargetArtifacts", "sha256_file"]

@@ -1,4 +1,5 @@
-"""A ctypes binding of the few CUDA driver calls aotc needs: load a cubin, launch it.
+"""A ctypes binding of the few CUDA driver calls aotc needs: load a cubin, launch it. Also the
+binding of Iluvatar's CoreX targets, whose runtime offers the same driver API (loader/targets.py).
 
 Resolved lazily: importing this module on a machine without a GPU or libcuda never fails.
 Every status code goes through one `check()`. Tests inject a fake driver object with the same
@@ -159,6 +160,18 @@ class Driver:
 
     def make_current(self, device: int) -> None:
         self.check("cuCtxSetCurrent", self.cuCtxSetCurrent(self.primary_context(device)))
+
+    @property
+    def launch_kernel(self):
+        """cuLaunchKernel (hip_driver.Driver's is hipModuleLaunchKernel, same arguments)."""
+        return self.cuLaunchKernel
+
+    def push(self, device: int) -> None:
+        """Make `device`'s primary context current until `pop`."""
+        self.check("cuCtxPushCurrent", self.cuCtxPushCurrent_v2(self.primary_context(device)))
+
+    def pop(self) -> None:
+        self.check("cuCtxPopCurrent", self.cuCtxPopCurrent_v2(ctypes.byref(_P())))
 
 
 def cluster_launch_config(grid, block_x, shared, stream, num_ctas, cooperative, pdl):

@@ -17,9 +17,10 @@ from typing import Mapping, Sequence
 
 from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey
 
-from . import artifacts, cuda_driver, fallback
+from . import artifacts, cuda_driver, fallback, targets
 from .launch import Launchable, param_format
 from .manifest import Entry
+from .targets import Device
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
@@ -64,15 +65,28 @@ def resolve(spec: KernelSpec, axes: Mapping, entries: Mapping[str, Entry], value
     return res
 
 
+def driver_for(info: targets.TargetInfo):
+    """The binding that loads and launches a target's binaries (CoreX speaks the CUDA driver API)."""
+    if info.driver == "hip":
+        from . import hip_driver
+
+        return hip_driver.driver()
+    return cuda_driver.driver()
+
+
 class Selection:
     """The binaries of one (kernel, axes) on one device, ready to launch."""
 
-    def __init__(self, spec: KernelSpec, axes: Mapping, device: int, target, capability):
+    def __init__(self, spec: KernelSpec, axes: Mapping, device: int, target, gpu: Device | tuple[int, int]):
         self.spec = spec
         self.axes = dict(axes)
         self.device = device
         self.target = target
-        self.arch = capability[0] * 10 + capability[1]
+        self.gpu = artifacts.as_device(gpu)
+        # The target's row (the device's own when nothing is built for it: the JIT needs its backend).
+        self.info = target.info if target is not None else targets.device_target(self.gpu)
+        self.arch = self.info.spec_arch()  # what spec.launch(axes, arch) receives, JIT fallback included
+        self.driver = driver_for(self.info)
         entries = target.entries if target is not None else {}
         self.entries = {level: entries.get(str(VariantKey.make(spec.name, axes, level))) for level in (ALIGNED, GENERIC)}
         self.loaded: dict[str, Launchable] = {}
@@ -92,8 +106,9 @@ class Selection:
             if got is None:
                 entry = self.entries[level]
                 image = self.target.read_binary(entry)  # sha256-checked before any load
-                function = cuda_driver.driver().load_function(self.device, image, entry.symbol, entry.shared)
-                got = self.loaded[level] = Launchable(entry, function, self.device)
+                function = self.driver.load_function(self.device, image, entry.symbol, entry.shared)
+                got = self.loaded[level] = Launchable(entry, function, self.device, self.driver,
+                                                      self.info.warp_size)
                 setattr(self, "l_" + level, got)
         return got
 
@@ -109,9 +124,9 @@ class Selection:
 
     def miss(self, grid, args, reason: str) -> None:
         key = VariantKey.make(self.spec.name, self.axes, GENERIC)
-        target = self.target.name if self.target is not None else f"sm{self.arch}"
+        target = self.info.name
         if self.target is None:
-            reason = f"no artifacts for this device in {artifacts.current_source()}"
+            reason = targets.no_target_message(self.gpu, artifacts.local_target_names(), artifacts.current_source())
         fallback.record_miss(key, target, reason)
         fallback.run_jit(self.spec, self.axes, grid, args, self.arch, built_with=self.built_with)
 
@@ -226,7 +241,7 @@ def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int
     if generic is None:
         if fallback.jit_disabled():
             return None
-        return fallback.jit_programs_per_sm(spec, axes, args, sel.arch, built_with=sel.built_with)
+        return fallback.jit_programs_per_sm(spec, axes, args, sel.arch, sel.driver, built_with=sel.built_with)
     if any(_needs_general_launch(e) for e in sel.entries.values() if e):
         return None
     values = [0] * spec.leading_ptrs + list(args[spec.leading_ptrs:])
@@ -252,19 +267,23 @@ def _values_function(spec: KernelSpec, aligned_idx: tuple):
 
 _selections: dict[tuple, Selection] = {}
 _selections_lock = threading.Lock()
-_capabilities: dict[int, tuple[int, int]] = {}
+_devices: dict[int, Device] = {}
+
+
+def device_of(index: int) -> Device:
+    """The `Device` (vendor markers, capability, AMD arch) of torch's device `index`, read once."""
+    gpu = _devices.get(index)
+    if gpu is None:
+        gpu = _devices[index] = targets.describe(index)
+    return gpu
 
 
 def _selection(spec: KernelSpec, axes: Mapping, device: int) -> Selection:
-    import torch
-
-    cap = _capabilities.get(device)
-    if cap is None:
-        cap = _capabilities[device] = torch.cuda.get_device_capability(device)
+    gpu = device_of(device)
     with _selections_lock:
         sel = _selections.get((spec.name, tuple(axes.items()), device))
         if sel is None:
-            sel = Selection(spec, axes, device, artifacts.load_target(cap), cap)
+            sel = Selection(spec, axes, device, artifacts.load_target(gpu), gpu)
             _selections[(spec.name, tuple(axes.items()), device)] = sel
     return sel
 
@@ -310,12 +329,11 @@ def run_kernel(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence) -> 
             sel.launch(grid, args, _get_stream[0](device))
         else:
             # Tensors on another GPU than torch's current one: launch in their device's context.
-            drv = cuda_driver.driver()
-            drv.check("cuCtxPushCurrent", drv.cuCtxPushCurrent_v2(drv.primary_context(device)))
+            sel.driver.push(device)
             try:
                 sel.launch(grid, args, _get_stream[0](device))
             finally:
-                drv.check("cuCtxPopCurrent", drv.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p())))
+                sel.driver.pop()
     elif fallback.interpreting():
         fallback.run_jit(spec, axes, grid, args, arch=90)
     else:

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
+from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey, as_target_arch
 
 
 class MissingVariantError(RuntimeError):
@@ -100,7 +100,7 @@ def read_misses(path: str | os.PathLike) -> list[tuple[VariantKey, str | None]]:
 _warned_versions: set[tuple[str, str]] = set()
 
 
-def import_triton(spec: KernelSpec, axes: Mapping, arch: int, built_with: str | None = None,
+def import_triton(spec: KernelSpec, axes: Mapping, arch, built_with: str | None = None,
                   interpreter: bool = False):
     """Triton, for a JIT compile of `spec`'s variant (or an interpreter run): a clear error naming
     the key where it is missing; a warning, once per pair of versions, where it is not the Triton
@@ -115,9 +115,10 @@ def import_triton(spec: KernelSpec, axes: Mapping, arch: int, built_with: str | 
                 f"cannot be imported ({e}). Install Triton (pip install 'aotc[build]' brings the one "
                 f"aotc builds with) or pass CUDA tensors.") from None
         wanted = f"triton=={built_with}" if built_with and built_with != "?" else "triton"
+        target = as_target_arch(arch).target
         raise TritonUnavailableError(
-            f"no built binary for {key} on sm{arch}, and the JIT fallback cannot compile it: Triton "
-            f"cannot be imported ({e}). Either build it (aotc build --arch sm{arch} --from-misses "
+            f"no built binary for {key} on {target}, and the JIT fallback cannot compile it: Triton "
+            f"cannot be imported ({e}). Either build it (aotc build --arch {target} --from-misses "
             f"{miss_log_path()}, in a build environment: pip install 'aotc[build]') or install "
             f"Triton here (pip install '{wanted}' compiles the artifacts' exact binary).") from None
     installed = getattr(triton, "__version__", "?")
@@ -143,26 +144,39 @@ def jit_function(spec: KernelSpec):
 @contextlib.contextmanager
 def aot_compile_options():
     """Compile as `aotc build` does: without line info, whose file paths would make the bytes
-    depend on where the sources sit (the build sets the same switch in its workers). The knob
-    is process-wide while this runs."""
+    depend on where the sources sit, and on AMD without buffer ops, which Triton's HIP JIT
+    enables per call from tensor sizes (the build sets the same switches in its workers). The
+    knobs are process-wide while this runs."""
     import triton
 
-    with triton.knobs.compilation.scope():
+    with triton.knobs.compilation.scope(), triton.knobs.amd.scope():
         triton.knobs.compilation.disable_line_info = True
+        triton.knobs.amd.use_buffer_ops = False  # as the build's workers (aot/build.py _init_worker)
         yield
 
 
-def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: int,
+def launch_config(spec: KernelSpec, axes: Mapping, arch):
+    """The spec's launch config on target `arch` (a TargetArch, or an int SM); NotImplementedError
+    naming the target where the spec declares no such variant there."""
+    cfg = spec.launch_config(axes, arch)
+    if cfg is None:
+        arch = as_target_arch(arch)
+        raise NotImplementedError(f"{VariantKey.make(spec.name, axes, GENERIC)} does not exist on target "
+                                  f"{arch.target} ({arch.backend}): its spec declares no launch config there")
+    return cfg
+
+
+def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch,
             built_with: str | None = None) -> None:
     """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key when
     the installed Triton is `built_with`, the artifacts' builder), its interpreter under
-    TRITON_INTERPRET=1."""
+    TRITON_INTERPRET=1. `arch`: the target's TargetArch (an int: smN)."""
     import torch
 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     import_triton(spec, axes, arch, built_with, interpreter=device.type != "cuda")
     fn = jit_function(spec)
-    cfg = spec.launch(axes, arch)
+    cfg = launch_config(spec, axes, arch)
     constexprs = spec.compile_constexprs(axes, arch)
     if device.type == "cuda":
         with torch.cuda.device(device), aot_compile_options():
@@ -174,7 +188,7 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch: 
         fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: int,
+def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch, driver=None,
                         built_with: str | None = None) -> int:
     """What `dispatch.programs_per_sm` gives a built binary, for the binary Triton's JIT compiles
     for these arguments (the same bytes as the build's, so the same count): an op that sizes its
@@ -185,9 +199,11 @@ def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch: i
 
     import_triton(spec, axes, arch, built_with)
     fn = jit_function(spec)
-    cfg = spec.launch(axes, arch)
+    arch = as_target_arch(arch)
+    cfg = launch_config(spec, axes, arch)
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     with torch.cuda.device(device), aot_compile_options():
         kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.compile_constexprs(axes, arch), **cfg.triton_options())
     kernel._init_handles()
-    return cuda_driver.driver().occupancy(device.index, kernel.function, 32 * cfg.num_warps, kernel.metadata.shared)
+    driver = driver or cuda_driver.driver()
+    return driver.occupancy(device.index, kernel.function, arch.warp_size * cfg.num_warps, kernel.metadata.shared)

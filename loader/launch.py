@@ -3,7 +3,8 @@
 The parameter buffer and the `void**` array pointing into it are built once per binary; a
 launch is one `struct.pack_into` and one `cuLaunchKernel` (or `cuLaunchKernelEx` where the
 binary needs clusters, cooperative launch or PDL), under a lock so threads never interleave
-two calls' arguments.
+two calls' arguments. The driver is the target's binding (cuda_driver, or hip_driver whose
+hipModuleLaunchKernel takes the same arguments), so the packing is one code for both.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Launchable:
     (pointers as ints); the two trailing scratch pointers are appended here.
     """
 
-    def __init__(self, entry: Entry, function: int, device: int, driver=None):
+    def __init__(self, entry: Entry, function: int, device: int, driver=None, warp_size: int = 32):
         self.entry = entry
         self.function = function
         self.device = device
@@ -48,13 +49,15 @@ class Launchable:
         base = ctypes.addressof(self.buffer)
         self.pointer_array = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
         self.pointers = ctypes.addressof(self.pointer_array)
-        self.block = 32 * entry.num_warps
+        # Threads a block: the target's warp size (32 NVIDIA, 64 AMD CDNA and Iluvatar) x num_warps,
+        # as Triton's own launchers compute it.
+        self.block = warp_size * entry.num_warps
         self.shared = entry.shared
         self.lock = threading.Lock()
         self.needs_ex = entry.num_ctas != 1 or entry.launch_cooperative_grid or entry.launch_pdl
         self.scratch = entry.global_scratch_size > 0 or entry.profile_scratch_size > 0
         self.slow = self.needs_ex or self.scratch
-        self.cu_launch = self.driver.cuLaunchKernel
+        self.cu_launch = self.driver.launch_kernel  # cuLaunchKernel, or hipModuleLaunchKernel
         self.occupancy: int | None = None  # programs an SM, once dispatch.programs_per_sm asks
 
     def launch(self, grid: tuple[int, int, int], values: list, stream: int) -> None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import manifest_schema
+from . import manifest_schema, targets
 
 SCHEMA_VERSION = 2  # 2: one table per kernel, fields shared by its entries stored once
 # Bumped whenever the way a binary is launched changes (parameter list, scratch pointers...).
@@ -29,16 +29,34 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # folder name, e.g. "sm90"
-    backend: str  # "cuda"
-    arch: int  # 90
+    """A manifest's record of its target: the row of loader/targets.py it was built for."""
+
+    name: str  # folder name, e.g. "sm90", "gfx942"
+    backend: str  # "cuda", "hip", "corex"
+    arch: int | str  # Triton's GPUTarget arch: 90, "gfx942"
     warp_size: int = 32
 
     @staticmethod
     def from_name(name: str) -> "Target":
-        if not (name.startswith("sm") and name[2:].isdigit()):
-            raise ValueError(f"unknown target {name!r}: expected smNN, e.g. sm80 or sm90")
-        return Target(name, "cuda", int(name[2:]), 32)
+        info = targets.get(name)
+        return Target(info.name, info.backend, info.arch, info.warp_size)
+
+    @property
+    def info(self) -> targets.TargetInfo:
+        return targets.get(self.name)
+
+    def mismatch(self) -> str | None:
+        """Why this record is not the table's target of its name (a manifest for one target
+        relabelled as another), or None."""
+        try:
+            want = Target.from_name(self.name)
+        except ValueError as e:
+            return str(e)
+        if self != want:
+            return (f"it records target {self.name} as backend {self.backend!r}, arch {self.arch!r}, warp size "
+                    f"{self.warp_size}; {self.name} is backend {want.backend!r}, arch {want.arch!r}, warp size "
+                    f"{want.warp_size}")
+        return None
 
 
 @dataclass(frozen=True)
@@ -160,7 +178,11 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError(f"{path}: malformed manifest ({e})") from None
     if expect_target is not None and target.name != expect_target:
-        raise ManifestError(f"{path}: manifest is for target {target.name}, expected {expect_target}")
+        raise ManifestError(f"{path}: manifest is for target {target.name}, expected {expect_target}; "
+                            f"refusing to load {target.backend} binaries built for {target.name} here")
+    why = target.mismatch()
+    if why is not None:
+        raise ManifestError(f"{path}: refusing this manifest: {why}")
     return Manifest(target, doc.get("aotc_version", "?"), doc.get("triton_version", "?"), None,
                     doc["schema_version"], doc["launch_abi"], tables=tables)
 

@@ -283,6 +283,8 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
     # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
+    if getattr(arch, "backend", "cuda") != "cuda" and axes["kv"] not in Q_DTYPES:
+        return None  # int8/int4/fp8 caches dequantize through inline PTX (dequant.py): NVIDIA targets only
     pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
         return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)

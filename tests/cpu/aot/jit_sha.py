@@ -11,26 +11,29 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from aotc.kernels.registry import get_spec
+from aotc.loader import targets
 from aotc.loader.fallback import jit_function
 
 
-def jit_sha(spec_name, axes, args, arch):
+def jit_sha(spec_name, axes, args, name):
     spec = get_spec(spec_name)
     fn = jit_function(spec)
-    target = GPUTarget("cuda", arch, 32)
+    info = targets.get(name)
+    target = GPUTarget(info.backend, info.arch, info.warp_size)
     backend = make_backend(target)
-    cfg = spec.launch(axes, arch)
+    arch = info.spec_arch()
+    cfg = spec.launch_config(axes, arch)
     kwargs = dict(spec.compile_constexprs(axes, arch), **cfg.triton_options())
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     kwargs["debug"] = False
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
-    return hashlib.sha256(kernel.asm["cubin"]).hexdigest()
+    return hashlib.sha256(kernel.asm[info.asm]).hexdigest()
 
 
 if __name__ == "__main__":
-    arch = int(sys.argv[1])
+    arch = sys.argv[1]  # a target name: sm90, gfx942
     base = torch.empty(4096, dtype=torch.float16)
     assert base.data_ptr() % 16 == 0
     aligned = [base[:1024], base[1024:2048], base[2048:3072], 64, 40, 3, 0.5]

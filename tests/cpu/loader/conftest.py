@@ -40,6 +40,8 @@ class FakeDriver:
         self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, self._slots(params)))
         return 0
 
+    launch_kernel = property(lambda self: self.cuLaunchKernel)
+
     def cuLaunchKernelEx(self, config, function, params, extra):
         c = config._obj  # ctypes.byref(LaunchConfig)
         self.launches.append((function, (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ),

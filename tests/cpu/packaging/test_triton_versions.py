@@ -9,7 +9,7 @@ from aotc.aot import triton_compat
 from aotc.aot.build import build
 from aotc.aot.cli import cli
 from aotc.kernels.registry import get_spec
-from aotc.loader import dispatch, fallback
+from aotc.loader import dispatch, fallback, targets
 
 
 @pytest.mark.parametrize("version, supported", [("3.6.0", True), ("3.6.0+git4f2a", True), ("3.6.1", False),
@@ -62,6 +62,8 @@ def test_no_version_warning_for_the_builder_or_without_artifacts(built_with, fre
 
 def test_a_selection_names_its_artifacts_builder():
     class Target:
+        info = targets.get("sm90")  # the table's row every TargetArtifacts carries
+
         class manifest:
             triton_version = "3.5.1"
 

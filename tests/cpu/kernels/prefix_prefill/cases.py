@@ -52,7 +52,8 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
 
     kv_format "int8"/"int4": a quantized cache with `scales` "token" or "channel" in scale_dtype.
     layout "hnd": head-major caches (and token scales). head_gain [kv_heads]: each kv head's keys
-    and values times its gain (scales then differ by kv head). x: the vllm layout's K group."""
+    and values times its gain, its queries divided by it (scales then differ by kv head, logits
+    do not grow). x: the vllm layout's K group."""
     g = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     tokens = sum(q_lens)
@@ -77,6 +78,9 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
         k_cache, v_cache = k_cache * head_gain[:, None], v_cache * head_gain[:, None]
         k = (k.float() * head_gain[:, None]).to(dtype)
         v = (v.float() * head_gain[:, None]).to(dtype)
+        # Queries of the group divided by its gain: logits stay O(1) (fp16/bf16 attention's error
+        # grows with the logits' size, whatever the cache), while the scales differ by kv head.
+        q = (q.float() / head_gain.repeat_interleave(q_heads // kv_heads)[:, None]).to(dtype)
     else:
         head_gain = torch.ones(kv_heads)
     used = torch.zeros(num_blocks, block_size, dtype=torch.bool)

@@ -8,7 +8,8 @@ odd lengths, fewer tokens); tests/gpu/test_prefix_prefill.py runs them at full s
 Unused slots hold the largest code and (per token) NaN scales; outputs start as NaN.
 Tolerance: cases.TOL (4e-3 fp16, 3e-2 bf16, absolute + relative), every element: the kernel
 multiplies exact codes, so it adds no error beyond the float path's rounding of P (and, per
-channel, of q * k_scale) to the input dtype.
+channel, of q * k_scale) to the input dtype. Where kv heads hold values of different sizes, the
+comparison is in units of each head's size.
 """
 import pytest
 import torch
@@ -81,7 +82,9 @@ def test_review_bug_scales_differ_per_kv_head(fmt, scales):
     case, kw = make_case([40, 70], [9, 20], q_heads=8, kv_heads=4, kv_format=fmt, scales=scales, layout="hnd",
                          head_gain=gain, seed=13)
     got, ref = run(case, kw)
-    assert_matches(got, ref, torch.float16)
+    # Errors scale with each head's values (P is rounded to fp16 before PV): compare in units of its gain.
+    unit = torch.tensor(gain).repeat_interleave(2)[None, :, None]
+    assert_matches(got.float() / unit, ref / unit, torch.float16)
     head_dim = 0 if scales == "channel" else 1  # hnd token scales are [blocks, kv_heads, bs, 1]
     swapped = {n: kw[n].flip(head_dim) for n in ("k_scale", "v_scale")}
     wrong = prefix_prefill_ref(**case, **dict(kw, **swapped))

@@ -18,7 +18,7 @@ from aotc.loader.fallback import jit_function
 def jit_sha(spec_name, axes, args, name):
     spec = get_spec(spec_name)
     fn = jit_function(spec)
-    info = targets.get(name)
+    info = targets.get(name if isinstance(name, str) else f"sm{name}")  # main's callers pass an SM int
     target = GPUTarget(info.backend, info.arch, info.warp_size)
     backend = make_backend(target)
     arch = info.spec_arch()

@@ -72,16 +72,18 @@ def state_variants():
 
 
 def prep_launch(axes, arch: int) -> LaunchConfig:
-    # No loop over loads to pipeline (one chunk a program): 1 stage. 8 warps at 256 channels keep
-    # the twelve [16, 256] fp32 sub-block tiles of q, k, v in registers. Unmeasured.
+    # No loop over loads to pipeline (one chunk a program): 1 stage (72 KiB of shared memory at
+    # K = V = 128 for GDN, 53 KiB for KDA, both targets). 8 warps at 256 channels for the eight
+    # [16, 256] fp32 q/k sub-block tiles. Unmeasured.
     return LaunchConfig(num_warps=8 if int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128 else 4,
                         num_stages=1)
 
 
 def state_launch(axes, arch: int) -> LaunchConfig:
     # 2 stages prefetch the next chunk's W, Qg, Kg (16 KiB each at K = 128, bf16), U and Aqk while
-    # the dots of this one run: 121 KiB, inside sm80's 163 KiB. At 256 channels one stage alone
-    # is 121 KiB, and the [256, 32] fp32 state tile wants 8 warps. Unmeasured.
+    # the dots of this one run. Triton 3.6's binaries at K = V = 128 take 128 KiB of shared memory
+    # on sm90 and 68 KiB on sm80 (inside 227 / 163 KiB); at 256 channels one stage takes 124 KiB,
+    # and the [256, 32] fp32 state tile wants 8 warps. Times unmeasured (no GPU where it was written).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1 if big else 2)
 

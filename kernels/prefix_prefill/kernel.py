@@ -1,9 +1,13 @@
 """Paged prefix-prefill attention: new query tokens attend to a cached context, then causally to themselves.
 
 One program computes BLOCK_M new tokens of one request for one query head: first over the
-context held in the paged cache (fp16/bf16, or fp8 bits with a scale), then over the request's
-own new keys (read from `K`/`V`, not from the cache) with the causal mask. Online softmax in
-base 2, optional attention sinks, optional sliding window, optional fp8 output.
+context held in the paged cache (fp16/bf16, fp8 bits with a scale, or int8/int4 codes with
+per-token or per-channel scales: quant.py), then over the request's own new keys (read from
+`K`/`V`, not from the cache) with the causal mask. Online softmax in base 2, optional attention
+sinks, optional sliding window, optional fp8 output.
+
+head_dim is a runtime value: tiles are BLOCK_D wide (a power of two) and masked on d < head_dim,
+so one binary serves every head size of its bucket (24 and 32; 40..64; 72..128; 136..256).
 
 Ported facts (vLLM `prefix_prefill.py`, `unified_attention.py`): the two cache layouts and the
 flattened q-block schedule. Two upstream bugs are avoided on purpose: V tiles outside the window
@@ -13,18 +17,24 @@ load is masked by the keys the tile actually needs, and probabilities are masked
 Tiles wholly inside the context (or below the diagonal) and inside every row's window skip all
 masks: on an H100 (bf16, d128) that took the kernel from 222 to 263 TF/s.
 
-Caches and the output are passed as byte (uint8) pointers and reinterpreted here by the
-constexpr KV_FORMAT / the runtime out_fp8 flag: Triton refuses the fp8e4nv type on sm80 at
+Caches, their scales and the output are passed as byte (uint8) pointers and reinterpreted here
+by the constexpr KV_FORMAT / the runtime out_fp8 and scale_kind flags: Triton refuses the fp8e4nv type on sm80 at
 all, so fp8 is decoded with integer bit operations, which every target compiles.
 
 Cache strides (in elements of the cache dtype), per layout:
   nhd   K, V [blocks, block_size, kv_heads, D]: addr = blk*s_b + tok*s_t + head*s_h + d
+        (a head-major cache [blocks, kv_heads, block_size, D] is the same path with other strides)
   vllm  K [blocks, kv_heads, D//X, block_size, X]: addr = blk*s_b + head*s_h + (d//X)*s_d + tok*X + d%X
         V [blocks, kv_heads, D, block_size]:      addr = blk*s_b + head*s_h + d*s_d + tok
+        X is runtime (kv_xg = X // 8): vLLM packs X = 8 even for one-byte fp8 caches, and 16 // size
+        elsewhere. Offsets are written from d // 8 and d % 8 so that runs of 8 stay contiguous and
+        8-aligned to the compiler (16-byte vector loads for fp16/bf16, as with a constexpr X).
 Strides a layout does not use are passed as 0.
 """
 import triton
 import triton.language as tl
+
+from .quant import int_context, softmax_step
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # Finite "minus infinity" for the running max: exp2(m_old - m_new) stays 0 or 1, never NaN,
@@ -63,41 +73,32 @@ def _fp32_to_e4m3_bits(x):
 def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED: tl.constexpr):
     """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs
     (MASKED tiles only). k and v are already zero where their keys are masked, so no 0 * NaN."""
-    qk = tl.dot(q, tl.trans(k))
-    if MASKED:
-        s = tl.where(mask, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = softmax_step(tl.dot(q, tl.trans(k)), m_i, l_i, mask, qk_scale, MASKED)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _load_kv(ptrs, row_valid, d_valid, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
+def _load_kv(ptrs, row_valid, d_valid, MASK_ROWS: tl.constexpr):
+    # head_dim is runtime: d is always masked. With head_dim % 16 == 0 (the ALIGNED binary) the
+    # mask is constant over 16 channels, so loads stay 16-byte vectors.
     if MASK_ROWS:
         return tl.load(ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0)
-    elif MASK_D:
-        return tl.load(ptrs, mask=d_valid[None, :], other=0)
     else:
-        return tl.load(ptrs)
+        return tl.load(ptrs, mask=d_valid[None, :], other=0)
 
 
 @triton.jit
 def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row, block_size, kv_head,
                   stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-                  qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  KV_VLLM: tl.constexpr, KV_X: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr):
-    """Keys start..start+BLOCK_N of the context. Unmasked tiles lie wholly inside the context
-    and inside every row's window, so they skip all masks."""
+                  kv_xg, head_dim, qk_scale, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr):
+    """Keys start..start+BLOCK_N of a float or fp8 context. Unmasked tiles lie wholly inside the
+    context and inside every row's window, so they skip all key masks."""
     offs_d = tl.arange(0, BLOCK_D)
     n = start + tl.arange(0, BLOCK_N)
     n_valid = (n < ctx_len) & (n >= key_lo)
-    d_valid = offs_d < HEAD_DIM
+    d_valid = offs_d < head_dim
     # Only the blocks holding keys < ctx_len are read: never past the request's row.
     if MASKED:
         blk = tl.load(bt_row + n // block_size, mask=n_valid, other=0).to(tl.int64)
@@ -105,14 +106,15 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
         blk = tl.load(bt_row + n // block_size).to(tl.int64)
     slot = (n % block_size).to(tl.int64)
     if KV_VLLM:
-        k_off = (blk * stride_kcb + kv_head * stride_kch + slot * KV_X)[:, None] \
-            + ((offs_d // KV_X) * stride_kcd + offs_d % KV_X)[None, :]
+        d_hi = offs_d // 8
+        k_d = (d_hi // kv_xg) * stride_kcd + (d_hi % kv_xg) * 8 + offs_d % 8
+        k_off = (blk * stride_kcb + kv_head * stride_kch + slot * (kv_xg * 8))[:, None] + k_d[None, :]
         v_off = (blk * stride_vcb + kv_head * stride_vch + slot)[:, None] + (offs_d * stride_vcd)[None, :]
     else:
         k_off = (blk * stride_kcb + slot * stride_kct + kv_head * stride_kch)[:, None] + offs_d[None, :]
         v_off = (blk * stride_vcb + slot * stride_vct + kv_head * stride_vch)[:, None] + offs_d[None, :]
-    k = _load_kv(Kc + k_off, n_valid, d_valid, MASKED, HEAD_DIM != BLOCK_D)
-    v = _load_kv(Vc + v_off, n_valid, d_valid, MASKED, HEAD_DIM != BLOCK_D)
+    k = _load_kv(Kc + k_off, n_valid, d_valid, MASKED)
+    v = _load_kv(Vc + v_off, n_valid, d_valid, MASKED)
     if KV_FORMAT != 0:
         k = _fp8_bits_to_half(k, KV_FORMAT).to(q.dtype)
         v = _fp8_bits_to_half(v, KV_FORMAT).to(q.dtype)
@@ -122,26 +124,50 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
 
 @triton.jit
 def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-              stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+              stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
     the diagonal and inside every row's window."""
     offs_d = tl.arange(0, BLOCK_D)
     n = start + tl.arange(0, BLOCK_N)
     n_valid = (n < new_hi) & (n >= new_lo)
-    d_valid = offs_d < HEAD_DIM
+    d_valid = offs_d < head_dim
     kv_rows = (q_start + n).to(tl.int64)
     k = _load_kv(K + (kv_rows * stride_kt + kv_head * stride_kh)[:, None] + offs_d[None, :], n_valid, d_valid,
-                 MASKED, HEAD_DIM != BLOCK_D)
+                 MASKED)
     v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
-                 MASKED, HEAD_DIM != BLOCK_D)
+                 MASKED)
     mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED)
 
 
+@triton.jit
+def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi, Kc, Vc, bt_row,
+                   block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct,
+                   stride_vch, stride_vcd, kv_xg, head_dim, qk_scale, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr):
+    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True)
+    for start in range(inner_lo, inner_hi, BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, False)
+    for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
+                                      stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
+                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True)
+    return acc, m_i, l_i
+
+
 @triton.jit(
     do_not_specialize=["batch", "num_queries_per_kv", "block_size", "stride_bt", "window",
-                       "has_sinks", "out_fp8", "skip_decode"],
+                       "has_sinks", "out_fp8", "skip_decode", "kv_xg", "scale_kind",
+                       "stride_ksb", "stride_kst", "stride_ksh"],
     do_not_specialize_on_alignment=["Block_table", "Query_start_loc", "Seq_lens", "K_scale",
                                     "V_scale", "Out_scale", "Sinks"],
 )
@@ -149,11 +175,11 @@ def prefix_prefill_kernel(
     Q, K, V, K_cache, V_cache, Out,
     Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
     sm_scale, batch, num_queries_per_kv, block_size, stride_bt, window, has_sinks, out_fp8,
-    skip_decode,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    skip_decode, kv_xg, scale_kind, stride_ksb, stride_kst, stride_ksh,
+    head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_VLLM: tl.constexpr, KV_X: tl.constexpr, KV_FORMAT: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
@@ -185,32 +211,19 @@ def prefix_prefill_kernel(
     offs_m = qblk * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the request
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < q_len
-    d_valid = offs_d < HEAD_DIM
+    d_valid = offs_d < head_dim
     rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(Q + rows[:, None] * stride_qt + head.to(tl.int64) * stride_qh + offs_d[None, :],
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    q_row = Q + rows * stride_qt + head.to(tl.int64) * stride_qh
+    q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
 
     # Sinks join the normalizer only: start the running max/sum at the sink's logit.
     sink = tl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
     m_i = tl.zeros([BLOCK_M], tl.float32) + tl.maximum(sink, NEG_BIG)
     l_i = tl.zeros([BLOCK_M], tl.float32) + tl.exp2(sink - tl.maximum(sink, NEG_BIG))
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     qk_scale = sm_scale * LOG2E
     # Lowest absolute key position any row of this tile may see: tiles below it are skipped.
     key_lo = tl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
-
-    # ---- context from the paged cache ----
-    if KV_FORMAT == 0:
-        Kc = K_cache.to(tl.pointer_type(DTYPE), bitcast=True)
-        Vc = V_cache.to(tl.pointer_type(DTYPE), bitcast=True)
-        ctx_qk_scale = qk_scale
-    else:
-        Kc = K_cache
-        Vc = V_cache
-        # e4m3 decodes as value * 2^-8 (see _fp8_bits_to_half): put the 2^8 back in the scales.
-        fp8_unit = 256.0 if KV_FORMAT == 1 else 1.0
-        ctx_qk_scale = qk_scale * tl.load(K_scale) * fp8_unit
     bt_row = Block_table + req.to(tl.int64) * stride_bt
     q_pos = ctx_len + offs_m  # absolute positions of this tile's queries
     last_row = tl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
@@ -219,24 +232,33 @@ def prefix_prefill_kernel(
     first = key_lo // BLOCK_N * BLOCK_N
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
-    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
-        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
-                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
-                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
-                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, True)
-    for start in range(inner_lo, inner_hi, BLOCK_N):
-        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
-                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
-                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
-                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, False)
-    for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
-        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
-                                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
-                                      stride_vcb, stride_vct, stride_vch, stride_vcd, ctx_qk_scale, HEAD_DIM,
-                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_X, KV_FORMAT, True)
-    if KV_FORMAT != 0:
-        # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
-        acc = acc * (tl.load(V_scale) * fp8_unit)
+
+    # ---- context from the paged cache ----
+    if KV_FORMAT >= 3:  # int8 / int4 codes, scales fused on the tiles (quant.py)
+        acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first,
+                                    inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head, stride_kcb,
+                                    stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, K_scale, V_scale,
+                                    stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale, BLOCK_M, BLOCK_D,
+                                    BLOCK_N, KV_FORMAT, SCALES)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        if KV_FORMAT == 0:
+            Kc = K_cache.to(tl.pointer_type(DTYPE), bitcast=True)
+            Vc = V_cache.to(tl.pointer_type(DTYPE), bitcast=True)
+            ctx_qk_scale = qk_scale
+        else:
+            Kc = K_cache
+            Vc = V_cache
+            # e4m3 decodes as value * 2^-8 (see _fp8_bits_to_half): put the 2^8 back in the scales.
+            fp8_unit = 256.0 if KV_FORMAT == 1 else 1.0
+            ctx_qk_scale = qk_scale * tl.load(K_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit
+        acc, m_i, l_i = _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
+                                       Kc, Vc, bt_row, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
+                                       stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,
+                                       ctx_qk_scale, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT)
+        if KV_FORMAT != 0:
+            # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
+            acc = acc * (tl.load(V_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit)
 
     # ---- the request's own new tokens, causal ----
     new_lo = tl.maximum(qblk * BLOCK_M - win + 1, 0)
@@ -246,18 +268,19 @@ def prefix_prefill_kernel(
     inner_hi = qblk * BLOCK_M  # keys below the tile's first row: no causal mask (BLOCK_N divides BLOCK_M)
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
                                   True)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
                                   False)
     for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
                                   True)
 
-    # A row that saw no key and no sink has l == 0: write zeros, not NaN.
+    # A row that saw no key and no sink has l == 0: write zeros, not NaN. (Through the op every
+    # row sees at least its own key: a window w >= 1 holds distance 0.)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_off = rows[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
     o_mask = m_valid[:, None] & d_valid[None, :]

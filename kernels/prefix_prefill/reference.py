@@ -3,13 +3,16 @@
 Request b has ctx = seq_lens[b] - q_len context tokens in the paged cache (pages listed in
 block_table[b]) and q_len new tokens in q/k/v rows query_start_loc[b]:query_start_loc[b+1].
 New token i sits at absolute position ctx + i; it sees key position j when j <= ctx + i and,
-with a window w > 0, when (ctx + i) - j < w.
+with a window w > 0, when (ctx + i) - j < w. Quantized caches (fp8, int8, int4) are dequantized
+to float32 first (decode's reference formats), then attended.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from aotc.kernels.decode.reference import unpack_int4
 
 FP8_E4M3_MAX = 448.0
 
@@ -32,10 +35,40 @@ def block_size_of(k_cache: torch.Tensor, layout: str) -> int:
     return k_cache.shape[1] if layout == "nhd" else k_cache.shape[3]
 
 
+def dequantize_int_cache(cache: torch.Tensor, fmt: str, scale: torch.Tensor) -> torch.Tensor:
+    """float32 values of an int8/int4 nhd cache [blocks, block_size, heads, Dc]: codes * scale, with
+    scale [blocks, block_size, heads, 1] (one a token and head) or [heads, D] (one a channel)."""
+    codes = unpack_int4(cache) if fmt == "int4" else cache.to(torch.int16)
+    return codes.float() * scale.float()  # [.., 1] and [heads, D] both broadcast
+
+
+def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_dim):
+    """(k_cache, v_cache, layout, k_scale, v_scale) with hnd made nhd, fp8 bytes viewed as fp8 and
+    int8/int4 made float32 (their scales then None)."""
+    if kv_layout == "hnd":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        if k_scale is not None and k_scale.dim() == 4:
+            k_scale, v_scale = k_scale.transpose(1, 2), v_scale.transpose(1, 2)
+        kv_layout = "nhd"
+    fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+    if kv_format in fp8 and k_cache.dtype in (torch.uint8, torch.int8):
+        k_cache, v_cache = k_cache.view(fp8[kv_format]), v_cache.view(fp8[kv_format])
+    if kv_format == "auto" and k_cache.dtype in (torch.int8, torch.uint8):
+        kv_format = "int4" if k_cache.dtype == torch.uint8 or 2 * k_cache.shape[-1] == head_dim else "int8"
+    if kv_format in ("int8", "int4"):
+        k_cache = dequantize_int_cache(k_cache, kv_format, k_scale)
+        v_cache = dequantize_int_cache(v_cache, kv_format, v_scale)
+        k_scale = v_scale = None
+    return k_cache, v_cache, kv_layout, k_scale, v_scale
+
+
 def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *,
-                       kv_layout="nhd", k_scale=None, v_scale=None, sm_scale=None, window=None,
+                       kv_layout="nhd", kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None,
                        sinks=None) -> torch.Tensor:
-    """float32 [num_tokens, q_heads, D]; rows that belong to no request are 0."""
+    """float32 [num_tokens, q_heads, D]; rows that belong to no request are 0. kv_format "auto"
+    infers the format as the op does (an int8 cache of last dim D / 2, or uint8, is int4)."""
+    k_cache, v_cache, kv_layout, k_scale, v_scale = _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale,
+                                                                 v_scale, q.shape[-1])
     num_tokens, q_heads, head_dim = q.shape
     kv_heads = k.shape[1]
     group = q_heads // kv_heads

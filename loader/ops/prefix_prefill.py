@@ -12,6 +12,16 @@ from .overlap import check_disjoint
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+_FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+_FORMATS = {  # kv_format -> the cache dtypes that may hold it (fp8 also as its raw bytes, as vLLM stores it)
+    "fp16": (torch.float16,), "bf16": (torch.bfloat16,),
+    "fp8_e4m3": (torch.float8_e4m3fn, torch.uint8, torch.int8),
+    "fp8_e5m2": (torch.float8_e5m2, torch.uint8, torch.int8),
+    "int8": (torch.int8,), "int4": (torch.int8, torch.uint8),
+}
+_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8)
+_SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the kernel's scale_kind
+_LAYOUTS = ("nhd", "hnd", "vllm")
 _I32_MAX = 2 ** 31 - 1
 _dummies: dict[torch.device, torch.Tensor] = {}
 
@@ -22,6 +32,13 @@ def _dummy_f32(device: torch.device) -> torch.Tensor:
     if t is None:
         t = _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
     return t
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 tensor starting at t's first element (scales may be 0-D or strided: .view cannot)."""
+    st = t.untyped_storage()
+    off = t.storage_offset() * t.element_size()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, off, (st.nbytes() - off,))
 
 
 def _need(cond: bool, name: str, expected: str, got) -> None:
@@ -46,50 +63,149 @@ def _scalar_f32(name, t, device):
     _need(t.numel() == 1, name, "a one-element float32 tensor", f"{t.numel()} elements")
 
 
-def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, k_scale,
-              v_scale, sm_scale, window, sinks, out_scale, out):
+class _Cache:
+    """What the checks found out about the cache: format, scales, layout family, block size,
+    and the kernel's cache strides (elements, or int16 words for int8/int4) and scale strides."""
+
+    __slots__ = ("fmt", "scales", "vllm", "bs", "x", "kc", "vc", "sc")
+
+    def __init__(self, fmt, scales, vllm, bs, x, kc, vc, sc):
+        self.fmt, self.scales, self.vllm, self.bs, self.x, self.kc, self.vc, self.sc = \
+            fmt, scales, vllm, bs, x, kc, vc, sc
+
+
+def _format(kv_format, k_cache, q, head_dim, kv_layout) -> str:
+    if kv_format != "auto":
+        if kv_format not in _FORMATS:
+            raise ValueError(f"prefix_prefill: kv_format must be 'auto' or one of {tuple(_FORMATS)}, got {kv_format!r}")
+        storage = (q.dtype,) if kv_format in ("fp16", "bf16") else _FORMATS[kv_format]
+        if kv_format in ("fp16", "bf16"):
+            _need(_DTYPES[q.dtype] == kv_format, "kv_format", f"q's dtype ({_DTYPES[q.dtype]}) for a float cache",
+                  kv_format)
+        if k_cache.dtype not in storage:
+            raise TypeError(f"prefix_prefill: k_cache must have dtype in {[str(d) for d in storage]} for a "
+                            f"{kv_format} cache, got {k_cache.dtype}")
+        return "same" if kv_format in ("fp16", "bf16") else kv_format
+    if k_cache.dtype == q.dtype:
+        return "same"
+    if k_cache.dtype in _FP8:
+        return _FP8[k_cache.dtype]
+    if k_cache.dtype in (torch.int8, torch.uint8) and kv_layout != "vllm":
+        if k_cache.dtype == torch.uint8 or k_cache.shape[-1] * 2 == head_dim:
+            return "int4"
+        return "int8"
+    raise TypeError(f"prefix_prefill: k_cache must have dtype in {[str(d) for d in (q.dtype, *_FP8)]}, or int8/"
+                    f"uint8 for an int8/int4 cache (nhd/hnd layouts), got {k_cache.dtype}; fp8 stored as "
+                    f"bytes needs kv_format='fp8_e4m3' or 'fp8_e5m2'")
+
+
+def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale) -> _Cache:
+    dev = q.device
+    if kv_layout not in _LAYOUTS:
+        raise ValueError(f"prefix_prefill: kv_layout must be one of {_LAYOUTS}, got {kv_layout!r}")
+    _tensor("k_cache", k_cache, _CACHE_DTYPES, 5 if kv_layout == "vllm" else 4, dev)
+    fmt = _format(kv_format, k_cache, q, head_dim, kv_layout)
+    _tensor("v_cache", v_cache, (k_cache.dtype,), 4, dev)
+    nb = k_cache.shape[0]
+    if kv_layout == "vllm":
+        _need(fmt not in _spec.INT_FORMATS, "kv_layout", "'nhd' or 'hnd' for an int8/int4 cache", kv_layout)
+        x = k_cache.shape[4]
+        bs = k_cache.shape[3]
+        _need(x > 0 and x % 8 == 0 and k_cache.shape[2] * x == head_dim, "k_cache",
+              f"[num_blocks, {kv_heads}, {head_dim} // x, block_size, x] with x a multiple of 8 dividing "
+              f"{head_dim} (vllm layout)", tuple(k_cache.shape))
+        _need(k_cache.shape[1] == kv_heads, "k_cache", f"[num_blocks, {kv_heads}, D // x, block_size, x] "
+              "(vllm layout)", tuple(k_cache.shape))
+        _need(k_cache.stride(3) == x, "k_cache", f"contiguous in its last two dims (stride {x} for dim 3)",
+              f"strides {k_cache.stride()}")
+        _need(tuple(v_cache.shape) == (nb, kv_heads, head_dim, bs), "v_cache",
+              f"[{nb}, {kv_heads}, {head_dim}, {bs}] (vllm layout)", tuple(v_cache.shape))
+        # K token stride is x and V token stride 1: implied, passed as 0.
+        kc = (k_cache.stride(0), 0, k_cache.stride(1), k_cache.stride(2))
+        vc = (v_cache.stride(0), 0, v_cache.stride(1), v_cache.stride(2))
+    else:
+        x = 0
+        hnd = kv_layout == "hnd"
+        bs = k_cache.shape[2 if hnd else 1]
+        last = head_dim // 2 if fmt == "int4" else head_dim
+        want = (nb, kv_heads, bs, last) if hnd else (nb, bs, kv_heads, last)
+        spelled = f"[num_blocks, {kv_heads}, block_size, {last}]" if hnd else \
+            f"[num_blocks, block_size, {kv_heads}, {last}]"
+        _need(tuple(k_cache.shape) == want, "k_cache", f"{spelled} ({kv_layout} layout, {fmt} cache)",
+              tuple(k_cache.shape))
+        _need(tuple(v_cache.shape) == want, "v_cache", f"shaped like k_cache {want}", tuple(v_cache.shape))
+        order = (0, 2, 1) if hnd else (0, 1, 2)  # block, token, head
+        kc = tuple(k_cache.stride(i) for i in order) + (0,)
+        vc = tuple(v_cache.stride(i) for i in order) + (0,)
+        if fmt in _spec.INT_FORMATS:
+            # Read as int16 words (two int8 channels, four int4): even byte strides and addresses.
+            for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+                _need(all(st % 2 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1), f"{name}'s strides",
+                      f"even (an {fmt} cache is read two bytes at a time)", t.stride())
+            kc = tuple(st // 2 for st in kc)
+            vc = tuple(st // 2 for st in vc)
+    _need(bs > 0, "the cache block size", "positive", bs)
+    scales, sc = "none", (0, 0, 0)
+    if fmt in _spec.INT_FORMATS:
+        scales, sc = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
+    else:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if fmt in _FP8_FORMATS:
+                if s is None:
+                    raise ValueError(f"prefix_prefill: {name} is required for an fp8 cache ({k_cache.dtype})")
+                _scalar_f32(name, s, dev)
+            elif s is not None:
+                raise ValueError(f"prefix_prefill: {name} applies to fp8, int8 and int4 caches only; the cache is "
+                                 f"{k_cache.dtype}")
+    return _Cache(fmt, scales, kv_layout == "vllm", bs, x, kc, vc, sc)
+
+
+def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev):
+    """("token" | "channel", (block, token, head) strides of the scales)."""
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(f"prefix_prefill: {name} is required for an int8/int4 cache")
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"prefix_prefill: {name} must be a torch.Tensor, got {type(s).__name__}")
+        if s.dtype not in _SCALE_KINDS:
+            raise TypeError(f"prefix_prefill: {name} must have dtype in {[str(d) for d in _SCALE_KINDS]}, "
+                            f"got {s.dtype}")
+        _need(s.device == dev, name, f"on {dev} (like q)", s.device)
+    _need(v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride() and v_scale.dtype == k_scale.dtype,
+          "v_scale", f"k_scale's shape, strides and dtype {tuple(k_scale.shape)}, {k_scale.stride()}, {k_scale.dtype}",
+          f"{tuple(v_scale.shape)}, {v_scale.stride()}, {v_scale.dtype}")
+    if k_scale.dim() == 2:
+        _need(tuple(k_scale.shape) == (kv_heads, head_dim), "k_scale", f"[kv_heads, head_dim] = [{kv_heads}, "
+              f"{head_dim}] (per channel) or the cache's shape with last dim 1 (per token)", tuple(k_scale.shape))
+        _need(k_scale.stride(1) == 1, "k_scale", "contiguous in its last dim", f"strides {k_scale.stride()}")
+        return "channel", (0, 0, k_scale.stride(0))
+    _need(k_scale.dim() == 4 and k_scale.shape[:-1] == k_cache.shape[:-1], "k_scale",
+          f"the cache's shape {tuple(k_cache.shape[:-1])} plus a last dim of 1 (one scale a token and head), or "
+          f"[{kv_heads}, {head_dim}] (per channel)", tuple(k_scale.shape))
+    if k_scale.shape[-1] != 1:
+        raise NotImplementedError(f"prefix_prefill: per-group int8/int4 scales with group < head_dim (k_scale's "
+                                  f"last dim {k_scale.shape[-1]}) are not supported; one scale a token and head "
+                                  f"(last dim 1) or per-channel [kv_heads, head_dim] scales are")
+    order = (0, 2, 1) if kv_layout == "hnd" else (0, 1, 2)
+    return "token", tuple(k_scale.stride(i) for i in order)
+
+
+def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
+              v_scale, sm_scale, window, sinks, out_scale, out) -> _Cache:
     _tensor("q", q, tuple(_DTYPES), 3)
     dev = q.device
     _tensor("k", k, (q.dtype,), 3, dev)
     _tensor("v", v, (q.dtype,), 3, dev)
     tokens, q_heads, head_dim = q.shape
-    _need(head_dim in _spec.HEAD_DIMS, "q.shape[2] (head_dim)", f"one of {_spec.HEAD_DIMS}", head_dim)
+    _need(head_dim % 8 == 0 and 8 <= head_dim <= _spec.MAX_HEAD_DIM, "q.shape[2] (head_dim)",
+          f"a multiple of 8 in [8, {_spec.MAX_HEAD_DIM}]", head_dim)
     _need(k.shape[0] == tokens and k.shape[2] == head_dim, "k", f"[{tokens}, kv_heads, {head_dim}]",
           tuple(k.shape))
     _need(v.shape == k.shape, "v", f"shaped like k {tuple(k.shape)}", tuple(v.shape))
     kv_heads = k.shape[1]
     _need(kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)", f"a divisor of q_heads={q_heads}",
           kv_heads)
-    if kv_layout not in _spec.LAYOUTS:
-        raise ValueError(f"prefix_prefill: kv_layout must be one of {_spec.LAYOUTS}, got {kv_layout!r}")
-    cache_dtypes = (q.dtype,) + tuple(_FP8)
-    _tensor("k_cache", k_cache, cache_dtypes, 4 if kv_layout == "nhd" else 5, dev)
-    _tensor("v_cache", v_cache, (k_cache.dtype,), 4, dev)
-    nb = k_cache.shape[0]
-    if kv_layout == "nhd":
-        bs = k_cache.shape[1]
-        want = (nb, bs, kv_heads, head_dim)
-        _need(tuple(k_cache.shape) == want, "k_cache", f"[num_blocks, block_size, {kv_heads}, {head_dim}]",
-              tuple(k_cache.shape))
-        _need(tuple(v_cache.shape) == want, "v_cache", f"shaped like k_cache {want}", tuple(v_cache.shape))
-    else:
-        x = 16 // k_cache.element_size()
-        bs = k_cache.shape[3]
-        _need(tuple(k_cache.shape) == (nb, kv_heads, head_dim // x, bs, x), "k_cache",
-              f"[num_blocks, {kv_heads}, {head_dim // x}, block_size, {x}] (vllm layout)", tuple(k_cache.shape))
-        _need(k_cache.stride(3) == x, "k_cache", f"contiguous in its last two dims (stride {x} for dim 3)",
-              f"strides {k_cache.stride()}")
-        _need(tuple(v_cache.shape) == (nb, kv_heads, head_dim, bs), "v_cache",
-              f"[{nb}, {kv_heads}, {head_dim}, {bs}] (vllm layout)", tuple(v_cache.shape))
-    _need(bs > 0, "the cache block size", "positive", bs)
-    fp8 = k_cache.dtype in _FP8
-    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if fp8:
-            if s is None:
-                raise ValueError(f"prefix_prefill: {name} is required for an fp8 cache ({k_cache.dtype})")
-            _scalar_f32(name, s, dev)
-        elif s is not None:
-            raise ValueError(f"prefix_prefill: {name} applies to fp8 caches only; the cache is {k_cache.dtype}")
+    cache = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale)
     _tensor("block_table", block_table, (torch.int32,), 2, dev)
     batch = block_table.shape[0]
     _tensor("query_start_loc", query_start_loc, (torch.int32,), 1, dev)
@@ -120,6 +236,7 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
         if t is not None:
             _need(all(0 <= s <= _I32_MAX for s in t.stride()), f"{name}'s strides", "in [0, 2**31)", t.stride())
     _need(tokens < _I32_MAX // 2, "q.shape[0]", "below 2**30 tokens", tokens)
+    return cache
 
 
 def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
@@ -150,80 +267,93 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
               (int(row.min()), int(row.max())))
 
 
-def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
-                v_scale, sm_scale, window, sinks, out_scale, skip_decode):
+def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
+                k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode):
     """(axes, grid, args) of the kernel launch for validated arguments (the bench reuses it)."""
     tokens, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
     batch = block_table.shape[0]
-    fp8 = k_cache.dtype in _FP8
-    bs = k_cache.shape[1] if kv_layout == "nhd" else k_cache.shape[3]
-    axes = _spec.axes_for(_DTYPES[q.dtype], _FP8.get(k_cache.dtype, "same"), head_dim, kv_layout)
-    block_m = _spec.tile(head_dim)[0]
+    c = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale)
+    axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd")
+    block_m = _spec.tile(axes["block_d"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py).
     grid = (tokens // block_m + batch, q_heads, 1)
     dummy = _dummy_f32(q.device)
-    if kv_layout == "nhd":
-        kc = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 0)
-        vc = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), 0)
-    else:  # K token stride is X and V token stride 1: implied, passed as 0
-        kc = (k_cache.stride(0), 0, k_cache.stride(1), k_cache.stride(2))
-        vc = (v_cache.stride(0), 0, v_cache.stride(1), v_cache.stride(2))
+    quant = c.fmt != "same"
     args = (
         q, k, v, k_cache.view(torch.uint8), v_cache.view(torch.uint8), out.view(torch.uint8),
         block_table, query_start_loc, seq_lens,
-        k_scale if fp8 else dummy, v_scale if fp8 else dummy,
+        _as_bytes(k_scale if quant else dummy), _as_bytes(v_scale if quant else dummy),
         out_scale if out_scale is not None else dummy, sinks if sinks is not None else dummy,
-        float(sm_scale), batch, q_heads // k.shape[1], bs, block_table.stride(0), int(window or 0),
-        int(sinks is not None), int(out_scale is not None), int(skip_decode),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        *kc, *vc,
+        float(sm_scale), batch, q_heads // kv_heads, c.bs, block_table.stride(0), int(window or 0),
+        int(sinks is not None), int(out_scale is not None), int(skip_decode), c.x // 8,
+        _SCALE_KINDS[k_scale.dtype] if c.scales != "none" else 0, *c.sc,
+        head_dim, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+        out.stride(1), *c.kc, *c.vc,
     )
     return axes, grid, args
 
 
-def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
-                       v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
+def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
+                       k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
     from aotc.loader.dispatch import run_kernel
 
+    axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
+                                   kv_layout, kv_format, k_scale, v_scale, sm_scale, window, sinks, out_scale,
+                                   skip_decode)
+    if axes["kv"] in _spec.INT_FORMATS and (k_cache.data_ptr() | v_cache.data_ptr()) & 1:
+        name = "k_cache" if k_cache.data_ptr() & 1 else "v_cache"
+        raise ValueError(f"prefix_prefill: {name} must start at an even address (an {axes['kv']} cache is read two "
+                         f"bytes at a time); it is a view at an odd byte offset")
     if validate:
-        bs = k_cache.shape[1] if kv_layout == "nhd" else k_cache.shape[3]
+        bs = args[16]  # block_size
         _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs)
     if block_table.shape[0] == 0 or q.shape[1] == 0:
         return
-    axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
-                                   kv_layout, k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode)
     run_kernel(_spec.PREFIX_PREFILL, axes, grid, args)
 
 
-def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, k_scale,
-                         v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
+def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
+                         k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
     return None  # the public function validated every argument before calling the op
 
 
 library.define("prefix_prefill(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-               "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, Tensor? k_scale, "
-               "Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, bool skip_decode, "
-               "bool validate) -> ()", _prefix_prefill_op, _prefix_prefill_fake)
+               "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
+               "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
+               "bool skip_decode, bool validate) -> ()", _prefix_prefill_op, _prefix_prefill_fake)
 
 
 def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout="nhd",
-                   k_scale=None, v_scale=None, sm_scale=None, window=None, sinks=None, out_scale=None,
+                   kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None, sinks=None, out_scale=None,
                    skip_decode=False, out=None, validate=None) -> torch.Tensor:
     """Attention of new tokens over a paged context plus, causally, themselves.
 
     Shapes (T new tokens over all requests, B requests, D = head_dim):
       q `[T, q_heads, D]`; k, v `[T, kv_heads, D]`: the new tokens (not read from the cache);
         fp16 or bf16, last dim contiguous; q_heads a multiple of kv_heads.
-      k_cache, v_cache: kv_layout "nhd": `[num_blocks, block_size, kv_heads, D]` each;
-        "vllm": K `[num_blocks, kv_heads, D // x, block_size, x]`, V `[num_blocks, kv_heads, D, block_size]`,
-        x = 16 // element size. dtype q's, or float8_e4m3fn / float8_e5m2 with `k_scale`, `v_scale`
-        (one-element float32 tensors; value = fp8 * scale). Any block size.
+      k_cache, v_cache: kv_layout "nhd": `[num_blocks, block_size, kv_heads, Dc]` each; "hnd":
+        `[num_blocks, kv_heads, block_size, Dc]` (Iluvatar's); "vllm": K `[num_blocks, kv_heads, D // x,
+        block_size, x]`, V `[num_blocks, kv_heads, D, block_size]`, x read from K's shape (a multiple of
+        8: vLLM uses 16 // element size, and 8 for fp8 stored as uint8). Any block size.
+        Formats (kv_format, "auto" infers it from the dtype and Dc):
+          fp16/bf16: q's dtype, Dc = D.
+          fp8_e4m3/fp8_e5m2: float8 dtypes (or their bytes as uint8/int8 with an explicit kv_format),
+            Dc = D, `k_scale`/`v_scale` one-element float32 tensors; value = fp8 * scale.
+          int8 (int8, Dc = D) and int4 (int8 with Dc = D / 2, or uint8; channel 2i in a byte's low
+            nibble, 2i+1 in its high, each stored as code + 7), nhd/hnd layouts only, the formats
+            `decode` reads and `store_kv` writes; value = code * scale with k_scale/v_scale (same
+            shape, strides and dtype; float32, float16 or bfloat16) either one per token and head,
+            the cache's shape with last dim 1, or per channel `[kv_heads, D]`. Caches are read two
+            bytes at a time: even strides and an even start address. Per-group scales with a group
+            smaller than D raise NotImplementedError. Dequantization happens on the tiles inside
+            the attention loop: nothing is allocated.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position
         seq_lens[b] - q_len + i and sees the context and new tokens <= i.
-      D in (64, 80, 96, 128, 256).
+      D a multiple of 8 in [8, 256] (tiles are padded to 32, 64, 128 or 256 channels).
     Options: sm_scale (default 1/sqrt(D)); window: keys at distance < window only (None or 0: all);
       sinks `[q_heads]` float32 logits joined to each row's softmax normalizer; out_scale: a
       one-element float32 tensor, and the output is float8_e4m3fn = clamp(out / out_scale, +-448);
@@ -240,8 +370,8 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     not checked: NaN in, NaN out (a non-finite q row, or k/v row it attends to, gives that row
     non-finite values; other rows are unaffected).
     """
-    _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, k_scale,
-                       v_scale, sm_scale, window, sinks, out_scale, out)
+    _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
+              v_scale, sm_scale, window, sinks, out_scale, out)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,
                           device=q.device)
@@ -252,6 +382,6 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     # Through the dispatcher (fake tensors get the Meta implementation); a prefill kernel runs for
     # milliseconds, so its few microseconds do not matter here as they do for decode.
     torch.ops.aotc.prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
-                                  k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode),
-                                  bool(validate))
+                                  kv_format, k_scale, v_scale, sm, int(window or 0), sinks, out_scale,
+                                  bool(skip_decode), bool(validate))
     return out

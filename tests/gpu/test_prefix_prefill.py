@@ -3,6 +3,8 @@ float32 reference: the CPU suite's cases at larger sizes, plus the fp8 encoder b
 
 Same poisoning as the CPU tests (cases.py): NaN in unused pages and slots, NaN outputs.
 """
+import os
+
 import pytest
 import torch
 import triton
@@ -121,6 +123,12 @@ for layout, cdt, window in [("nhd", None, None), ("vllm", None, 20), ("nhd", tor
     case, kw = make_case([16, 0, 47, 64, 240], [5, 9, 1, 30, 3], layout=layout, cache_dtype=cdt, device="cuda")
     prefix_prefill(**case, **kw, window=window, out_scale=torch.tensor([0.01], device="cuda"))
     torch.cuda.synchronize()
+for extra, window in [(dict(kv_format="int8", scales="token", layout="nhd"), None),
+                      (dict(kv_format="int4", scales="channel", layout="hnd"), 20),
+                      (dict(layout="vllm", head_dim=40, cache_dtype=torch.float8_e5m2, x=8), None)]:
+    case, kw = make_case([16, 0, 47, 64, 240], [5, 9, 1, 30, 3], device="cuda", **extra)
+    prefix_prefill(**case, **kw, window=window)
+    torch.cuda.synchronize()
 """
 
 
@@ -140,3 +148,119 @@ def test_no_out_of_bounds_access_under_memcheck():
                          cwd=root, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "ERROR SUMMARY: 0 errors" in res.stdout
+
+
+# ---- issue 20: int8 / int4 caches (dequantization fused on the tiles) ----
+
+INT_FORMATS = [("int8", "token", "nhd"), ("int4", "token", "nhd"), ("int8", "channel", "hnd"),
+               ("int4", "channel", "hnd"), ("int8", "token", "hnd")]
+# The issue's configurations at full size: (head_dim, block_size, q_heads, kv_heads, contexts, new tokens).
+INT_CONFIGS = [
+    (128, 32, 16, 4, [0, 2048], [1024, 1024]),
+    (96, 32, 16, 4, [2048, 0], [1024, 1024]),
+    (64, 16, 16, 4, [2048, 333], [1024, 257]),
+    (192, 256, 16, 4, [2049, 513], [777, 1025]),
+    (80, 64, 16, 4, [3073, 0], [257, 333]),
+    (128, 32, 24, 6, [0, 2048], [1024, 1024]),
+    (128, 1024, 16, 1, [2049, 3073], [513, 1]),     # block 1024, GQA 16
+    (128, 1000, 16, 16, [1025, 777], [333, 257]),   # a block size that is not a power of two, no GQA
+]
+
+
+@pytest.mark.parametrize("fmt,scales,layout", INT_FORMATS)
+@pytest.mark.parametrize("head_dim,block_size,q_heads,kv_heads,ctx,new", INT_CONFIGS)
+def test_int_cache_issue_configurations(fmt, scales, layout, head_dim, block_size, q_heads, kv_heads, ctx, new):
+    case, kw = make_case(ctx, new, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                         dtype=torch.bfloat16, kv_format=fmt, scales=scales, layout=layout, device=DEV,
+                         seed=head_dim + block_size)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt,scales,layout", INT_FORMATS)
+def test_int_cache_review_bugs(fmt, scales, layout):
+    # Scales of different values per kv head, contexts ending inside a page, window 1 (no cached
+    # key inside any row's window: each row is its own v), sinks; fp16 scales.
+    gain = [0.1, 3.0, 1.0, 20.0]
+    case, kw = make_case([48 * 7 + 5, 48 * 20 - 1, 1], [300, 129, 64], q_heads=16, kv_heads=4, head_dim=128,
+                         block_size=48, kv_format=fmt, scales=scales, layout=layout, head_gain=gain,
+                         scale_dtype=torch.float16, device=DEV, seed=3)
+    sinks = torch.randn(16, device=DEV) * 2
+    unit = torch.tensor(gain, device=DEV).repeat_interleave(4)[None, :, None]  # errors scale with each head's values
+    for extra in ({}, {"window": 1}, {"window": 100, "sinks": sinks}):
+        got, ref = run(case, kw, **extra)
+        assert_matches(got.float() / unit, ref / unit, torch.float16)
+    got, _ = run(case, kw, window=1)
+    assert_matches(got.float() / unit, case["v"].float().repeat_interleave(4, dim=1) / unit, torch.float16)
+
+
+@pytest.mark.parametrize("head_dim", [24, 40, 72, 112, 192])
+@pytest.mark.parametrize("layout,cache_dtype,x", [("vllm", None, None), ("vllm", torch.float8_e4m3fn, 8),
+                                                  ("nhd", None, None)])
+def test_padded_head_sizes_and_vllm_x(head_dim, layout, cache_dtype, x):
+    # Issue 21 item 4: any multiple of 8 up to 256, and vLLM's x = 8 for one-byte fp8 caches.
+    case, kw = make_case([0, 33, 700], [70, 1, 200], q_heads=8, kv_heads=2, head_dim=head_dim, block_size=16,
+                         layout=layout, cache_dtype=cache_dtype, x=x, device=DEV, seed=head_dim)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+
+
+def _built_prefix_prefill_variants():
+    from aotc.loader import artifacts
+
+    tgt = artifacts.load_target(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    if tgt is None:
+        return []
+    return sorted({e.key.rsplit("@", 1)[0] for e in tgt.manifest.entries if e.kernel == "prefix_prefill"})
+
+
+def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
+    import hashlib
+    import warnings
+
+    from aotc import loader
+    from aotc.kernels.prefix_prefill import spec
+    from aotc.kernels.variants import ALIGNED
+    from aotc.loader import artifacts
+    from aotc.loader.fallback import AotcJitFallbackWarning, jit_function
+
+    variants = _built_prefix_prefill_variants()
+    assert variants, "no prefix_prefill artifacts: run aotc build --arch sm90 first"
+    if os.environ.get("AOTC_PP_PARITY") != "all":
+        # Each JIT compile takes ~10-20 s: by default the variants new with issue 20/21 at one
+        # dtype each (int8/int4 x token/channel at their smallest and at 128-wide tiles, and the
+        # 32-wide float tiles); AOTC_PP_PARITY=all checks every built variant.
+        variants = [v for v in variants if ("kv=int" in v and ("dtype=bf16" in v) == ("scales=token" in v)
+                                            and ("block_d=128" in v or "block_d=32" in v or
+                                                 ("block_d=64" in v and "kv=int4" in v)))
+                    or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
+    target = artifacts.load_target(torch.cuda.get_device_capability())
+    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+    try:
+        for key_text in variants:
+            axes = {k: (int(v) if v.isdigit() else v) for k, v in
+                    (p.split("=") for p in key_text[key_text.index("(") + 1:-1].split(","))}
+            assert spec.axes_for(axes["dtype"], axes["kv"], axes["scales"], axes["block_d"], axes["layout"]) == axes
+            quant = axes["kv"] in spec.INT_FORMATS
+            case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
+                                 dtype=torch_dt[axes["dtype"]], cache_dtype=fp8.get(axes["kv"]),
+                                 kv_format=axes["kv"] if quant else None, scales=axes["scales"],
+                                 layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
+            sinks = torch.randn(8, device=DEV)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
+                aot = prefix_prefill(**case, **kw, window=200, sinks=sinks)
+            loader.set_artifacts(tmp_path)  # an empty folder: the JIT compiles the same key
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AotcJitFallbackWarning)
+                jit = prefix_prefill(**case, **kw, window=200, sinks=sinks)
+            loader.set_artifacts(None)
+            torch.cuda.synchronize()
+            assert torch.equal(aot, jit), key_text
+            shas = {hashlib.sha256(k.asm["cubin"]).hexdigest()
+                    for cache in jit_function(spec.PREFIX_PREFILL).device_caches.values() for k in cache[0].values()}
+            assert target.entries[f"{key_text}@{ALIGNED}"].sha256 in shas, f"JIT cubin differs for {key_text}"
+    finally:
+        loader.set_artifacts(None)

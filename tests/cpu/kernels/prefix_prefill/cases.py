@@ -3,11 +3,14 @@
 Pages no request uses hold NaN, so do the unused slots of each request's last page; block
 table entries past a request's pages point at a NaN page; the block table's last row ends at
 the end of its allocation. A kernel that reads a key it should not, or multiplies a masked
-probability by a value it should not have loaded, returns NaN.
+probability by a value it should not have loaded, returns NaN. int8/int4 codes cannot be NaN:
+there the unused slots hold the largest code and, with one scale a token, a NaN scale.
 """
 from __future__ import annotations
 
 import torch
+
+from aotc.kernels.decode.reference import INT_QMAX, pack_int4, quantize_reference
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Absolute + relative tolerance on outputs of magnitude ~1 against the float32 reference: the
@@ -15,10 +18,11 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-def to_vllm_layout(k_nhd: torch.Tensor, v_nhd: torch.Tensor):
-    """[blocks, bs, heads, D] -> K [blocks, heads, D // x, bs, x], V [blocks, heads, D, bs]."""
+def to_vllm_layout(k_nhd: torch.Tensor, v_nhd: torch.Tensor, x: int | None = None):
+    """[blocks, bs, heads, D] -> K [blocks, heads, D // x, bs, x], V [blocks, heads, D, bs];
+    x = 16 // element size unless given."""
     nb, bs, h, d = k_nhd.shape
-    x = 16 // k_nhd.element_size()
+    x = x or 16 // k_nhd.element_size()
     k = k_nhd.view(torch.uint8).view(nb, bs, h, d // x, x * k_nhd.element_size())
     k = k.permute(0, 2, 3, 1, 4).contiguous().view(k_nhd.dtype).view(nb, h, d // x, bs, x)
     v = v_nhd.view(torch.uint8).view(nb, bs, h, d, v_nhd.element_size())
@@ -26,9 +30,30 @@ def to_vllm_layout(k_nhd: torch.Tensor, v_nhd: torch.Tensor):
     return k, v
 
 
+def _quantize_int(cache, used, fmt, scales, scale_dtype, head_gain):
+    """(codes, scales) of a float cache [blocks, bs, heads, D] in decode's int8/int4 format, unused
+    slots poisoned (largest code; NaN token scales)."""
+    qmax = INT_QMAX[fmt]
+    x = torch.where(used[:, :, None, None], cache, torch.zeros(()))
+    if scales == "token":
+        codes, s = quantize_reference(x, fmt, x.shape[-1], scale_dtype)  # s [blocks, bs, heads, 1]
+        s[~used] = float("nan")
+    else:  # one scale a kv head and channel, over the tokens in use
+        s = (x.abs().amax(dim=(0, 1)) / qmax).clamp_min(1e-3 * head_gain[:, None]).to(scale_dtype)
+        codes = torch.round(x / s.float()).clamp(-qmax, qmax).to(torch.int8)
+    codes[~used] = qmax
+    return (pack_int4(codes) if fmt == "int4" else codes), s
+
+
 def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16,
-              layout="nhd", cache_dtype=None, device="cpu", seed=0, scale=1.0):
-    """Keyword arguments for prefix_prefill (positional ones under their names) plus `kw` options."""
+              layout="nhd", cache_dtype=None, device="cpu", seed=0, scale=1.0, kv_format=None, scales="token",
+              scale_dtype=torch.float32, head_gain=None, x=None):
+    """Keyword arguments for prefix_prefill (positional ones under their names) plus `kw` options.
+
+    kv_format "int8"/"int4": a quantized cache with `scales` "token" or "channel" in scale_dtype.
+    layout "hnd": head-major caches (and token scales). head_gain [kv_heads]: each kv head's keys
+    and values times its gain, its queries divided by it (scales then differ by kv head, logits
+    do not grow). x: the vllm layout's K group."""
     g = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     tokens = sum(q_lens)
@@ -48,6 +73,16 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
     table = torch.full((len(ctx_lens), width), poison_page, dtype=torch.int32)
     k_cache = randn(num_blocks, block_size, kv_heads, head_dim)
     v_cache = randn(num_blocks, block_size, kv_heads, head_dim)
+    if head_gain is not None:
+        head_gain = torch.as_tensor(head_gain, dtype=torch.float32)
+        k_cache, v_cache = k_cache * head_gain[:, None], v_cache * head_gain[:, None]
+        k = (k.float() * head_gain[:, None]).to(dtype)
+        v = (v.float() * head_gain[:, None]).to(dtype)
+        # Queries of the group divided by its gain: logits stay O(1) (fp16/bf16 attention's error
+        # grows with the logits' size, whatever the cache), while the scales differ by kv head.
+        q = (q.float() / head_gain.repeat_interleave(q_heads // kv_heads)[:, None]).to(dtype)
+    else:
+        head_gain = torch.ones(kv_heads)
     used = torch.zeros(num_blocks, block_size, dtype=torch.bool)
     i = 0
     for b, (n, c) in enumerate(zip(pages, ctx_lens)):
@@ -55,16 +90,26 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
         for j in range(n):
             used[order[i + j], : min(block_size, c - j * block_size)] = True
         i += n
-    k_cache[~used] = float("nan")
-    v_cache[~used] = float("nan")
-    k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
+    kw = dict(kv_layout=layout)
+    if kv_format in ("int8", "int4"):
+        k_cache, kw["k_scale"] = _quantize_int(k_cache, used, kv_format, scales, scale_dtype, head_gain)
+        v_cache, kw["v_scale"] = _quantize_int(v_cache, used, kv_format, scales, scale_dtype, head_gain)
+        kw["kv_format"] = kv_format
+    else:
+        k_cache[~used] = float("nan")
+        v_cache[~used] = float("nan")
+        k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     if layout == "vllm":
-        k_cache, v_cache = to_vllm_layout(k_cache, v_cache)
+        k_cache, v_cache = to_vllm_layout(k_cache, v_cache, x)
+    elif layout == "hnd":
+        k_cache, v_cache = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
+        if kv_format in ("int8", "int4") and scales == "token":
+            kw["k_scale"] = kw["k_scale"].transpose(1, 2).contiguous()
+            kw["v_scale"] = kw["v_scale"].transpose(1, 2).contiguous()
     qsl = torch.tensor([0] + torch.tensor(list(q_lens)).cumsum(0).tolist(), dtype=torch.int32)
     seq_lens = torch.tensor([c + n for c, n in zip(ctx_lens, q_lens)], dtype=torch.int32)
     case = dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_table=table, query_start_loc=qsl,
                 seq_lens=seq_lens)
-    kw = dict(kv_layout=layout)
     if cache_dtype in FP8:
         kw["k_scale"] = torch.rand(1, generator=g) + 0.5
         kw["v_scale"] = torch.rand(1, generator=g) + 0.5

@@ -49,17 +49,22 @@ def _slot_of(elem, cache, layout, which):
     block, rest = elem // s[0], elem % s[0]
     if layout == "nhd":
         return block, rest // s[1]
+    if layout == "hnd":  # [blocks, heads, block_size, D]
+        return block, (rest % s[1]) // s[2]
     if which == "k":  # [blocks, heads, D // x, block_size, x]
         return block, (rest % s[2]) // s[3]
     return block, rest % s[2]  # V [blocks, heads, D, block_size]
 
 
-@pytest.mark.parametrize("layout,window,cache_dtype", [
-    ("nhd", None, None), ("vllm", None, None), ("nhd", 20, None), ("vllm", 70, torch.float8_e4m3fn),
+@pytest.mark.parametrize("layout,window,cache_dtype,extra", [
+    ("nhd", None, None, {}), ("vllm", None, None, {}), ("nhd", 20, None, {}), ("vllm", 70, torch.float8_e4m3fn, {}),
+    ("vllm", None, torch.float8_e5m2, {"x": 8, "head_dim": 40}),
+    ("nhd", None, None, {"kv_format": "int8"}), ("hnd", 20, None, {"kv_format": "int4"}),
+    ("hnd", None, None, {"kv_format": "int8", "scales": "channel"}),
 ])
-def test_reads_stay_inside_each_requests_pages_and_window(recorder, layout, window, cache_dtype):
+def test_reads_stay_inside_each_requests_pages_and_window(recorder, layout, window, cache_dtype, extra):
     ctx, qlen, bs = [16, 0, 47, 250, 64], [5, 9, 1, 30, 3], 16
-    case, kw = make_case(ctx, qlen, block_size=bs, layout=layout, cache_dtype=cache_dtype, seed=3)
+    case, kw = make_case(ctx, qlen, block_size=bs, layout=layout, cache_dtype=cache_dtype, seed=3, **extra)
     # Request 0 uses 1 page of a 16-wide row: a 64-key tile would want entries 1..3 of its row.
     prefix_prefill(**case, **kw, window=window)
     addrs = np.concatenate(recorder.addresses)
@@ -86,3 +91,11 @@ def test_reads_stay_inside_each_requests_pages_and_window(recorder, layout, wind
             assert pos < ctx[b], f"{which}: request {b} read position {pos} past its context {ctx[b]}"
             if window:  # its first new token sits at position ctx[b]
                 assert pos > ctx[b] - window, f"{which}: request {b} read position {pos} outside window {window}"
+    if kw.get("k_scale") is not None and kw["k_scale"].dim() == 4:  # one scale a token: the same slots only
+        for name in ("k_scale", "v_scale"):
+            elem = _inside(addrs, kw[name])
+            assert elem.size, f"{name} was never read"
+            blocks, slots = _slot_of(elem, kw[name], layout, "v")
+            for blk, slot in set(zip(blocks.tolist(), slots.tolist())):
+                b, j = owner[blk]
+                assert j * bs + slot < ctx[b], f"{name}: request {b} read a scale past its context"

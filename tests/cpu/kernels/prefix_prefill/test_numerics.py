@@ -161,3 +161,34 @@ def test_batch_of_empty_requests_and_default_out():
     got = prefix_prefill(**case, **kw)
     assert got.shape == case["q"].shape and got.dtype == case["q"].dtype
     assert_matches(got, prefix_prefill_ref(**case, **kw), torch.float16)
+
+
+@pytest.mark.parametrize("head_dim", [24, 40, 72, 112, 192])
+@pytest.mark.parametrize("layout", ["nhd", "vllm"])
+def test_padded_head_sizes(head_dim, layout):
+    # Issue 21 item 4: any multiple of 8 up to 256, padded to the 32/64/128/256-wide tile.
+    case, kw = make_case([0, 17, 70], [9, 20, 3], head_dim=head_dim, layout=layout, dtype=torch.bfloat16,
+                         seed=head_dim)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("cache_dtype,fmt", [(torch.float8_e4m3fn, "fp8_e4m3"), (torch.float8_e5m2, "fp8_e5m2")])
+@pytest.mark.parametrize("head_dim", [24, 64])
+def test_vllm_x_8_for_one_byte_fp8_stored_as_uint8(cache_dtype, fmt, head_dim):
+    # vLLM packs K with x = 8 even for one-byte fp8 caches, which it stores as uint8: x comes from
+    # K's shape and the format from kv_format.
+    case, kw = make_case([0, 33, 90], [5, 16, 40], layout="vllm", cache_dtype=cache_dtype, x=8, head_dim=head_dim,
+                         seed=head_dim)
+    assert case["k_cache"].shape[-1] == 8
+    case = dict(case, k_cache=case["k_cache"].view(torch.uint8), v_cache=case["v_cache"].view(torch.uint8))
+    got, ref = run(case, dict(kw, kv_format=fmt))
+    assert_matches(got, ref, torch.float16)
+
+
+def test_vllm_x_16_for_fp16():
+    # A K group wider than 16 bytes (x = 16 for a 2-byte dtype) is read as two runs of 8.
+    case, kw = make_case([20, 70], [9, 3], layout="vllm", x=16, seed=5)
+    assert case["k_cache"].shape[-1] == 16
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)

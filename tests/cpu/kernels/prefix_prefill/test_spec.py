@@ -21,9 +21,10 @@ from aotc.kernels.variants import VariantKey
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    assert len(variants) == 60
+    # 48 float/fp8 (dtype x format x block_d x layout) + 28 int8/int4 (dtype x scales x block_d, nhd).
+    assert len(variants) == 76
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 120
+    assert len(set(map(str, keys))) == 152
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
 
@@ -54,9 +55,9 @@ def test_decorator_matches_declared_alignment():
 def test_constexprs_and_launch(axes):
     cx = spec.constexprs(axes)
     assert set(cx) == set(spec.CONSTEXPRS)
-    assert cx["BLOCK_D"] >= cx["HEAD_DIM"] and cx["BLOCK_D"] & (cx["BLOCK_D"] - 1) == 0
-    assert cx["BLOCK_M"] % cx["BLOCK_N"] == 0
-    assert cx["HEAD_DIM"] % cx["KV_X"] == 0  # the vllm K layout splits D in 16-byte groups
+    assert cx["BLOCK_D"] in spec.BLOCK_DS and cx["BLOCK_M"] % cx["BLOCK_N"] == 0
+    if axes["kv"] == "int4":
+        assert cx["BLOCK_D"] >= 64  # a 16-wide dot for each of the four channel parts
     for arch in (80, 90):
         cfg = spec.launch(axes, arch)
         assert cfg.num_warps in (4, 8) and cfg.num_stages in (2, 3)
@@ -115,8 +116,16 @@ def _compile(axes, arch):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("head_dim", [8, 24, 40, 72, 112, 128, 192, 256])
+def test_block_d_buckets(head_dim):
+    bd = spec.block_d(head_dim)
+    assert bd >= head_dim and (bd == 32 or bd // 2 < head_dim)
+    assert spec.block_d(head_dim, "int4") == max(64, bd)
+
+
 def test_sm90_binary_uses_wgmma_and_16_byte_loads():
-    got = _compile({"dtype": "bf16", "kv": "same", "head_dim": 128, "layout": "nhd"}, 90)
+    # head_dim is runtime and masked: with head_dim % 16 == 0 the mask must keep 16-byte vectors.
+    got = _compile({"dtype": "bf16", "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd"}, 90)
     assert got["wgmma"] > 0, got
     # K and V tiles arrive through 16-byte asynchronous copies (Q through 16-byte loads).
     assert got["cp16"] > 0 and got["v4"] > 0, got
@@ -125,6 +134,17 @@ def test_sm90_binary_uses_wgmma_and_16_byte_loads():
 
 def test_sm80_binary_with_fp8_cache_compiles_to_mma():
     # fp8e4nv is not a type Triton accepts on sm80: the kernel decodes the bits itself.
-    got = _compile({"dtype": "fp16", "kv": "fp8_e4m3", "head_dim": 96, "layout": "vllm"}, 80)
+    got = _compile({"dtype": "fp16", "kv": "fp8_e4m3", "scales": "none", "block_d": 128, "layout": "vllm"}, 80)
     assert got["mma"] > 0, got
     assert got["shared"] <= 163 * 1024
+
+
+@pytest.mark.parametrize("axes,arch", [
+    ({"dtype": "bf16", "kv": "int8", "scales": "token", "block_d": 128, "layout": "nhd"}, 90),
+    ({"dtype": "fp16", "kv": "int4", "scales": "channel", "block_d": 256, "layout": "nhd"}, 80),
+])
+def test_int_cache_binaries_compile_to_tensor_core_dots(axes, arch):
+    # The dequantization is decode's packed PTX (dequant.py); the dots stay on tensor cores.
+    got = _compile(axes, arch)
+    assert got["wgmma" if arch >= 90 else "mma"] > 0, got
+    assert got["shared"] <= (227 if arch >= 90 else 163) * 1024

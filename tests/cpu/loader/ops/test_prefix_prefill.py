@@ -33,13 +33,16 @@ BAD = [  # (name, change(case, kw), exception, words the message must hold)
     ("q dtype", lambda c, k: c.update(q=c["q"].float()), TypeError, "q must have dtype"),
     ("q not a tensor", lambda c, k: c.update(q=c["q"].tolist()), TypeError, "q must be a torch.Tensor"),
     ("k dtype", lambda c, k: c.update(k=c["k"].bfloat16()), TypeError, "k must have dtype"),
-    ("head_dim", lambda c, k: c.update(q=c["q"][..., :48], k=c["k"][..., :48], v=c["v"][..., :48]), ValueError,
-     "head_dim"),
+    ("head_dim", lambda c, k: c.update(q=c["q"][..., :44], k=c["k"][..., :44], v=c["v"][..., :44]), ValueError,
+     "head_dim) must be a multiple of 8"),
     ("kv heads", lambda c, k: c.update(q=c["q"][:, :3]), ValueError, "kv_heads"),
     ("v shape", lambda c, k: c.update(v=c["v"][:-1]), ValueError, "v must be shaped like k"),
     ("q last dim strided", lambda c, k: c.update(q=torch.randn(22, 4, 128).half()[..., ::2]), ValueError,
      "q must be contiguous in its last dim"),
-    ("layout name", lambda c, k: k.update(kv_layout="hnd"), ValueError, "kv_layout"),
+    ("layout name", lambda c, k: k.update(kv_layout="nhwc"), ValueError, "kv_layout"),
+    ("hnd shape", lambda c, k: k.update(kv_layout="hnd"), ValueError, "[num_blocks, 2, block_size, 64] (hnd layout"),
+    ("kv_format name", lambda c, k: k.update(kv_format="int2"), ValueError, "kv_format must be"),
+    ("kv_format vs q", lambda c, k: k.update(kv_format="bf16"), ValueError, "kv_format must be q's dtype"),
     ("cache heads", lambda c, k: c.update(k_cache=c["k_cache"][:, :, :1]), ValueError, "k_cache must be"),
     ("cache dtype", lambda c, k: c.update(k_cache=c["k_cache"].bfloat16()), TypeError, "k_cache must have dtype"),
     ("v cache shape", lambda c, k: c.update(v_cache=c["v_cache"][:-1]), ValueError, "v_cache must be"),
@@ -100,7 +103,7 @@ def test_result_through_the_op_and_the_registered_custom_op(good):
     out = op.prefix_prefill(**case, **kw, sm_scale=0.3, window=9)
     assert_matches(out, prefix_prefill_ref(**case, **kw, sm_scale=0.3, window=9), torch.float16)
     out2 = torch.full_like(out, float("nan"))
-    torch.ops.aotc.prefix_prefill(*case.values(), out2, "nhd", None, None, 0.3, 9, None, None, False, True)
+    torch.ops.aotc.prefix_prefill(*case.values(), out2, "nhd", "auto", None, None, 0.3, 9, None, None, False, True)
     assert torch.equal(out, out2)
 
 
@@ -108,7 +111,7 @@ def test_custom_op_schema_and_fake_impl(good):
     case, kw = good
     out = torch.empty_like(case["q"])
     sinks = torch.randn(4)
-    args = (*case.values(), out, "nhd", None, None, 0.125, 0, sinks, None, False, True)
+    args = (*case.values(), out, "nhd", "auto", None, None, 0.125, 0, sinks, None, False, True)
     torch.library.opcheck(torch.ops.aotc.prefix_prefill.default, args,
                           test_utils=("test_schema", "test_faketensor"))
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -117,3 +120,51 @@ def test_custom_op_schema_and_fake_impl(good):
         fake = [mode.from_tensor(t) for t in case.values()]
         got = op.prefix_prefill(*fake, validate=False)  # shapes only: nothing is read
     assert got.shape == case["q"].shape and got.dtype == case["q"].dtype
+
+
+def _int_case(fmt="int8", scales="token", layout="nhd"):
+    return make_case([0, 17, 40], [5, 1, 12], kv_format=fmt, scales=scales, layout=layout, seed=5)
+
+
+INT_BAD = [  # int8/int4 caches: (name, change(case, kw), exception, words)
+    ("missing scale", lambda c, k: k.pop("v_scale"), ValueError, "v_scale is required for an int8/int4 cache"),
+    ("scale dtype", lambda c, k: k.update(k_scale=k["k_scale"].double(), v_scale=k["v_scale"].double()), TypeError,
+     "k_scale must have dtype"),
+    ("scales differ", lambda c, k: k.update(v_scale=k["v_scale"].half()), ValueError, "v_scale must be k_scale's"),
+    ("per-group scales", lambda c, k: k.update(k_scale=k["k_scale"].expand(*k["k_scale"].shape[:-1], 4).contiguous(),
+                                               v_scale=k["v_scale"].expand(*k["v_scale"].shape[:-1], 4).contiguous()),
+     NotImplementedError, "group < head_dim"),
+    ("channel scale shape", lambda c, k: k.update(k_scale=torch.ones(2, 32), v_scale=torch.ones(2, 32)), ValueError,
+     "[kv_heads, head_dim] = [2, 64]"),
+    ("int8 in vllm layout", lambda c, k: k.update(kv_layout="vllm"), ValueError, "k_cache must be 5-D"),
+    ("odd strides", lambda c, k: c.update(k_cache=torch.zeros(*c["k_cache"].shape[:3], 65, dtype=torch.int8)[..., :64],
+                                          v_cache=torch.zeros(*c["k_cache"].shape[:3], 65, dtype=torch.int8)[..., :64]),
+     ValueError, "strides must be even"),
+    ("odd address", lambda c, k: c.update(k_cache=torch.zeros(c["k_cache"].numel() + 1, dtype=torch.int8)[1:].view(
+        c["k_cache"].shape)), ValueError, "k_cache must start at an even address"),
+    ("int4 as int8 width", lambda c, k: k.update(kv_format="int4"), ValueError, "k_cache must be"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,words", INT_BAD, ids=[b[0] for b in INT_BAD])
+def test_bad_int_cache_input_is_refused_before_launch(no_launch, name, change, exc, words):
+    case, kw = _int_case()
+    change(case, kw)
+    with pytest.raises(exc) as info:
+        op.prefix_prefill(**case, **kw)
+    assert words in str(info.value), str(info.value)
+
+
+def test_vllm_layout_x_is_read_from_the_shape(no_launch):
+    case, kw = make_case([20], [3], layout="vllm", head_dim=64, seed=4)
+    k = case["k_cache"]  # x = 8 for fp16
+    bad = k.reshape(k.shape[0], k.shape[1], k.shape[2] * 2, k.shape[3], 4)  # x = 4: not a multiple of 8
+    with pytest.raises(ValueError, match="x a multiple of 8"):
+        op.prefix_prefill(**dict(case, k_cache=bad), **kw)
+
+
+def test_uint8_fp8_cache_needs_an_explicit_format(no_launch):
+    case, kw = make_case([20], [3], layout="vllm", cache_dtype=torch.float8_e4m3fn, x=8, seed=4)
+    case = dict(case, k_cache=case["k_cache"].view(torch.uint8), v_cache=case["v_cache"].view(torch.uint8))
+    with pytest.raises(TypeError, match="fp8 stored as bytes needs kv_format"):
+        op.prefix_prefill(**case, **kw)

@@ -1,0 +1,241 @@
+"""int8 / int4 paged context for prefix_prefill, the dequantization fused on the tiles.
+
+Formats are `decode`'s and `store_kv`'s (kernels/decode/reference.py): int8 codes, or int4 codes
+stored as code + 7 with channel 2i in a byte's low nibble and 2i+1 in its high one; the value is
+code * scale. Scales (the SCALES constexpr):
+  1 token    one per token and kv head (decode's per-group format with group == head_dim), a
+             tensor shaped like the cache with last dim 1, read with the cache's block/token/head
+             strides;
+  2 channel  one per kv head and channel, [kv_heads, D] (the Iluvatar int8 layout's scales).
+Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
+channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into exact fp16
+codes, split by channel: part i holds channels NP*j + i. The dots run on the codes part by part
+(the parts' dots sum to the full dot) and the scales go where they cost least:
+  token    K: on the score columns after the dot (exact in fp32); V: on P's columns before PV;
+  channel  K: on q, once per program; V: on the context's accumulator, once after the loop
+           (later online-softmax rescaling is linear, as for fp8's scalar scale).
+int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16): their dots are scaled by 1/16
+in fp32, which is exact. After the context the parts' accumulators are interleaved back into
+channel order for the new-token loop.
+
+Strides of the caches arrive in int16 words (the op halves the byte strides; it checks they are
+even). Masking follows kernel.py: masked tiles mask keys and probabilities, so unused slots
+(garbage codes, NaN scales) never reach a result.
+"""
+import triton
+import triton.language as tl
+
+from aotc.kernels.decode.dequant import _i4x4_codes16, _i8x2_codes
+
+
+@triton.jit
+def softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED: tl.constexpr):
+    """One online-softmax step in base 2 over fp32 scores: (p, alpha, m_new, l_new)."""
+    if MASKED:
+        s = tl.where(mask, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _load_scale(S, off, mask, scale_kind):
+    """fp32 values of scales stored as fp32 (scale_kind 0), fp16 (1) or bf16 (2); 0 where masked."""
+    if scale_kind == 0:
+        s = tl.load(S.to(tl.pointer_type(tl.float32), bitcast=True) + off, mask=mask, other=0.0)
+    elif scale_kind == 1:
+        s = tl.load(S.to(tl.pointer_type(tl.float16), bitcast=True) + off, mask=mask, other=0.0).to(tl.float32)
+    else:
+        s = tl.load(S.to(tl.pointer_type(tl.bfloat16), bitcast=True) + off, mask=mask, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Key positions of a tile, which of them count, and their (block, slot)."""
+    n = start + tl.arange(0, BLOCK_N)
+    n_valid = (n < ctx_len) & (n >= key_lo)
+    if MASKED:  # only blocks holding keys < ctx_len are read: never past the request's row
+        blk = tl.load(bt_row + n // block_size, mask=n_valid, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + n // block_size).to(tl.int64)
+    return n, n_valid, blk, (n % block_size).to(tl.int64)
+
+
+@triton.jit
+def _words(C, blk, slot, kv_head, s_b, s_t, s_h, n_valid, n_words, BLOCK_W: tl.constexpr, MASKED: tl.constexpr):
+    """int16 words [BLOCK_N, BLOCK_W] of the keys' rows; 0 where masked."""
+    offs_w = tl.arange(0, BLOCK_W)
+    ptrs = C + (blk * s_b + slot * s_t + kv_head * s_h)[:, None] + offs_w[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=n_valid[:, None] & (offs_w < n_words)[None, :], other=0)
+    else:
+        return tl.load(ptrs, mask=(offs_w < n_words)[None, :], other=0)
+
+
+@triton.jit
+def _token_scales(S, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind):
+    return _load_scale(S, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, scale_kind)
+
+
+@triton.jit
+def _q_part(q_row, m_valid, offs_w, w_valid, i: tl.constexpr, NP: tl.constexpr, KS, kv_head, s_sh, scale_kind,
+            SCALES: tl.constexpr):
+    """Query channels NP*j + i, times the K channel scales for per-channel caches."""
+    d = offs_w * NP + i
+    q = tl.load(q_row[:, None] + d[None, :], mask=m_valid[:, None] & w_valid[None, :], other=0.0)
+    if SCALES == 2:
+        ks = _load_scale(KS, kv_head * s_sh + d, w_valid, scale_kind)
+        q = (q.to(tl.float32) * ks[None, :]).to(q.dtype)
+    return q
+
+
+@triton.jit
+def _v_channel_scale(a, i: tl.constexpr, NP: tl.constexpr, VS, kv_head, s_sh, scale_kind, n_words,
+                     BLOCK_W: tl.constexpr):
+    offs_w = tl.arange(0, BLOCK_W)
+    return a * _load_scale(VS, kv_head * s_sh + offs_w * NP + i, offs_w < n_words, scale_kind)[None, :]
+
+
+@triton.jit
+def _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size, kv_head,
+             s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale,
+             BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr, MASKED: tl.constexpr):
+    n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
+    k0, k1 = _i8x2_codes(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED))
+    qk = tl.dot(q1, tl.trans(k1.to(q0.dtype)), acc=tl.dot(q0, tl.trans(k0.to(q0.dtype))))
+    if SCALES == 1:
+        qk = qk * _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+    p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
+    if SCALES == 1:
+        p = p * _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+    v0, v1 = _i8x2_codes(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED))
+    p = p.to(q0.dtype)
+    a0 = tl.dot(p, v0.to(q0.dtype), acc=a0 * alpha[:, None])
+    a1 = tl.dot(p, v1.to(q0.dtype), acc=a1 * alpha[:, None])
+    return a0, a1, m_i, l_i
+
+
+@triton.jit
+def _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row,
+             block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind,
+             n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
+             MASKED: tl.constexpr):
+    n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
+    dt = q0.dtype
+    k0, k1, k2, k3 = _i4x4_codes16(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
+                                          MASKED))
+    even = tl.dot(q2, tl.trans(k2.to(dt)), acc=tl.dot(q0, tl.trans(k0.to(dt))))
+    odd16 = tl.dot(q3, tl.trans(k3.to(dt)), acc=tl.dot(q1, tl.trans(k1.to(dt))))
+    qk = even + odd16 * 0.0625
+    if SCALES == 1:
+        qk = qk * _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+    p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
+    if SCALES == 1:
+        p = p * _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+    v0, v1, v2, v3 = _i4x4_codes16(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
+                                          MASKED))
+    p = p.to(dt)
+    a0 = tl.dot(p, v0.to(dt), acc=a0 * alpha[:, None])
+    a1 = tl.dot(p, v1.to(dt), acc=a1 * alpha[:, None])  # 16x: undone after the context
+    a2 = tl.dot(p, v2.to(dt), acc=a2 * alpha[:, None])
+    a3 = tl.dot(p, v3.to(dt), acc=a3 * alpha[:, None])
+    return a0, a1, a2, a3, m_i, l_i
+
+
+@triton.jit
+def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
+                  Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
+                  scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SCALES: tl.constexpr):
+    BLOCK_W: tl.constexpr = BLOCK_D // 2
+    n_words = head_dim // 2
+    offs_w = tl.arange(0, BLOCK_W)
+    w_valid = offs_w < n_words
+    q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 2, KS, kv_head, s_sh, scale_kind, SCALES)
+    q1 = _q_part(q_row, m_valid, offs_w, w_valid, 1, 2, KS, kv_head, s_sh, scale_kind, SCALES)
+    a0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    a1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
+        a0, a1, m_i, l_i = _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row,
+                                    block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
+                                    scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
+    for start in range(inner_lo, inner_hi, BLOCK_N):
+        a0, a1, m_i, l_i = _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row,
+                                    block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
+                                    scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES, False)
+    for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
+        a0, a1, m_i, l_i = _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row,
+                                    block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
+                                    scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
+    if SCALES == 2:
+        a0 = _v_channel_scale(a0, 0, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+        a1 = _v_channel_scale(a1, 1, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+    return tl.interleave(a0, a1), m_i, l_i
+
+
+@triton.jit
+def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
+                  Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
+                  scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SCALES: tl.constexpr):
+    BLOCK_W: tl.constexpr = BLOCK_D // 4
+    n_words = head_dim // 4
+    offs_w = tl.arange(0, BLOCK_W)
+    w_valid = offs_w < n_words
+    q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 4, KS, kv_head, s_sh, scale_kind, SCALES)
+    q1 = _q_part(q_row, m_valid, offs_w, w_valid, 1, 4, KS, kv_head, s_sh, scale_kind, SCALES)
+    q2 = _q_part(q_row, m_valid, offs_w, w_valid, 2, 4, KS, kv_head, s_sh, scale_kind, SCALES)
+    q3 = _q_part(q_row, m_valid, offs_w, w_valid, 3, 4, KS, kv_head, s_sh, scale_kind, SCALES)
+    a0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    a1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    a2 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    a3 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
+        a0, a1, a2, a3, m_i, l_i = _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len,
+                                            win, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt,
+                                            s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
+                                            BLOCK_N, SCALES, True)
+    for start in range(inner_lo, inner_hi, BLOCK_N):
+        a0, a1, a2, a3, m_i, l_i = _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len,
+                                            win, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt,
+                                            s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
+                                            BLOCK_N, SCALES, False)
+    for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
+        a0, a1, a2, a3, m_i, l_i = _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len,
+                                            win, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt,
+                                            s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
+                                            BLOCK_N, SCALES, True)
+    a1 = a1 * 0.0625
+    a3 = a3 * 0.0625
+    if SCALES == 2:
+        a0 = _v_channel_scale(a0, 0, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+        a1 = _v_channel_scale(a1, 1, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+        a2 = _v_channel_scale(a2, 2, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+        a3 = _v_channel_scale(a3, 3, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
+    return tl.interleave(tl.interleave(a0, a2), tl.interleave(a1, a3)), m_i, l_i
+
+
+@triton.jit
+def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
+                K_cache, V_cache, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
+                s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr):
+    """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
+    (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py."""
+    Kw = K_cache.to(tl.pointer_type(tl.int16), bitcast=True)
+    Vw = V_cache.to(tl.pointer_type(tl.int16), bitcast=True)
+    if KV_FORMAT == 3:
+        return _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
+                             inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
+                             s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
+    else:
+        return _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
+                             inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
+                             s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)

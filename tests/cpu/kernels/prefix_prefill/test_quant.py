@@ -1,0 +1,163 @@
+"""prefix_prefill over int8 / int4 paged caches (issue 20) on the interpreter, against the float32
+reference that dequantizes the cache and then attends (reference.prefix_prefill_ref).
+
+Formats: decode's int8 and int4 (code + 7 nibbles) with one scale a token and head, and
+per-channel scales [kv_heads, D]; layouts nhd and hnd (Iluvatar's [blocks, kv_heads, block_size,
+D]). The issue's configurations are scaled down here (same GQA ratios, head dims, block sizes and
+odd lengths, fewer tokens); tests/gpu/test_prefix_prefill.py runs them at full size.
+Unused slots hold the largest code and (per token) NaN scales; outputs start as NaN.
+Tolerance: cases.TOL (4e-3 fp16, 3e-2 bf16, absolute + relative), every element: the kernel
+multiplies exact codes, so it adds no error beyond the float path's rounding of P (and, per
+channel, of q * k_scale) to the input dtype. Where kv heads hold values of different sizes, the
+comparison is in units of each head's size.
+"""
+import pytest
+import torch
+
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
+from aotc.loader.ops.prefix_prefill import prefix_prefill
+
+from .cases import TOL, assert_matches, make_case
+
+FORMATS = [("int8", "token", "nhd"), ("int4", "token", "nhd"), ("int8", "channel", "hnd"),
+           ("int4", "channel", "hnd"), ("int8", "token", "hnd"), ("int4", "channel", "nhd")]
+
+
+def run(case, kw, **extra):
+    out = torch.full(case["q"].shape, float("nan"), dtype=case["q"].dtype)
+    got = prefix_prefill(**case, **kw, **extra, out=out)
+    assert got is out
+    ref = prefix_prefill_ref(**case, **kw, **{k: v for k, v in extra.items() if k in ("sm_scale", "window", "sinks")})
+    return got, ref
+
+
+@pytest.mark.parametrize("fmt,scales,layout", FORMATS)
+def test_mixed_batch_at_block_boundaries(fmt, scales, layout):
+    # Contexts 0, 1, block-1, block, block+1 and long; new tokens 1, 16, odd, past a 128-row q block.
+    dtype = torch.bfloat16 if scales == "channel" else torch.float16
+    case, kw = make_case([0, 1, 15, 16, 17, 300], [1, 16, 7, 33, 5, 130], kv_format=fmt, scales=scales,
+                         layout=layout, dtype=dtype, seed=1)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, dtype)
+
+
+# The issue's configurations, scaled down: (head_dim, block_size, q_heads, kv_heads, contexts, new tokens).
+CONFIGS = [
+    (128, 32, 4, 1, [0, 96], [40, 40]),        # B 2, 16/4 heads, D 128, new tokens over 0 and over a context
+    (96, 32, 4, 1, [33, 70], [17, 9]),         # D 96 padded to 128
+    (64, 16, 6, 6, [15, 49], [20, 3]),         # D 64, block 16, no GQA
+    (192, 256, 4, 2, [257, 30], [9, 4]),       # D 192 padded to 256, block 256, a partial second page
+    (80, 64, 8, 2, [65, 127], [31, 2]),        # D 80, block 64
+    (128, 48, 12, 3, [77, 129], [33, 1]),      # 24/6 heads' ratio (4) at 12/3; block 48 (not a power of two)
+    (64, 1000, 16, 1, [1001, 0], [5, 7]),      # GQA 16, a 1000-token block (any size up to 1024)
+]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("head_dim,block_size,q_heads,kv_heads,ctx,new", CONFIGS)
+def test_issue_configurations(fmt, head_dim, block_size, q_heads, kv_heads, ctx, new):
+    case, kw = make_case(ctx, new, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                         dtype=torch.bfloat16, kv_format=fmt, layout="hnd" if head_dim % 3 else "nhd",
+                         scales="token", scale_dtype=torch.float16, seed=head_dim + block_size)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt,scales,layout", FORMATS[:4])
+def test_odd_lengths(fmt, scales, layout):
+    # The issue's 257, 333, 513, 777, ... scaled to odd lengths across 32-token blocks and 64-key tiles.
+    case, kw = make_case([0, 33, 65, 77], [129, 33, 65, 7], kv_format=fmt, scales=scales, layout=layout,
+                         block_size=32, seed=9)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+
+
+@pytest.mark.parametrize("scales", ["token", "channel"])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_review_bug_scales_differ_per_kv_head(fmt, scales):
+    # The reviewed kernel indexed scales by query head (right only with pre-expanded scales). Here
+    # each kv head has its own magnitude (so its own scales), 8 query heads share 4 kv heads, and
+    # the same problem with the scales' kv heads swapped is far outside the tolerance.
+    gain = [0.1, 3.0, 1.0, 20.0]
+    case, kw = make_case([40, 70], [9, 20], q_heads=8, kv_heads=4, kv_format=fmt, scales=scales, layout="hnd",
+                         head_gain=gain, seed=13)
+    got, ref = run(case, kw)
+    # Errors scale with each head's values (P is rounded to fp16 before PV): compare in units of its gain.
+    unit = torch.tensor(gain).repeat_interleave(2)[None, :, None]
+    assert_matches(got.float() / unit, ref / unit, torch.float16)
+    head_dim = 0 if scales == "channel" else 1  # hnd token scales are [blocks, kv_heads, bs, 1]
+    swapped = {n: kw[n].flip(head_dim) for n in ("k_scale", "v_scale")}
+    wrong = prefix_prefill_ref(**case, **dict(kw, **swapped))
+    assert ((wrong - ref).abs() > 10 * TOL[torch.float16] * (1 + ref.abs())).any()
+
+
+@pytest.mark.parametrize("fmt,scales,layout", FORMATS[:4])
+def test_review_bug_partial_last_page(fmt, scales, layout):
+    # Contexts ending inside a page (the reviewed kernel scaled the partial page twice). The slots
+    # past each context hold the largest code and NaN token scales.
+    bs = 48
+    case, kw = make_case([bs + 5, 2 * bs - 1, 1], [3, 20, 8], kv_format=fmt, scales=scales, layout=layout,
+                         block_size=bs, seed=17)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+    if scales == "token":
+        assert kw["k_scale"].isnan().any(), "the case must poison the unused slots' scales"
+
+
+@pytest.mark.parametrize("fmt,scales", [("int8", "token"), ("int4", "channel")])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_review_bug_row_whose_window_holds_no_cached_key(fmt, scales, with_sinks):
+    # The reviewed kernel had no guard for l == 0. Decided here: a window w >= 1 always holds the
+    # row's own key (distance 0), so with window 1 each row attends to itself alone and its output
+    # is its own v (with sinks: v * e^s / (e^s + e^sink)); no cached key is read, so poisoning every
+    # scale of the cache changes nothing. (The kernel's l == 0 guard writes zeros, and a row that
+    # only has a sink gets zeros too: sinks carry no value.)
+    case, kw = make_case([64, 300], [5, 70], kv_format=fmt, scales=scales, seed=19)
+    sinks = torch.randn(4) * 2 if with_sinks else None
+    clean, ref = run(case, kw, window=1, sinks=sinks)
+    assert_matches(clean, ref, torch.float16)
+    if not with_sinks:
+        own_v = case["v"].float().repeat_interleave(2, dim=1)
+        assert_matches(clean, own_v, torch.float16)
+    kw = dict(kw, k_scale=torch.full_like(kw["k_scale"], float("nan")),
+              v_scale=torch.full_like(kw["v_scale"], float("nan")))
+    poisoned = prefix_prefill(**case, **kw, window=1, sinks=sinks) if scales == "token" else None
+    if poisoned is not None:
+        assert torch.equal(poisoned, clean)
+
+
+@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd")])
+@pytest.mark.parametrize("window", [5, 70])
+def test_window_and_sinks(fmt, scales, layout, window):
+    case, kw = make_case([0, 17, 300], [9, 40, 140], kv_format=fmt, scales=scales, layout=layout,
+                         dtype=torch.bfloat16, seed=window)
+    sinks = torch.randn(4) * 2
+    got, ref = run(case, kw, window=window, sinks=sinks)
+    assert_matches(got, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scale_dtypes(scale_dtype):
+    case, kw = make_case([50, 17], [20, 3], kv_format="int8", scale_dtype=scale_dtype, seed=23)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+
+
+@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd")])
+def test_unused_pages_do_not_change_results(fmt, scales, layout):
+    case, kw = make_case([16, 31], [8, 8], kv_format=fmt, scales=scales, layout=layout, seed=29)
+    first = prefix_prefill(**case, **kw)
+    used = set(case["block_table"][0, :1].tolist()) | set(case["block_table"][1, :2].tolist())
+    for blk in range(case["k_cache"].shape[0]):
+        if blk not in used:
+            case["k_cache"][blk] = -77
+            case["v_cache"][blk] = 119
+    assert torch.equal(first, prefix_prefill(**case, **kw))
+
+
+def test_quantized_result_differs_from_the_float_one():
+    # The reference really dequantizes: int4's rounding moves the result past the tolerance, so a
+    # kernel that ignored the codes' scale or read the wrong nibble could not pass the tests above.
+    q4, kw4 = make_case([80], [10], kv_format="int4", seed=31)
+    f, kwf = make_case([80], [10], seed=31)
+    assert (prefix_prefill_ref(**q4, **kw4) - prefix_prefill_ref(**f, **kwf)).abs().max() > 0.05

@@ -1,0 +1,84 @@
+"""compat/vllm_prefill.py: vLLM's context_attention_fwd signature over prefix_prefill, with vLLM's
+tensor conventions (x = 8 K packing also for fp8 stored as uint8, int64 index tensors, a preallocated
+o, head sizes such as 24), against the float32 reference. Tolerance: cases.TOL, every element.
+
+The module is loaded from its file: the lead merges it into aotc.compat.vllm (the package is
+created on another branch).
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref, quantize_fp8_ref
+from tests.cpu.kernels.prefix_prefill.cases import TOL, assert_matches, make_case
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "compat", "vllm_prefill.py")
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    spec = importlib.util.spec_from_file_location("aotc_compat_vllm_prefill", os.path.abspath(_PATH))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _vllm_args(case, kw, kv_cache_dtype="auto"):
+    """vLLM's positional arguments for a make_case problem (vllm layout), o NaN-filled."""
+    o = torch.full(case["q"].shape, float("nan"), dtype=case["q"].dtype)
+    k_scale = kw.get("k_scale", torch.tensor(1.0))
+    v_scale = kw.get("v_scale", torch.tensor(1.0))
+    k_cache, v_cache = case["k_cache"], case["v_cache"]
+    if kv_cache_dtype != "auto":  # vLLM stores fp8 as uint8
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    q_lens = case["query_start_loc"][1:] - case["query_start_loc"][:-1]
+    return [case["q"], case["k"], case["v"], o, kv_cache_dtype, k_cache, v_cache, case["block_table"].long(),
+            case["query_start_loc"].long(), case["seq_lens"].long(), int(case["seq_lens"].max()), int(q_lens.max()),
+            k_scale, v_scale]
+
+
+@pytest.mark.parametrize("head_dim", [24, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_auto_cache(vllm, head_dim, dtype):
+    case, kw = make_case([0, 17, 40], [5, 1, 70], head_dim=head_dim, layout="vllm", dtype=dtype, seed=head_dim)
+    args = _vllm_args(case, kw)
+    assert vllm.context_attention_fwd(*args) is None
+    assert_matches(args[3], prefix_prefill_ref(**case, **kw), dtype)
+
+
+@pytest.mark.parametrize("kv_cache_dtype,cache_dtype", [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_cache_as_uint8_with_x_8(vllm, kv_cache_dtype, cache_dtype):
+    case, kw = make_case([0, 33, 90], [5, 16, 40], head_dim=40, layout="vllm", cache_dtype=cache_dtype, x=8, seed=3)
+    args = _vllm_args(case, kw, kv_cache_dtype)
+    assert args[5].dtype == torch.uint8 and args[5].shape[-1] == 8
+    vllm.context_attention_fwd(*args, sliding_window=30, sm_scale=0.2)
+    assert_matches(args[3], prefix_prefill_ref(**case, **kw, window=30, sm_scale=0.2), torch.float16)
+
+
+def test_sinks_skip_decode_and_fp8_output(vllm):
+    case, kw = make_case([5, 40, 0], [1, 20, 9], layout="vllm", dtype=torch.bfloat16, seed=7)
+    sinks = torch.randn(4) * 2
+    args = _vllm_args(case, kw)
+    args[3] = torch.full(case["q"].shape, 3.0).to(torch.float8_e4m3fn)
+    out_scale = torch.tensor(0.01)
+    vllm.context_attention_fwd(*args, sliding_window=0, skip_decode=True, fp8_out_scale=out_scale, sinks=sinks)
+    ref = prefix_prefill_ref(**case, **kw, sinks=sinks)
+    rows = list(range(1, case["q"].shape[0]))  # row 0 is request 0's single (decode) token
+    assert (args[3][0].float() == 3.0).all()
+    got, want = args[3][rows].float(), quantize_fp8_ref(ref[rows], out_scale).float()
+    assert ((got - want).abs() <= 0.125 * want.abs() + TOL[torch.bfloat16] / 0.01).all()
+
+
+def test_unsupported_options_raise(vllm):
+    case, kw = make_case([10], [3], layout="vllm", seed=9)
+    args = _vllm_args(case, kw)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        vllm.context_attention_fwd(*args, alibi_slopes=torch.ones(4))
+    args32 = list(args)
+    args32[0], args32[1], args32[2] = (t.float() for t in args[:3])
+    with pytest.raises(NotImplementedError, match="float32"):
+        vllm.context_attention_fwd(*args32)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        vllm.context_attention_fwd(*args[:4], "int8", *args[5:])

@@ -260,7 +260,7 @@ VALUES = [
     ("prefix_prefill", "window -1", _kw(window=-1), "window", False),
     ("prefix_prefill", "window 1.5", _kw(window=1.5), "window", False),
     ("prefix_prefill", "sm_scale nan", _kw(sm_scale=math.nan), "sm_scale", False),
-    ("prefix_prefill", "kv_layout hnd", _kw(kv_layout="hnd"), "kv_layout", False),
+    ("prefix_prefill", "kv_layout nchw", _kw(kv_layout="nchw"), "kv_layout", False),
     ("prefix_prefill", "k_scale on fp16", _kw(k_scale=torch.ones(1)), "k_scale", False),
     ("prefix_prefill", "out is q", _alias("out", "q"), "out", False),
     ("prefix_prefill", "out is k", _alias("out", "k"), "out", False),

@@ -147,6 +147,7 @@ def sdpa_flash(dense, window, q_heads, kv_heads):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, metavar="TEXT", help="run the shapes whose name contains TEXT")
     a = ap.parse_args()
     rows = Rows(a.out)
     arch = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
@@ -154,6 +155,8 @@ def main():
     print(f"{'shape':42s} {'aot TF/s':>9s} {'jit TF/s':>9s} {'sdpa TF/s':>10s} {'t/sdpa':>7s} {'cache MB':>9s} "
           f"{'vs bf16':>8s}")
     for name, batch, ctx, new, page, window, cache_dtype, layout, q_heads, kv_heads in SHAPES:
+        if a.only and a.only not in name:
+            continue
         paged, kw, dense, nbytes = make(batch, ctx, new, page, cache_dtype, layout, q_heads, kv_heads)
         bf16_bytes = batch * ctx * kv_heads * 2 * HEAD_DIM * 2
         flops = 4 * HEAD_DIM * q_heads * pairs(batch, ctx, new, window)

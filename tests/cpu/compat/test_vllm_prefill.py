@@ -1,28 +1,13 @@
-"""compat/vllm_prefill.py: vLLM's context_attention_fwd signature over prefix_prefill, with vLLM's
-tensor conventions (x = 8 K packing also for fp8 stored as uint8, int64 index tensors, a preallocated
-o, head sizes such as 24), against the float32 reference. Tolerance: cases.TOL, every element.
-
-The module is loaded from its file: the lead merges it into aotc.compat.vllm (the package is
-created on another branch).
-"""
-import importlib.util
-import os
-
+"""aotc.compat.vllm.context_attention_fwd and chunked_prefill_paged_decode with vLLM's tensor
+conventions (x = 8 K packing also for fp8 stored as uint8, int64 index tensors, a preallocated o,
+head sizes such as 24) against the float32 reference. Tolerance: cases.TOL (fp16 4e-3, bf16 3e-2,
+absolute + relative), every element; o NaN-poisoned first."""
 import pytest
 import torch
 
+from aotc.compat import vllm
 from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref, quantize_fp8_ref
 from tests.cpu.kernels.prefix_prefill.cases import TOL, assert_matches, make_case
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "compat", "vllm_prefill.py")
-
-
-@pytest.fixture(scope="module")
-def vllm():
-    spec = importlib.util.spec_from_file_location("aotc_compat_vllm_prefill", os.path.abspath(_PATH))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _vllm_args(case, kw, kv_cache_dtype="auto"):
@@ -41,7 +26,7 @@ def _vllm_args(case, kw, kv_cache_dtype="auto"):
 
 @pytest.mark.parametrize("head_dim", [24, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_auto_cache(vllm, head_dim, dtype):
+def test_auto_cache(head_dim, dtype):
     case, kw = make_case([0, 17, 40], [5, 1, 70], head_dim=head_dim, layout="vllm", dtype=dtype, seed=head_dim)
     args = _vllm_args(case, kw)
     assert vllm.context_attention_fwd(*args) is None
@@ -49,7 +34,7 @@ def test_auto_cache(vllm, head_dim, dtype):
 
 
 @pytest.mark.parametrize("kv_cache_dtype,cache_dtype", [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
-def test_fp8_cache_as_uint8_with_x_8(vllm, kv_cache_dtype, cache_dtype):
+def test_fp8_cache_as_uint8_with_x_8(kv_cache_dtype, cache_dtype):
     case, kw = make_case([0, 33, 90], [5, 16, 40], head_dim=40, layout="vllm", cache_dtype=cache_dtype, x=8, seed=3)
     args = _vllm_args(case, kw, kv_cache_dtype)
     assert args[5].dtype == torch.uint8 and args[5].shape[-1] == 8
@@ -57,7 +42,7 @@ def test_fp8_cache_as_uint8_with_x_8(vllm, kv_cache_dtype, cache_dtype):
     assert_matches(args[3], prefix_prefill_ref(**case, **kw, window=30, sm_scale=0.2), torch.float16)
 
 
-def test_sinks_skip_decode_and_fp8_output(vllm):
+def test_sinks_skip_decode_and_fp8_output():
     case, kw = make_case([5, 40, 0], [1, 20, 9], layout="vllm", dtype=torch.bfloat16, seed=7)
     sinks = torch.randn(4) * 2
     args = _vllm_args(case, kw)
@@ -71,7 +56,7 @@ def test_sinks_skip_decode_and_fp8_output(vllm):
     assert ((got - want).abs() <= 0.125 * want.abs() + TOL[torch.bfloat16] / 0.01).all()
 
 
-def test_unsupported_options_raise(vllm):
+def test_unsupported_options_raise():
     case, kw = make_case([10], [3], layout="vllm", seed=9)
     args = _vllm_args(case, kw)
     with pytest.raises(NotImplementedError, match="alibi_slopes"):
@@ -82,3 +67,7 @@ def test_unsupported_options_raise(vllm):
         vllm.context_attention_fwd(*args32)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         vllm.context_attention_fwd(*args[:4], "int8", *args[5:])
+    with pytest.raises(NotImplementedError, match="causal=False"):
+        vllm.context_attention_fwd(*args, causal=False)
+    with pytest.raises(NotImplementedError, match="key/value None"):
+        vllm.context_attention_fwd(args[0], None, None, *args[3:])

@@ -158,3 +158,30 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
     """
     _prefill("context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
              k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal)
+
+
+def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache, block_table,
+                                 query_start_loc, seq_lens, max_seq_len, max_query_len, k_scale, v_scale,
+                                 alibi_slopes=None, sliding_window=None, sm_scale=None, output_scale=None, sinks=None,
+                                 is_block_table_ptr=False, causal=True) -> None:
+    """vLLM's `chunked_prefill_paged_decode` on one `aotc.loader.prefix_prefill` call: writes output.
+
+    vLLM runs context_attention_fwd(skip_decode=True) for requests with several new tokens and a
+    paged decode kernel for those with one. prefix_prefill computes a one-token request as a
+    prefill row (context from the cache, the token itself from key/value), so one call covers
+    both and needs no host read of the lengths. Differs: a decode row's own key/value come from
+    `key`/`value`, not from the cache slot vLLM wrote them to: identical for fp16/bf16 caches,
+    unquantized (more exact) for fp8 ones. Cost (estimated, not measured): a one-token request
+    occupies a whole 128-row query tile per query head, so decode-heavy batches do far more MMA
+    work than a decode kernel (it stays one pass over the cache per query head); aotc's decode
+    does not read vLLM's x-packed K layout, so it cannot take those rows yet.
+    Conventions in the module docstring; sm_scale default 1/sqrt(D); output_scale: fp8 output.
+    Not implemented (NotImplementedError): alibi_slopes, is_block_table_ptr=True (a table of
+    block addresses), causal=False, key/value None (cross-attention decode), float32 inputs.
+    """
+    if is_block_table_ptr:
+        raise NotImplementedError("chunked_prefill_paged_decode: is_block_table_ptr=True (block addresses instead "
+                                  "of block ids) is not supported; pass block ids")
+    _prefill("chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+             block_table, query_start_loc, seq_lens, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, False,
+             output_scale, sinks, causal)

@@ -71,3 +71,44 @@ def test_unsupported_options_raise():
         vllm.context_attention_fwd(*args, causal=False)
     with pytest.raises(NotImplementedError, match="key/value None"):
         vllm.context_attention_fwd(args[0], None, None, *args[3:])
+
+
+# chunked_prefill_paged_decode: vLLM's mixed batch, requests with one new token (decode rows) beside
+# prefill chunks; contexts 0, block-1, block, block+1 and longer (block_size 16). Its first 14
+# positional arguments are context_attention_fwd's, max_input_len named max_query_len.
+MIXED_CTX, MIXED_Q = [0, 15, 16, 17, 100, 33], [1, 1, 1, 40, 1, 17]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunked_prefill_paged_decode_mixed_batch(dtype):
+    case, kw = make_case(MIXED_CTX, MIXED_Q, q_heads=8, kv_heads=2, head_dim=72, layout="vllm", dtype=dtype, seed=11)
+    args = _vllm_args(case, kw)
+    assert vllm.chunked_prefill_paged_decode(*args) is None
+    assert_matches(args[3], prefix_prefill_ref(**case, **kw), dtype)
+
+
+def test_chunked_prefill_paged_decode_fp8_uint8_window_sinks_fp8_output():
+    case, kw = make_case(MIXED_CTX, MIXED_Q, head_dim=64, layout="vllm", cache_dtype=torch.float8_e4m3fn, x=8,
+                         dtype=torch.bfloat16, seed=12)
+    args = _vllm_args(case, kw, "fp8")
+    args[3] = torch.full(case["q"].shape, float("nan")).to(torch.float8_e4m3fn)
+    sinks, out_scale = torch.randn(4) * 2, torch.tensor(0.01)
+    vllm.chunked_prefill_paged_decode(*args, sliding_window=20, sm_scale=0.15, output_scale=out_scale, sinks=sinks)
+    ref = prefix_prefill_ref(**case, **kw, window=20, sm_scale=0.15, sinks=sinks)
+    got, want = args[3].float(), quantize_fp8_ref(ref, out_scale).float()
+    # one e4m3 step (2^-3 relative) for values the tolerance moves across a rounding boundary
+    assert ((got - want).abs() <= 0.125 * want.abs() + TOL[torch.bfloat16] / 0.01).all()
+
+
+def test_chunked_prefill_paged_decode_unsupported_options_raise():
+    case, kw = make_case([10, 3], [1, 4], layout="vllm", seed=13)
+    args = _vllm_args(case, kw)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        vllm.chunked_prefill_paged_decode(*args, alibi_slopes=torch.ones(4))
+    with pytest.raises(NotImplementedError, match="is_block_table_ptr"):
+        vllm.chunked_prefill_paged_decode(*args, is_block_table_ptr=True)
+    with pytest.raises(NotImplementedError, match="causal=False"):
+        vllm.chunked_prefill_paged_decode(*args, causal=False)
+    with pytest.raises(NotImplementedError, match="key/value None"):
+        vllm.chunked_prefill_paged_decode(args[0], None, None, *args[3:])
+    assert torch.isnan(args[3]).all()  # nothing was launched

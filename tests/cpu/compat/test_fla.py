@@ -83,6 +83,33 @@ def test_fused_recurrent_varlen_and_long_rows():
     assert_close(ht, want_h, torch.float16, "final_state")
 
 
+def test_chunk_gate_and_beta_activations_in_kernel():
+    # use_gate_in_kernel: g is raw, g = -exp(A_log) * softplus(g + dt_bias); use_beta_sigmoid_in_kernel
+    # with allow_neg_eigval: beta = 2 sigmoid(beta). Given through fla's **kwargs like fla's callers.
+    t, h0, cu = fla_inputs([1, 65], H=1, HV=2, dtype=torch.bfloat16, seed=27)
+    gen = torch.Generator().manual_seed(27)
+    raw_g, raw_b = torch.randn(1, 66, 2, generator=gen), torch.randn(1, 66, 2, generator=gen)
+    a_log, dt_bias = torch.log(torch.tensor([0.7, 3.0])), torch.tensor([0.5, -1.0])
+    t.update(g=raw_g, beta=raw_b)
+    o, ht = fla.chunk_gated_delta_rule(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, cu_seqlens=cu,
+                                       use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias)
+    t.update(g=-a_log.exp() * torch.nn.functional.softplus(raw_g + dt_bias), beta=2 * torch.sigmoid(raw_b))
+    want_o, want_h = reference(t, h0, cu)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+def test_fused_recurrent_v_first_state_decode():
+    t, h0, _ = fla_inputs([2, 2], equal=True, v_first=True, H=1, HV=2, dtype=torch.float16, seed=28)
+    o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True, state_v_first=True)
+    want_o, want_h = reference(t, h0, None, v_first=True)
+    assert ht.shape == h0.shape
+    assert_close(o, want_o, torch.float16, "o")
+    assert_close(ht, want_h, torch.float16, "final_state")
+
+
 def test_unsupported_and_bad_arguments_raise():
     t, h0, cu = fla_inputs([4, 4], equal=True, H=1, HV=2, seed=26)
     with pytest.raises(NotImplementedError, match="gv"):
@@ -97,5 +124,11 @@ def test_unsupported_and_bad_arguments_raise():
         fla.chunk_gated_delta_rule(**t, initial_state=h0[:1])
     with pytest.raises(ValueError, match="batch size must be 1"):
         fla.chunk_gated_delta_rule(**t, cu_seqlens=torch.tensor([0, 2, 4]))
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        fla.chunk_gated_delta_rule(**t, cp_context=object())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fla.chunk_gated_delta_rule(**t, use_qk_l2nrom_in_kernel=True)
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        fla.fused_recurrent_gated_delta_rule(**t, allow_neg_eigval=True)
     with pytest.raises(ValueError, match="give g"):
         fla.fused_recurrent_gated_delta_rule(**{**t, "g": None})

@@ -175,6 +175,7 @@ def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_
     occupies a whole 128-row query tile per query head, so decode-heavy batches do far more MMA
     work than a decode kernel (it stays one pass over the cache per query head); aotc's decode
     does not read vLLM's x-packed K layout, so it cannot take those rows yet.
+    bench/bench_compat_decode_rows.py measures one call against prefill + decode calls.
     Conventions in the module docstring; sm_scale default 1/sqrt(D); output_scale: fp8 output.
     Not implemented (NotImplementedError): alibi_slopes, is_block_table_ptr=True (a table of
     block addresses), causal=False, key/value None (cross-attention decode), float32 inputs.

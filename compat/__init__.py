@@ -1,8 +1,15 @@
 """aotc.compat: drop-in entry points with other engines' signatures and tensor conventions.
 
-    from aotc.compat import vllm, lightllm
+    from aotc.compat import fla, lightllm, vllm
     vllm.decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
                               num_kv_splits, sm_scale)
+    vllm.context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc,
+                               b_seq_len, max_seq_len, max_input_len, k_scale, v_scale)
+    vllm.chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+                                      block_table, query_start_loc, seq_lens, max_seq_len,
+                                      max_query_len, k_scale, v_scale)
+    o, final_state = fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                output_final_state=True, cu_seqlens=cu_seqlens)
     lightllm.token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale, cache_v,
                                                    cache_v_scale)
 

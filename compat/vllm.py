@@ -12,8 +12,26 @@ earlier vllm/attention/ops/triton_decode_attention.py). vLLM's conventions, as i
   b_seq_len [batch]; attn_logits [batch, heads, num_kv_splits, Lv + 1] fp32: vLLM's workspace for
   its split partials; k_scale / v_scale: fp8 dequantization scales (one-element tensors), read
   only for fp8 caches.
-Prefill entry points (`context_attention_fwd`, `chunked_prefill_paged_decode`) are added with
-the prefix_prefill op's compat work.
+
+Prefill: `context_attention_fwd` (vllm/attention/ops/prefix_prefill.py, later
+vllm/v1/attention/ops/prefix_prefill.py) and `chunked_prefill_paged_decode`
+(vllm/attention/ops/chunked_prefill_paged_decode.py, later under vllm/v1/attention/ops/), on
+`aotc.loader.prefix_prefill`. vLLM's conventions, as its tests/kernels/attention/test_prefix_prefill.py
+and its Triton ops use them:
+  q, k, v [tokens, heads, D] (the new tokens), o [tokens, heads, D] written in place (float8_e4m3fn
+    when an fp8 output scale is given, else q's dtype);
+  k_cache [num_blocks, kv_heads, D // x, block_size, x] (x read from the shape: vLLM packs 16 //
+    element size, and 8 for one-byte fp8 caches stored as uint8), v_cache [num_blocks, kv_heads, D,
+    block_size];
+  block table [batch, max_blocks]; query start offsets [batch + 1]; seq lens [batch] = context + new
+    tokens (int32, or int64 converted here);
+  kv_cache_dtype "auto" (the cache has q's dtype) or "fp8" / "fp8_e4m3" / "fp8_e5m2" (float8 or its
+    uint8 bytes), k_scale / v_scale one-element float32 tensors: value = fp8 * scale;
+  sliding_window: keys at distance < window (None or <= 0: none); sm_scale default 1/sqrt(D);
+  an fp8 output scale: o = clamp(out / scale) in e4m3 (vLLM multiplies by its inverse); sinks
+    [heads] logits joined to the softmax normalizer;
+  max_seq_len and max_input_len / max_query_len are accepted and unused: aotc's grid never
+  depends on lengths.
 """
 from __future__ import annotations
 
@@ -22,6 +40,7 @@ import torch
 from ._convert import fp32_scale, int32_indices
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_PREFILL_FORMATS = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 def _as_pages(buf, page_size: int, name: str):
@@ -87,3 +106,83 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len,
     else:
         loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, sm_scale=float(sm_scale), out=o,
                       return_lse=True, lse=lse, validate=validate)
+
+
+def _f32_tensor(t, name: str, device):
+    """fp32_scale, and a tensor of another float dtype converted to float32 (prefix_prefill reads fp32)."""
+    t = fp32_scale(t, name, device)
+    return t if t is None or t.dtype == torch.float32 else t.float()
+
+
+def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, k_scale, v_scale,
+             alibi_slopes, sliding_window, sm_scale, skip_decode, out_scale, sinks, causal=True):
+    """The shared body of context_attention_fwd and chunked_prefill_paged_decode."""
+    from aotc.loader.ops.prefix_prefill import prefix_prefill
+
+    if alibi_slopes is not None:
+        raise NotImplementedError(f"{who}: alibi_slopes is not supported by aotc's prefix_prefill")
+    if not causal:
+        raise NotImplementedError(f"{who}: causal=False (bidirectional new tokens) is not supported by aotc's "
+                                  f"prefix_prefill")
+    if k is None or v is None:
+        raise NotImplementedError(f"{who}: key/value None (cross-attention over a cache only) is not supported by "
+                                  f"aotc's prefix_prefill")
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float32:
+        raise NotImplementedError(f"{who}: float32 q/k/v are not supported (fp16 or bf16)")
+    if kv_cache_dtype not in _PREFILL_FORMATS:
+        raise ValueError(f"{who}: kv_cache_dtype must be one of {tuple(_PREFILL_FORMATS)}, got {kv_cache_dtype!r}")
+    fmt = _PREFILL_FORMATS[kv_cache_dtype]
+    if fmt == "auto" and isinstance(k_cache, torch.Tensor) and k_cache.dtype == torch.uint8:
+        raise ValueError(f"{who}: kv_cache_dtype='auto' with a uint8 cache; pass the fp8 format")
+    fp8 = fmt != "auto"
+    dev = q.device
+    window = int(sliding_window) if sliding_window is not None and sliding_window > 0 else None
+    prefix_prefill(q, k, v, k_cache, v_cache, int32_indices(b_loc, "block table"),
+                   int32_indices(b_start_loc, "query start offsets"), int32_indices(b_seq_len, "seq lens"),
+                   kv_layout="vllm", kv_format=fmt, k_scale=_f32_tensor(k_scale, "k_scale", dev) if fp8 else None,
+                   v_scale=_f32_tensor(v_scale, "v_scale", dev) if fp8 else None, sm_scale=sm_scale, window=window,
+                   sinks=_f32_tensor(sinks, "sinks", dev), out_scale=_f32_tensor(out_scale, "output scale", dev),
+                   skip_decode=bool(skip_decode), out=o)
+
+
+def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, max_seq_len,
+                          max_input_len, k_scale, v_scale, alibi_slopes=None, sliding_window=None, sm_scale=None,
+                          skip_decode=False, fp8_out_scale=None, sinks=None, causal=True) -> None:
+    """vLLM's `context_attention_fwd` on `aotc.loader.prefix_prefill`: writes o, returns None.
+
+    Conventions in the module docstring. skip_decode: requests with one new token are left
+    unwritten. Converted: index tensors int64 -> int32 (a copy each), Python-number or non-fp32
+    scales and sinks -> float32. Not implemented (NotImplementedError): alibi_slopes, causal=False,
+    k/v None, float32 q/k/v. Other limits are prefix_prefill's (D a multiple of 8 up to 256, x a
+    multiple of 8), raised as its ValueError/TypeError.
+    """
+    _prefill("context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+             k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal)
+
+
+def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache, block_table,
+                                 query_start_loc, seq_lens, max_seq_len, max_query_len, k_scale, v_scale,
+                                 alibi_slopes=None, sliding_window=None, sm_scale=None, output_scale=None, sinks=None,
+                                 is_block_table_ptr=False, causal=True) -> None:
+    """vLLM's `chunked_prefill_paged_decode` on one `aotc.loader.prefix_prefill` call: writes output.
+
+    vLLM runs context_attention_fwd(skip_decode=True) for requests with several new tokens and a
+    paged decode kernel for those with one. prefix_prefill computes a one-token request as a
+    prefill row (context from the cache, the token itself from key/value), so one call covers
+    both and needs no host read of the lengths. Differs: a decode row's own key/value come from
+    `key`/`value`, not from the cache slot vLLM wrote them to: identical for fp16/bf16 caches,
+    unquantized (more exact) for fp8 ones. Cost (estimated, not measured): a one-token request
+    occupies a whole 128-row query tile per query head, so decode-heavy batches do far more MMA
+    work than a decode kernel (it stays one pass over the cache per query head); aotc's decode
+    does not read vLLM's x-packed K layout, so it cannot take those rows yet.
+    bench/bench_compat_decode_rows.py measures one call against prefill + decode calls.
+    Conventions in the module docstring; sm_scale default 1/sqrt(D); output_scale: fp8 output.
+    Not implemented (NotImplementedError): alibi_slopes, is_block_table_ptr=True (a table of
+    block addresses), causal=False, key/value None (cross-attention decode), float32 inputs.
+    """
+    if is_block_table_ptr:
+        raise NotImplementedError("chunked_prefill_paged_decode: is_block_table_ptr=True (block addresses instead "
+                                  "of block ids) is not supported; pass block ids")
+    _prefill("chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+             block_table, query_start_loc, seq_lens, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, False,
+             output_scale, sinks, causal)

@@ -1,0 +1,134 @@
+"""aotc.compat.fla with flash-linear-attention's conventions (initial_state [N, HV, K, V], not
+modified; (o, final_state) returned; cu_seqlens int64; equal-length batches [B, T]) against the
+float32 per-token reference. Tolerance: chunk_cases.TOL, max |got - want| over max |want| of the
+whole output or state (bf16 2.5e-2, fp16 5e-3). Lengths 1, 63, 64, 65 (the chunk is 64), GVA
+(HV = 2H), K = V = 64."""
+import pytest
+import torch
+
+from aotc.compat import fla
+from aotc.kernels.gated_delta.reference import gated_delta_reference
+from tests.cpu.kernels.gated_delta.chunk_cases import assert_close, make_case
+
+
+def fla_inputs(lengths, *, equal=False, v_first=False, **kw):
+    """fla's arguments for a make_case problem: initial_state [N, HV, K, V] (or [N, HV, V, K])
+    holding each sequence's start state; equal: the packed batch reshaped to [B, T, ...]."""
+    c = make_case(lengths, state_layout="vmajor" if v_first else "kmajor", **kw)
+    h0 = c["state"][c["state_indices"].long()].clone()
+    t = {n: c[n] for n in ("q", "k", "v", "g", "beta")}
+    if equal:
+        b = len(lengths)
+        t = {n: x.reshape(b, lengths[0], *x.shape[2:]) for n, x in t.items()}
+    return t, h0, c["cu_seqlens"].long()
+
+
+def reference(t, h0, cu, *, v_first=False, l2=True, scale=None):
+    n = h0.shape[0]
+    return gated_delta_reference(t["q"], t["k"], t["v"], t["g"], t["beta"], h0, torch.arange(n), cu, scale=scale,
+                                 qk_l2norm=l2, state_layout="vmajor" if v_first else "kmajor")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_varlen_with_initial_and_final_state(dtype):
+    t, h0, cu = fla_inputs([1, 63, 64, 65], H=1, HV=2, dtype=dtype, seed=21)
+    keep = h0.clone()
+    o, ht = fla.chunk_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    want_o, want_h = reference(t, h0, cu)
+    assert o.shape == t["v"].shape and o.dtype == dtype and ht.dtype == torch.float32
+    assert_close(o, want_o, dtype, "o")
+    assert_close(ht, want_h, dtype, "final_state")
+    assert torch.equal(h0, keep)  # fla leaves initial_state alone
+
+
+def test_chunk_equal_lengths_batch_v_first_and_scale():
+    t, h0, _ = fla_inputs([70, 70], equal=True, v_first=True, H=2, HV=4, dtype=torch.bfloat16, seed=22)
+    o, ht = fla.chunk_gated_delta_rule(**t, scale=0.2, initial_state=h0, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True, state_v_first=True)
+    want_o, want_h = reference(t, h0, None, v_first=True, scale=0.2)
+    assert o.shape == (2, 70, 4, 64) and ht.shape == (2, 4, 64, 64)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+def test_chunk_without_state_returns_none():
+    t, h0, cu = fla_inputs([5, 40], H=1, HV=2, dtype=torch.float16, l2norm_in_kernel=False, seed=23)
+    o, ht = fla.chunk_gated_delta_rule(**t, cu_seqlens=cu)
+    assert ht is None
+    want_o, _ = reference(t, torch.zeros_like(h0), cu, l2=False)
+    assert_close(o, want_o, torch.float16, "o")
+
+
+def test_fused_recurrent_decode_rows_kda_gates_and_gva():
+    # T = 3 without cu_seqlens runs the decode kernel; gk (per-channel decays) and g add in log space.
+    t, h0, _ = fla_inputs([3, 3, 3], equal=True, kda=True, H=1, HV=2, dtype=torch.bfloat16, seed=24)
+    g_head = -torch.rand(3, 3, 2) * 0.3
+    gk = t.pop("g")
+    o, ht = fla.fused_recurrent_gated_delta_rule(**t, g=g_head, gk=gk, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True)
+    t["g"] = gk + g_head[..., None]
+    want_o, want_h = reference(t, h0, None)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+def test_fused_recurrent_varlen_and_long_rows():
+    # With cu_seqlens (and for T > 8) the chunked op computes the same recurrence.
+    t, h0, cu = fla_inputs([1, 65, 9], H=1, HV=2, dtype=torch.float16, seed=25)
+    o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    want_o, want_h = reference(t, h0, cu)
+    assert_close(o, want_o, torch.float16, "o")
+    assert_close(ht, want_h, torch.float16, "final_state")
+
+
+def test_chunk_gate_and_beta_activations_in_kernel():
+    # use_gate_in_kernel: g is raw, g = -exp(A_log) * softplus(g + dt_bias); use_beta_sigmoid_in_kernel
+    # with allow_neg_eigval: beta = 2 sigmoid(beta). Given through fla's **kwargs like fla's callers.
+    t, h0, cu = fla_inputs([1, 65], H=1, HV=2, dtype=torch.bfloat16, seed=27)
+    gen = torch.Generator().manual_seed(27)
+    raw_g, raw_b = torch.randn(1, 66, 2, generator=gen), torch.randn(1, 66, 2, generator=gen)
+    a_log, dt_bias = torch.log(torch.tensor([0.7, 3.0])), torch.tensor([0.5, -1.0])
+    t.update(g=raw_g, beta=raw_b)
+    o, ht = fla.chunk_gated_delta_rule(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, cu_seqlens=cu,
+                                       use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias)
+    t.update(g=-a_log.exp() * torch.nn.functional.softplus(raw_g + dt_bias), beta=2 * torch.sigmoid(raw_b))
+    want_o, want_h = reference(t, h0, cu)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+def test_fused_recurrent_v_first_state_decode():
+    t, h0, _ = fla_inputs([2, 2], equal=True, v_first=True, H=1, HV=2, dtype=torch.float16, seed=28)
+    o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True, state_v_first=True)
+    want_o, want_h = reference(t, h0, None, v_first=True)
+    assert ht.shape == h0.shape
+    assert_close(o, want_o, torch.float16, "o")
+    assert_close(ht, want_h, torch.float16, "final_state")
+
+
+def test_unsupported_and_bad_arguments_raise():
+    t, h0, cu = fla_inputs([4, 4], equal=True, H=1, HV=2, seed=26)
+    with pytest.raises(NotImplementedError, match="gv"):
+        fla.fused_recurrent_gated_delta_rule(**t, gv=torch.zeros(2, 4, 2, 64))
+    with pytest.raises(NotImplementedError, match="head_first"):
+        fla.chunk_gated_delta_rule(**t, head_first=True)
+    with pytest.raises(NotImplementedError, match="one a value channel"):
+        fla.chunk_gated_delta_rule(**{**t, "beta": torch.rand(2, 4, 2, 64)})
+    with pytest.raises(NotImplementedError, match="float32"):
+        fla.chunk_gated_delta_rule(**{**t, "q": t["q"].float(), "k": t["k"].float(), "v": t["v"].float()})
+    with pytest.raises(ValueError, match=r"initial_state must be \[N, HV, K, V\]"):
+        fla.chunk_gated_delta_rule(**t, initial_state=h0[:1])
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        fla.chunk_gated_delta_rule(**t, cu_seqlens=torch.tensor([0, 2, 4]))
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        fla.chunk_gated_delta_rule(**t, cp_context=object())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fla.chunk_gated_delta_rule(**t, use_qk_l2nrom_in_kernel=True)
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        fla.fused_recurrent_gated_delta_rule(**t, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match="give g"):
+        fla.fused_recurrent_gated_delta_rule(**{**t, "g": None})

@@ -145,7 +145,7 @@ def _gate(G, KDA: tl.constexpr):
 
 
 @triton.jit
-def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr):
+def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
     if KDA:
         right = kj * tl.exp(Ri[None, :] - Gj)  # <= |k|: block j ends at or before R
@@ -153,15 +153,15 @@ def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr):
         a = tl.dot(ki * left, tl.trans(right))
         aq = tl.dot(qi * left, tl.trans(right))
     else:
-        kjd = tl.trans(kj)
+        kjd = tl.trans(kj.to(DT))
         decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
-        a = tl.dot(ki, kjd) * decay
-        aq = tl.dot(qi, kjd) * decay
+        a = tl.dot(ki.to(DT), kjd) * decay
+        aq = tl.dot(qi.to(DT), kjd) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr):
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
     if KDA:
         a = tl.zeros([SUB, SUB], tl.float32)
@@ -178,9 +178,10 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr):
     else:
         lower = rows[:, None] >= cols[None, :]
         decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
-        kt = tl.trans(ki)
-        a = tl.where(rows[:, None] > cols[None, :], tl.dot(ki, kt) * decay, 0.0)
-        aq = tl.dot(qi, kt) * decay
+        kb = ki.to(DT)
+        kt = tl.trans(kb)
+        a = tl.where(rows[:, None] > cols[None, :], tl.dot(kb, kt) * decay, 0.0)
+        aq = tl.dot(qi.to(DT), kt) * decay
     return a * beta_i[:, None], aq * scale
 
 
@@ -261,49 +262,49 @@ def gdn_chunk_prep(
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
     # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
-    # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
+    # sub-blocks; Aqk rows go out at once. q of block i is reloaded for each pair (i, j).
     zero = tl.zeros([SUB, SUB], tl.float32)
     q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
     k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
     Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
     _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
-    a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA)
+    a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
     _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
     q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
     k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
     Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
     _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
-    a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA)
+    a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R0, KDA)
-    a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA)
+    a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
     q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
     k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
     Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
     _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
-    a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA)
+    a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R0, KDA)
-    a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA)
+    a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R1, KDA)
-    a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA)
+    a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
     q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
     k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
     Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
     _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
-    a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA)
+    a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R0, KDA)
-    a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA)
+    a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R1, KDA)
-    a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA)
+    a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                       R2, KDA)
-    a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA)
+    a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
     _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.

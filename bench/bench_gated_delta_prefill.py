@@ -106,7 +106,7 @@ def sweep(rows):
                        (warps, stages) == (default.num_warps, default.num_stages),
                        f"bf16,k{K},v{V},{gate},w{warps},s{stages}", "gated_delta_prefill_prep_sweep")
         if not kda:
-            prep()  # the state pass reads the workspace the precompute wrote
+            run_kernel(pspec, paxes, pgrid, pargs)  # the state pass reads the workspace the precompute wrote
             default = chunk_spec.state_launch(saxes, 90)
             for bv, warps, stages in STATE_SWEEP:
                 def st():

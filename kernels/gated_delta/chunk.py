@@ -14,10 +14,13 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
     S_C = S0 exp(G_last) + V'^T (k exp(G_last - G)).
 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
-A and Aqk in 16-row sub-blocks (one row block's q, k, gate live at a time; every other operand is
-reloaded from global memory where it is used, so nothing spills: see the kernel's comment), inverts the four unit-lower diagonal blocks by row substitution
-and merges them by block forward substitution (X_ij = -X_ii sum_m A_im X_mj), then writes W, U,
+A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
+16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
+used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones by row substitution
+and merges them by block forward substitution (X_ij = -X_ii sum_m A_im X_mj), then reassembles
+X [64, 64] and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots, and
 Qg = scale q Gam, Kg = k exp(G_last - G), Aqk (input dtype) and exp(G_last) (fp32, per K).
+Registers (sm90, Triton 3.6, bf16, cuobjdump -res-usage; the kernel's comment has the history).
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Qg h + Aqk V',
 h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so one binary serves GDN
@@ -37,6 +40,7 @@ import triton.language as tl
 
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
+WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -87,16 +91,6 @@ def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, KDA: tl.con
 
 
 @triton.jit
-def _load_bv(V, Beta, t0, b, end, hv, s_vt, s_vh, s_bt, s_bh, offs_v):
-    """beta v of sub-block b (fp32), read where it is used."""
-    t = t0 + b * SUB + tl.arange(0, SUB)
-    m = t < end
-    t = t.to(tl.int64)
-    v = tl.load(V + t[:, None] * s_vt + hv * s_vh + offs_v[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-    return v * tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)[:, None]
-
-
-@triton.jit
 def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA: tl.constexpr):
     """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
     blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
@@ -114,15 +108,6 @@ def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
     k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
     Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA)
     return k, Gb
-
-
-@triton.jit
-def _bk(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm, R,
-        KDA: tl.constexpr):
-    """beta k exp(G) of sub-block b (W's right-hand side), reloaded for each use."""
-    k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gb, beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA)
-    return k * _gate(Gb, KDA) * beta[:, None]
 
 
 @triton.jit
@@ -148,10 +133,10 @@ def _gate(G, KDA: tl.constexpr):
 def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
     if KDA:
-        right = kj * tl.exp(Ri[None, :] - Gj)  # <= |k|: block j ends at or before R
+        right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
         left = tl.exp(Gi - Ri[None, :])  # <= 1
-        a = tl.dot(ki * left, tl.trans(right))
-        aq = tl.dot(qi * left, tl.trans(right))
+        a = tl.dot((ki * left).to(DT), right)
+        aq = tl.dot((qi * left).to(DT), right)
     else:
         kjd = tl.trans(kj.to(DT))
         decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
@@ -212,6 +197,93 @@ def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
     tl.store(ptrs, x.to(Ptr.dtype.element_ty), mask=(t < end)[:, None])
 
 
+@triton.jit
+def _chunk_cols(P, t, m, s_t, off, c0, D: tl.constexpr):
+    """Columns [c0, c0 + WCOL) of a chunk's rows t (int64) as fp32; rows past the end and columns
+    past D read as zeros."""
+    c = c0 + tl.arange(0, WCOL)
+    mask = m[:, None] & (c < D)[None, :]
+    return tl.load(P + t[:, None] * s_t + off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_cols(P, x, t, m, hv, HV, c0, D: tl.constexpr):
+    """Columns [c0, c0 + WCOL) of a chunk's rows into a [T, HV, D] workspace."""
+    c = c0 + tl.arange(0, WCOL)
+    tl.store(P + (t[:, None] * HV + hv) * D + c[None, :], x.to(P.dtype.element_ty), mask=m[:, None] & (c < D)[None, :])
+
+
+@triton.jit
+def _block_of(a4, i: tl.constexpr, j: tl.constexpr):
+    """Block (i, j) [16, 16] of a [64, 64] tile viewed as [4, 16, 4, 16]."""
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.sum(tl.sum(tl.where(sel, a4, 0.0), 2), 0)
+
+
+@triton.jit
+def _put(x4, blk, i: tl.constexpr, j: tl.constexpr):
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.where(sel, blk[None, :, None, :], x4)
+
+
+@triton.jit
+def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
+    """The unit-lower [64, 64] X from its ten 16 x 16 blocks (zeros above)."""
+    x4 = tl.zeros([4, SUB, 4, SUB], tl.float32)
+    x4 = _put(x4, x00, 0, 0)
+    x4 = _put(x4, x11, 1, 1)
+    x4 = _put(x4, x22, 2, 2)
+    x4 = _put(x4, x33, 3, 3)
+    x4 = _put(x4, x10, 1, 0)
+    x4 = _put(x4, x20, 2, 0)
+    x4 = _put(x4, x21, 2, 1)
+    x4 = _put(x4, x30, 3, 0)
+    x4 = _put(x4, x31, 3, 1)
+    x4 = _put(x4, x32, 3, 2)
+    return tl.reshape(x4, [CHUNK, CHUNK])
+
+
+@triton.jit
+def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                 offs_k, qk_l2norm, scale, RL, HEAD_K: tl.constexpr):
+    """GDN, whole chunk: writes Qg, Kg, Aqk rows; returns A's ten lower 16 x 16 blocks (diagonal
+    ones first). A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q
+    and k enter the dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to
+    8 bits, as fla does)."""
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
+    Gc = tl.cumsum(g, 0)
+    rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
+    dt = Q.dtype.element_ty
+    # q, then k: each goes to the input dtype once stored, so no two [64, K] fp32 tiles are live.
+    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        q = q / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)[:, None]
+    tl.store(Qg + rows, (q * (tl.exp(Gc) * scale)[:, None]).to(Qg.dtype.element_ty), mask=m[:, None])
+    qb = q.to(dt)
+    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
+    tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
+    kb = k.to(dt)
+    kt = tl.trans(kb)
+    r = tl.arange(0, CHUNK)
+    decay = tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
+    aq = tl.dot(qb, kt) * decay * scale
+    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    a = tl.where(r[:, None] > r[None, :], tl.dot(kb, kt) * decay, 0.0) * beta[:, None]
+    a4 = tl.reshape(a, [4, SUB, 4, SUB])
+    return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
+            _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
+            _block_of(a4, 3, 1), _block_of(a4, 3, 2))
+
+
+
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
@@ -238,11 +310,15 @@ def gdn_chunk_prep(
     rows = tl.arange(0, SUB)
     cols = tl.arange(0, SUB)
 
-    # Live-range budget (the spills of the version that held q0..q3, k0..k3 as [16, K] fp32 tiles
-    # at once: REG 255 / STACK 2096 B at K = 128, 4 warps; STACK 14664 B at K = 256, 8 warps;
-    # sm90, Triton 3.6): at most one sub-block's q, k, gate (+ one reloaded k_j, G_j) is live;
-    # every other operand is reloaded from global memory where it is used (L1/L2 hits: a chunk
-    # reads 64 x K x 2 B of k). [16, 16] tiles (A, Aqk, X: 10 each at most) are cheap.
+    # Registers / spill stack per thread (sm90, Triton 3.6, bf16, cuobjdump -res-usage):
+    #   version                               K=128 gdn 4w  K=128 kda 4w  K=256 gdn 8w  K=256 kda 8w
+    #   q0..q3, k0..k3 [16, K] fp32 all live   255 / 2096    96 / 3792    32 / 14664   (not run)
+    #   one row block live, rest reloaded      255 / 208    255 / 552    255 / 824    128 / 1848
+    #   + sub-block dots in the input dtype    255 / 8          -        255 / 160        -
+    #   GDN chunk-wide A dots, X [64, 64] and
+    #   W/U in 64-column dots (this version)   255 / 112    255 / 112    214 / 0      255 / 304
+    # At K = 128, 8 warps: gdn 212 / 0 (4 warps: 112 B spilled, source not pinned down).
+    # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)
     else:
@@ -261,51 +337,60 @@ def gdn_chunk_prep(
         decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
-    # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
-    # sub-blocks; Aqk rows go out at once. q of block i is reloaded for each pair (i, j).
-    zero = tl.zeros([SUB, SUB], tl.float32)
-    q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-    k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
-    _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
-    a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-    _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
-    q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-    k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
-    _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
-    a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R0, KDA)
-    a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
-    q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-    k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
-    _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
-    a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R0, KDA)
-    a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R1, KDA)
-    a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
-    q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-    k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
-    _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
-    a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R0, KDA)
-    a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R1, KDA)
-    a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                      R2, KDA)
-    a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-    _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
+    if KDA:
+        # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
+        # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
+        zero = tl.zeros([SUB, SUB], tl.float32)
+        q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
+        q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
+        q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R1, KDA)
+        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
+        q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R1, KDA)
+        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R2, KDA)
+        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
+
+    else:
+        # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
+        # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
+        # blocks for the inverse.
+        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _gdn_chunk_a(
+            Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+            offs_k, qk_l2norm, scale, RL, HEAD_K)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
     x00 = _inverse_unit_lower(a00, rows, cols)
@@ -319,48 +404,33 @@ def gdn_chunk_prep(
     x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
     x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
 
-    # W = X (beta k exp(G)), U = X (beta v), a row block at a time with the right-hand sides
-    # reloaded (one [16, K] accumulator and one operand live); fp32 operands (tf32 on tensor
-    # cores: bf16/fp16 inputs pass exactly, gated and normalized values round to 10 bits, finer
-    # than the stored dtype).
-    acc = tl.dot(x00, _bk(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R0, KDA))
-    _store_rows(W, acc, t0, 0, end, hv64, HV, HEAD_K)
-    acc = tl.dot(x10, _bk(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R0, KDA))
-    acc += tl.dot(x11, _bk(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R1, KDA))
-    _store_rows(W, acc, t0, 1, end, hv64, HV, HEAD_K)
-    acc = tl.dot(x20, _bk(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R0, KDA))
-    acc += tl.dot(x21, _bk(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R1, KDA))
-    acc += tl.dot(x22, _bk(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R2, KDA))
-    _store_rows(W, acc, t0, 2, end, hv64, HV, HEAD_K)
-    acc = tl.dot(x30, _bk(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R0, KDA))
-    acc += tl.dot(x31, _bk(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R1, KDA))
-    acc += tl.dot(x32, _bk(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R2, KDA))
-    acc += tl.dot(x33, _bk(K, G, Beta, t0, 3, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                              qk_l2norm, R3, KDA))
-    _store_rows(W, acc, t0, 3, end, hv64, HV, HEAD_K)
-    acc = tl.dot(x00, _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    _store_rows(U, acc, t0, 0, end, hv64, HV, HEAD_V)
-    acc = tl.dot(x10, _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x11, _load_bv(V, Beta, t0, 1, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    _store_rows(U, acc, t0, 1, end, hv64, HV, HEAD_V)
-    acc = tl.dot(x20, _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x21, _load_bv(V, Beta, t0, 1, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x22, _load_bv(V, Beta, t0, 2, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    _store_rows(U, acc, t0, 2, end, hv64, HV, HEAD_V)
-    acc = tl.dot(x30, _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x31, _load_bv(V, Beta, t0, 1, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x32, _load_bv(V, Beta, t0, 2, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    acc += tl.dot(x33, _load_bv(V, Beta, t0, 3, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v))
-    _store_rows(U, acc, t0, 3, end, hv64, HV, HEAD_V)
+    # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
+    # each with the chunk's right-hand side (fp32 operands: tf32 on tensor cores; bf16/fp16 inputs
+    # pass exactly, gated and normalized values round to 10 bits, finer than the stored dtype).
+    x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
+    # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)  # the per-row factor of k
+    if qk_l2norm != 0:
+        ss = tl.zeros([CHUNK], tl.float32)
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K)
+            ss += tl.sum(kc * kc, 1)
+        rs = rs / tl.sqrt(ss + L2NORM_EPS)
+    if not KDA:
+        rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))  # G <= 0
+    for c0 in tl.static_range(0, HEAD_K, WCOL):
+        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K) * rs[:, None]
+        if KDA:
+            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, HEAD_K), 0))
+        _store_cols(W, tl.dot(x, kc), t, m, hv64, HV, c0, HEAD_K)
+    bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+    for c0 in tl.static_range(0, HEAD_V, WCOL):
+        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, HEAD_V) * bv[:, None]
+        _store_cols(U, tl.dot(x, vc), t, m, hv64, HV, c0, HEAD_V)
+
 
 
 @triton.jit

@@ -16,11 +16,12 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
 A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
 16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
-used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones by row substitution
-and merges them by block forward substitution (X_ij = -X_ii sum_m A_im X_mj), then reassembles
-X [64, 64] and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots, and
-Qg = scale q Gam, Kg = k exp(G_last - G), Aqk (input dtype) and exp(G_last) (fp32, per K).
-Registers (sm90, Triton 3.6, bf16, cuobjdump -res-usage; the kernel's comment has the history).
+used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones together by row
+substitution ([4, 16, 16]: 15 steps) and merges them by block forward substitution
+(X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes W = X (beta k Gam),
+U = X (beta v) by [64, 64] x [64, 64-column] dots, and Qg = scale q Gam, Kg = k exp(G_last - G),
+Aqk (input dtype) and exp(G_last) (fp32, per K). Registers and spills of each version: the
+kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Qg h + Aqk V',
 h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so one binary serves GDN
@@ -171,15 +172,22 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.const
 
 
 @triton.jit
-def _inverse_unit_lower(a, rows, cols):
-    """(I + a)^-1 for a strictly lower [16, 16] a, by row substitution: row r of the inverse is
+def _inverse_diagonal(a00, a11, a22, a33):
+    """(I + a_bb)^-1 of the four strictly lower [16, 16] diagonal blocks, stacked [4, 16, 16] and
+    solved together by row substitution (15 steps, not 4 x 15): row r of an inverse is
     e_r - sum_{j<r} a_rj X_j, and rows j < r are final when row r is formed."""
-    x = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0)
+    b = tl.arange(0, 4)[:, None, None]
+    rows = tl.arange(0, SUB)[None, :, None]
+    cols = tl.arange(0, SUB)[None, None, :]
+    a = tl.where(b == 0, a00[None, :, :], tl.where(b == 1, a11[None, :, :],
+                 tl.where(b == 2, a22[None, :, :], a33[None, :, :])))
+    x = tl.where(rows == cols, 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
     for r in range(1, SUB):
-        ar = _row(a, rows, r)
-        new = tl.where(cols == r, 1.0, 0.0) - tl.sum(ar[:, None] * x, 0)
-        x = tl.where(rows[:, None] == r, new[None, :], x)
-    return x
+        ar = tl.sum(tl.where(rows == r, a, 0.0), 1)  # [4, 16]: row r of each block
+        new = tl.where(cols == r, 1.0, 0.0) - tl.sum(ar[:, :, None] * x, 1)[:, None, :]
+        x = tl.where(rows == r, new, x)
+    return (tl.sum(tl.where(b == 0, x, 0.0), 0), tl.sum(tl.where(b == 1, x, 0.0), 0),
+            tl.sum(tl.where(b == 2, x, 0.0), 0), tl.sum(tl.where(b == 3, x, 0.0), 0))
 
 
 @triton.jit
@@ -316,8 +324,11 @@ def gdn_chunk_prep(
     #   one row block live, rest reloaded      255 / 208    255 / 552    255 / 824    128 / 1848
     #   + sub-block dots in the input dtype    255 / 8          -        255 / 160        -
     #   GDN chunk-wide A dots, X [64, 64] and
-    #   W/U in 64-column dots (this version)   255 / 112    255 / 112    214 / 0      255 / 304
-    # At K = 128, 8 warps: gdn 212 / 0 (4 warps: 112 B spilled, source not pinned down).
+    #   W/U in 64-column dots                  255 / 112    255 / 112    214 / 0      255 / 304
+    #   + the four diagonal inverses as one
+    #   [4, 16, 16] solve (this version)       250 / 0      255 / 120    221 / 0      255 / 272
+    # This version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
+    # 4 warps gdn 255 / 48, kda 255 / 152.
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)
@@ -393,10 +404,7 @@ def gdn_chunk_prep(
             offs_k, qk_l2norm, scale, RL, HEAD_K)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-    x00 = _inverse_unit_lower(a00, rows, cols)
-    x11 = _inverse_unit_lower(a11, rows, cols)
-    x22 = _inverse_unit_lower(a22, rows, cols)
-    x33 = _inverse_unit_lower(a33, rows, cols)
+    x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
     x10 = -_mm(x11, _mm(a10, x00))
     x21 = -_mm(x22, _mm(a21, x11))
     x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))

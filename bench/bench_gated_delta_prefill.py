@@ -9,6 +9,10 @@ read once, out written once, the states read and written once, at the device-to-
 bandwidth measured in the same run (no chunked algorithm reaches it: the workspace round trip
 alone is larger). Times are medians of CUDA-event timings, L2 emptied before each call
 (harness.device_time). Rows: JSON lines at --out.
+
+--sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
+num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
+for choosing chunk_spec.prep_launch / state_launch / block_v.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from aotc.kernels.gated_delta import chunk as chunk_kernels
+from aotc.kernels.gated_delta import chunk_spec
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.fallback import AotcJitFallbackWarning
 from aotc.loader.ops import gated_delta_prefill as op
@@ -77,9 +83,56 @@ def fla_call(q, k, v, g, beta, lengths):
         return None, f"fla call failed ({type(e).__name__}: {str(e)[:80]})"
 
 
+# (num_warps, num_stages) tried by --sweep; the state pass also at BV 64 (half the programs).
+PREP_SWEEP = [(2, 1), (4, 1), (8, 1), (16, 1)]
+STATE_SWEEP = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2)]
+
+
+def sweep(rows):
+    """Both kernels of the chunked prefill at 1 x 8192 (V-major) under other launch choices, JIT."""
+    print("\n-- sweep: 1x8192, JIT, bf16, K = V = 128, V-major pool --")
+    for kda in (False, True):
+        q, k, v, g, beta, state, idx, cu = make([8192], kda, "vmajor")
+        out = torch.empty_like(v)
+        (pspec, paxes, pgrid, pargs), (sspec, saxes, _sgrid, sargs) = op.launch_plan(
+            q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
+        gate = "kda" if kda else "gdn"
+        default = chunk_spec.prep_launch(paxes, 90)
+        for warps, stages in PREP_SWEEP:
+            def prep():
+                chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **pspec.constexprs(paxes), num_warps=warps,
+                                                    num_stages=stages)
+            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages}", prep,
+                       (warps, stages) == (default.num_warps, default.num_stages),
+                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}", "gated_delta_prefill_prep_sweep")
+        if not kda:
+            run_kernel(pspec, paxes, pgrid, pargs)  # the state pass reads the workspace the precompute wrote
+            default = chunk_spec.state_launch(saxes, 90)
+            for bv, warps, stages in STATE_SWEEP:
+                def st():
+                    chunk_kernels.gdn_chunk_state[(idx.shape[0], HV, V // bv)](
+                        *sargs, HEAD_K=K, HEAD_V=V, BV=bv, num_warps=warps, num_stages=stages)
+                _sweep_row(rows, f"state BV {bv:2d} warps {warps} stages {stages}", st,
+                           (bv, warps, stages) == (chunk_spec.block_v(V), default.num_warps, default.num_stages),
+                           f"bf16,k{K},v{V},BV{bv},w{warps},s{stages}", "gated_delta_prefill_state_sweep")
+        del q, k, v, g, beta, state, out, pargs, sargs
+        torch.cuda.empty_cache()
+
+
+def _sweep_row(rows, label, fn, is_default, variant, op_name):
+    try:
+        t = device_time(fn)
+    except Exception as e:  # noqa: BLE001 - a choice that does not compile or launch is reported, not fatal
+        print(f"{label}: failed ({type(e).__name__}: {str(e)[:100]})")
+        return
+    print(f"{label}: {t * 1e3:8.3f} ms" + ("  (spec default)" if is_default else ""))
+    rows.add(op_name, variant, "jit", "1x8192 h16/32", "ms", t * 1e3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time other launch choices of both kernels (JIT)")
     a = ap.parse_args()
     rows = Rows(a.out)
     bw = copy_bandwidth()
@@ -126,6 +179,8 @@ def main():
     for n in sorted(notes):
         print("note:", n)
     print("note:", FLA_QUOTED)
+    if a.sweep:
+        sweep(rows)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,14 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
     S_C = S0 exp(G_last) + V'^T (k exp(G_last - G)).
 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
-A and Aqk in 16-row sub-blocks, inverts the four unit-lower diagonal blocks by row substitution
-and merges them by block forward substitution (X_ij = -X_ii sum_m A_im X_mj), then writes W, U,
-Qg = scale q Gam, Kg = k exp(G_last - G), Aqk (input dtype) and exp(G_last) (fp32, per K).
+A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
+16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
+used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones together by row
+substitution ([4, 16, 16]: 15 steps) and merges them by block forward substitution
+(X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes W = X (beta k Gam),
+U = X (beta v) by [64, 64] x [64, 64-column] dots, and Qg = scale q Gam, Kg = k exp(G_last - G),
+Aqk (input dtype) and exp(G_last) (fp32, per K). Registers and spills of each version: the
+kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Qg h + Aqk V',
 h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so one binary serves GDN
@@ -36,6 +41,7 @@ import triton.language as tl
 
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
+WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -59,44 +65,60 @@ def _row(x, rows, r):
 
 
 @triton.jit
-def _load_block(Q, K, G, Beta, t0, b, end, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                qk_l2norm, KDA: tl.constexpr):
-    """Sub-block b (16 tokens) of a chunk: q, k (fp32, normalized if asked), beta, g. Tokens at
-    or past `end` read as zeros (beta = g = 0: they change nothing)."""
+def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm):
+    """k of sub-block b (16 tokens) as fp32, normalized if asked; tokens at or past `end` read as
+    zeros. Called once per use (an L1/L2 hit after the first), not kept live across the kernel."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    k = tl.load(K + t.to(tl.int64)[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None],
+                other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
+    return k
+
+
+@triton.jit
+def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, KDA: tl.constexpr):
+    """g and beta of sub-block b; past `end` beta = g = 0 (such tokens change nothing)."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
     t = t.to(tl.int64)
-    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     if KDA:
         g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None], other=0.0)
     else:
         g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
-    if qk_l2norm != 0:
-        q = q / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)[:, None]
-        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
-    return q, k, beta, g
+    return g, beta
 
 
 @triton.jit
-def _load_bv(V, Beta, t0, b, end, hv, s_vt, s_vh, s_bt, s_bh, offs_v):
-    """beta v of sub-block b (fp32), read late so v is not held through the inverse."""
-    t = t0 + b * SUB + tl.arange(0, SUB)
-    m = t < end
-    t = t.to(tl.int64)
-    v = tl.load(V + t[:, None] * s_vt + hv * s_vh + offs_v[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-    return v * tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)[:, None]
-
-
-@triton.jit
-def _cumulate(g, carry, KDA: tl.constexpr):
-    """In-chunk cumulative log-gate of a sub-block given the sum of the blocks before it."""
+def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA: tl.constexpr):
+    """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
+    blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
+    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
     if KDA:
-        G = tl.cumsum(g, 0) + carry[None, :]
+        return tl.cumsum(g, 0) + R[None, :], beta
     else:
-        G = tl.cumsum(g, 0) + carry
-    return G, carry + tl.sum(g, 0)
+        return tl.cumsum(g, 0) + R, beta
+
+
+@triton.jit
+def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm, R,
+             KDA: tl.constexpr):
+    """(k, cumulative gate) of sub-block b, reloaded: the right operand of an off-diagonal pair."""
+    k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA)
+    return k, Gb
+
+
+@triton.jit
+def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr, KDA: tl.constexpr):
+    """Qg = scale q exp(G) and Kg = k exp(G_last - G) rows of sub-block b (exponents <= 0)."""
+    _store_rows(Qg, q * _gate(Gb, KDA) * scale, t0, b, end, hv, HV, HEAD_K)
+    if KDA:
+        _store_rows(Kg, k * tl.exp(RL[None, :] - Gb), t0, b, end, hv, HV, HEAD_K)
+    else:
+        _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
 
 
 @triton.jit
@@ -109,23 +131,23 @@ def _gate(G, KDA: tl.constexpr):
 
 
 @triton.jit
-def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr):
+def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
     if KDA:
-        right = kj * tl.exp(Ri[None, :] - Gj)  # <= |k|: block j ends at or before R
+        right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
         left = tl.exp(Gi - Ri[None, :])  # <= 1
-        a = tl.dot(ki * left, tl.trans(right))
-        aq = tl.dot(qi * left, tl.trans(right))
+        a = tl.dot((ki * left).to(DT), right)
+        aq = tl.dot((qi * left).to(DT), right)
     else:
-        kjd = tl.trans(kj)
+        kjd = tl.trans(kj.to(DT))
         decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
-        a = tl.dot(ki, kjd) * decay
-        aq = tl.dot(qi, kjd) * decay
+        a = tl.dot(ki.to(DT), kjd) * decay
+        aq = tl.dot(qi.to(DT), kjd) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr):
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
     if KDA:
         a = tl.zeros([SUB, SUB], tl.float32)
@@ -142,22 +164,30 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr):
     else:
         lower = rows[:, None] >= cols[None, :]
         decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
-        kt = tl.trans(ki)
-        a = tl.where(rows[:, None] > cols[None, :], tl.dot(ki, kt) * decay, 0.0)
-        aq = tl.dot(qi, kt) * decay
+        kb = ki.to(DT)
+        kt = tl.trans(kb)
+        a = tl.where(rows[:, None] > cols[None, :], tl.dot(kb, kt) * decay, 0.0)
+        aq = tl.dot(qi.to(DT), kt) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _inverse_unit_lower(a, rows, cols):
-    """(I + a)^-1 for a strictly lower [16, 16] a, by row substitution: row r of the inverse is
+def _inverse_diagonal(a00, a11, a22, a33):
+    """(I + a_bb)^-1 of the four strictly lower [16, 16] diagonal blocks, stacked [4, 16, 16] and
+    solved together by row substitution (15 steps, not 4 x 15): row r of an inverse is
     e_r - sum_{j<r} a_rj X_j, and rows j < r are final when row r is formed."""
-    x = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0)
+    b = tl.arange(0, 4)[:, None, None]
+    rows = tl.arange(0, SUB)[None, :, None]
+    cols = tl.arange(0, SUB)[None, None, :]
+    a = tl.where(b == 0, a00[None, :, :], tl.where(b == 1, a11[None, :, :],
+                 tl.where(b == 2, a22[None, :, :], a33[None, :, :])))
+    x = tl.where(rows == cols, 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
     for r in range(1, SUB):
-        ar = _row(a, rows, r)
-        new = tl.where(cols == r, 1.0, 0.0) - tl.sum(ar[:, None] * x, 0)
-        x = tl.where(rows[:, None] == r, new[None, :], x)
-    return x
+        ar = tl.sum(tl.where(rows == r, a, 0.0), 1)  # [4, 16]: row r of each block
+        new = tl.where(cols == r, 1.0, 0.0) - tl.sum(ar[:, :, None] * x, 1)[:, None, :]
+        x = tl.where(rows == r, new, x)
+    return (tl.sum(tl.where(b == 0, x, 0.0), 0), tl.sum(tl.where(b == 1, x, 0.0), 0),
+            tl.sum(tl.where(b == 2, x, 0.0), 0), tl.sum(tl.where(b == 3, x, 0.0), 0))
 
 
 @triton.jit
@@ -173,6 +203,93 @@ def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
     offs = tl.arange(0, D)
     ptrs = Ptr + (t.to(tl.int64)[:, None] * HV + hv) * D + offs[None, :]
     tl.store(ptrs, x.to(Ptr.dtype.element_ty), mask=(t < end)[:, None])
+
+
+@triton.jit
+def _chunk_cols(P, t, m, s_t, off, c0, D: tl.constexpr):
+    """Columns [c0, c0 + WCOL) of a chunk's rows t (int64) as fp32; rows past the end and columns
+    past D read as zeros."""
+    c = c0 + tl.arange(0, WCOL)
+    mask = m[:, None] & (c < D)[None, :]
+    return tl.load(P + t[:, None] * s_t + off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_cols(P, x, t, m, hv, HV, c0, D: tl.constexpr):
+    """Columns [c0, c0 + WCOL) of a chunk's rows into a [T, HV, D] workspace."""
+    c = c0 + tl.arange(0, WCOL)
+    tl.store(P + (t[:, None] * HV + hv) * D + c[None, :], x.to(P.dtype.element_ty), mask=m[:, None] & (c < D)[None, :])
+
+
+@triton.jit
+def _block_of(a4, i: tl.constexpr, j: tl.constexpr):
+    """Block (i, j) [16, 16] of a [64, 64] tile viewed as [4, 16, 4, 16]."""
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.sum(tl.sum(tl.where(sel, a4, 0.0), 2), 0)
+
+
+@triton.jit
+def _put(x4, blk, i: tl.constexpr, j: tl.constexpr):
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.where(sel, blk[None, :, None, :], x4)
+
+
+@triton.jit
+def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
+    """The unit-lower [64, 64] X from its ten 16 x 16 blocks (zeros above)."""
+    x4 = tl.zeros([4, SUB, 4, SUB], tl.float32)
+    x4 = _put(x4, x00, 0, 0)
+    x4 = _put(x4, x11, 1, 1)
+    x4 = _put(x4, x22, 2, 2)
+    x4 = _put(x4, x33, 3, 3)
+    x4 = _put(x4, x10, 1, 0)
+    x4 = _put(x4, x20, 2, 0)
+    x4 = _put(x4, x21, 2, 1)
+    x4 = _put(x4, x30, 3, 0)
+    x4 = _put(x4, x31, 3, 1)
+    x4 = _put(x4, x32, 3, 2)
+    return tl.reshape(x4, [CHUNK, CHUNK])
+
+
+@triton.jit
+def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                 offs_k, qk_l2norm, scale, RL, HEAD_K: tl.constexpr):
+    """GDN, whole chunk: writes Qg, Kg, Aqk rows; returns A's ten lower 16 x 16 blocks (diagonal
+    ones first). A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q
+    and k enter the dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to
+    8 bits, as fla does)."""
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
+    Gc = tl.cumsum(g, 0)
+    rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
+    dt = Q.dtype.element_ty
+    # q, then k: each goes to the input dtype once stored, so no two [64, K] fp32 tiles are live.
+    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        q = q / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)[:, None]
+    tl.store(Qg + rows, (q * (tl.exp(Gc) * scale)[:, None]).to(Qg.dtype.element_ty), mask=m[:, None])
+    qb = q.to(dt)
+    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
+    tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
+    kb = k.to(dt)
+    kt = tl.trans(kb)
+    r = tl.arange(0, CHUNK)
+    decay = tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
+    aq = tl.dot(qb, kt) * decay * scale
+    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    a = tl.where(r[:, None] > r[None, :], tl.dot(kb, kt) * decay, 0.0) * beta[:, None]
+    a4 = tl.reshape(a, [4, SUB, 4, SUB])
+    return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
+            _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
+            _block_of(a4, 3, 1), _block_of(a4, 3, 2))
+
 
 
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
@@ -201,70 +318,93 @@ def gdn_chunk_prep(
     rows = tl.arange(0, SUB)
     cols = tl.arange(0, SUB)
 
-    q0, k0, b0, g0 = _load_block(Q, K, G, Beta, t0, 0, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                                 offs_k, qk_l2norm, KDA)
-    q1, k1, b1, g1 = _load_block(Q, K, G, Beta, t0, 1, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                                 offs_k, qk_l2norm, KDA)
-    q2, k2, b2, g2 = _load_block(Q, K, G, Beta, t0, 2, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                                 offs_k, qk_l2norm, KDA)
-    q3, k3, b3, g3 = _load_block(Q, K, G, Beta, t0, 3, end, hv64, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                                 offs_k, qk_l2norm, KDA)
+    # Registers / spill stack per thread (sm90, Triton 3.6, bf16, cuobjdump -res-usage):
+    #   version                               K=128 gdn 4w  K=128 kda 4w  K=256 gdn 8w  K=256 kda 8w
+    #   q0..q3, k0..k3 [16, K] fp32 all live   255 / 2096    96 / 3792    32 / 14664   (not run)
+    #   one row block live, rest reloaded      255 / 208    255 / 552    255 / 824    128 / 1848
+    #   + sub-block dots in the input dtype    255 / 8          -        255 / 160        -
+    #   GDN chunk-wide A dots, X [64, 64] and
+    #   W/U in 64-column dots                  255 / 112    255 / 112    214 / 0      255 / 304
+    #   + the four diagonal inverses as one
+    #   [4, 16, 16] solve (this version)       250 / 0      255 / 120    221 / 0      255 / 272
+    # This version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
+    # 4 warps gdn 255 / 48, kda 255 / 152.
+    # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)
     else:
         R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
-    G0, R1 = _cumulate(g0, R0, KDA)
-    G1, R2 = _cumulate(g1, R1, KDA)
-    G2, R3 = _cumulate(g2, R2, KDA)
-    G3, RL = _cumulate(g3, R3, KDA)  # RL: the cumulative gate at the chunk's last token
-
-    # Qg = scale q exp(G), Kg = k exp(G_last - G) (both exponents <= 0), exp(G_last).
-    _store_rows(Qg, q0 * _gate(G0, KDA) * scale, t0, 0, end, hv64, HV, HEAD_K)
-    _store_rows(Qg, q1 * _gate(G1, KDA) * scale, t0, 1, end, hv64, HV, HEAD_K)
-    _store_rows(Qg, q2 * _gate(G2, KDA) * scale, t0, 2, end, hv64, HV, HEAD_K)
-    _store_rows(Qg, q3 * _gate(G3, KDA) * scale, t0, 3, end, hv64, HV, HEAD_K)
+    g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    R1 = R0 + tl.sum(g, 0)
+    g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    R2 = R1 + tl.sum(g, 0)
+    g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    R3 = R2 + tl.sum(g, 0)
+    g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
     if KDA:
-        _store_rows(Kg, k0 * tl.exp(RL[None, :] - G0), t0, 0, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k1 * tl.exp(RL[None, :] - G1), t0, 1, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k2 * tl.exp(RL[None, :] - G2), t0, 2, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k3 * tl.exp(RL[None, :] - G3), t0, 3, end, hv64, HV, HEAD_K)
         decay = tl.exp(RL)
     else:
-        _store_rows(Kg, k0 * tl.exp(RL - G0)[:, None], t0, 0, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k1 * tl.exp(RL - G1)[:, None], t0, 1, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k2 * tl.exp(RL - G2)[:, None], t0, 2, end, hv64, HV, HEAD_K)
-        _store_rows(Kg, k3 * tl.exp(RL - G3)[:, None], t0, 3, end, hv64, HV, HEAD_K)
         decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
-    # A (with beta) and Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once (q dies
-    # here: fewer live [16, K] tiles through the inverse).
-    a00, q00 = _diag(q0, k0, G0, b0, scale, rows, cols, KDA)
-    a11, q11 = _diag(q1, k1, G1, b1, scale, rows, cols, KDA)
-    a22, q22 = _diag(q2, k2, G2, b2, scale, rows, cols, KDA)
-    a33, q33 = _diag(q3, k3, G3, b3, scale, rows, cols, KDA)
-    a10, q10 = _pair(q1, k1, G1, R1, k0, G0, b1, scale, KDA)
-    a20, q20 = _pair(q2, k2, G2, R2, k0, G0, b2, scale, KDA)
-    a21, q21 = _pair(q2, k2, G2, R2, k1, G1, b2, scale, KDA)
-    a30, q30 = _pair(q3, k3, G3, R3, k0, G0, b3, scale, KDA)
-    a31, q31 = _pair(q3, k3, G3, R3, k1, G1, b3, scale, KDA)
-    a32, q32 = _pair(q3, k3, G3, R3, k2, G2, b3, scale, KDA)
-    zero = tl.zeros([SUB, SUB], tl.float32)
-    _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
-    _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
-    _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
-    _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
-    # W's right-hand side: beta k exp(G) (k and G die here)
-    bk0 = k0 * _gate(G0, KDA) * b0[:, None]
-    bk1 = k1 * _gate(G1, KDA) * b1[:, None]
-    bk2 = k2 * _gate(G2, KDA) * b2[:, None]
-    bk3 = k3 * _gate(G3, KDA) * b3[:, None]
+    if KDA:
+        # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
+        # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
+        zero = tl.zeros([SUB, SUB], tl.float32)
+        q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
+        q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
+        q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R1, KDA)
+        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
+        q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
+        k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R0, KDA)
+        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R1, KDA)
+        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
+                          R2, KDA)
+        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
+
+    else:
+        # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
+        # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
+        # blocks for the inverse.
+        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _gdn_chunk_a(
+            Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+            offs_k, qk_l2norm, scale, RL, HEAD_K)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-    x00 = _inverse_unit_lower(a00, rows, cols)
-    x11 = _inverse_unit_lower(a11, rows, cols)
-    x22 = _inverse_unit_lower(a22, rows, cols)
-    x33 = _inverse_unit_lower(a33, rows, cols)
+    x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
     x10 = -_mm(x11, _mm(a10, x00))
     x21 = -_mm(x22, _mm(a21, x11))
     x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))
@@ -272,22 +412,33 @@ def gdn_chunk_prep(
     x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
     x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
 
-    # W = X (beta k exp(G)), U = X (beta v); fp32 operands (tf32 on tensor cores: bf16/fp16 inputs
+    # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
+    # each with the chunk's right-hand side (fp32 operands: tf32 on tensor cores; bf16/fp16 inputs
     # pass exactly, gated and normalized values round to 10 bits, finer than the stored dtype).
-    _store_rows(W, tl.dot(x00, bk0), t0, 0, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x10, bk0) + tl.dot(x11, bk1), t0, 1, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x20, bk0) + tl.dot(x21, bk1) + tl.dot(x22, bk2), t0, 2, end, hv64, HV, HEAD_K)
-    _store_rows(W, tl.dot(x30, bk0) + tl.dot(x31, bk1) + tl.dot(x32, bk2) + tl.dot(x33, bk3), t0, 3, end, hv64,
-                HV, HEAD_K)
-    bv0 = _load_bv(V, Beta, t0, 0, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
-    bv1 = _load_bv(V, Beta, t0, 1, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
-    bv2 = _load_bv(V, Beta, t0, 2, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
-    bv3 = _load_bv(V, Beta, t0, 3, end, hv64, s_vt, s_vh, s_bt, s_bh, offs_v)
-    _store_rows(U, tl.dot(x00, bv0), t0, 0, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x10, bv0) + tl.dot(x11, bv1), t0, 1, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x20, bv0) + tl.dot(x21, bv1) + tl.dot(x22, bv2), t0, 2, end, hv64, HV, HEAD_V)
-    _store_rows(U, tl.dot(x30, bv0) + tl.dot(x31, bv1) + tl.dot(x32, bv2) + tl.dot(x33, bv3), t0, 3, end, hv64,
-                HV, HEAD_V)
+    x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
+    # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)  # the per-row factor of k
+    if qk_l2norm != 0:
+        ss = tl.zeros([CHUNK], tl.float32)
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K)
+            ss += tl.sum(kc * kc, 1)
+        rs = rs / tl.sqrt(ss + L2NORM_EPS)
+    if not KDA:
+        rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))  # G <= 0
+    for c0 in tl.static_range(0, HEAD_K, WCOL):
+        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K) * rs[:, None]
+        if KDA:
+            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, HEAD_K), 0))
+        _store_cols(W, tl.dot(x, kc), t, m, hv64, HV, c0, HEAD_K)
+    bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+    for c0 in tl.static_range(0, HEAD_V, WCOL):
+        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, HEAD_V) * bv[:, None]
+        _store_cols(U, tl.dot(x, vc), t, m, hv64, HV, c0, HEAD_V)
+
 
 
 @triton.jit

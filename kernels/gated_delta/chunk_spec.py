@@ -72,9 +72,11 @@ def state_variants():
 
 
 def prep_launch(axes, arch: int) -> LaunchConfig:
-    # No loop over loads to pipeline (one chunk a program): 1 stage (72 KiB of shared memory at
-    # K = V = 128 for GDN, 53 KiB for KDA, both targets). 8 warps at 256 channels for the eight
-    # [16, 256] fp32 q/k sub-block tiles. Unmeasured.
+    # No loop over loads to pipeline (one chunk a program): 1 stage. sm90 binaries (Triton 3.6, bf16,
+    # registers / spill bytes a thread): K = 128 at 4 warps gdn 250 / 0, kda 255 / 120 (8 warps: gdn
+    # 170 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn 221 / 0, kda 255 / 272 (16
+    # warps, an earlier version: 64 registers, 2 KB spilled). Shared memory 48 KiB (gdn) / 32 KiB
+    # (kda) at K = 128, 96 / 32 KiB at 256. Times unmeasured: bench_gated_delta_prefill.py --sweep.
     return LaunchConfig(num_warps=8 if int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128 else 4,
                         num_stages=1)
 

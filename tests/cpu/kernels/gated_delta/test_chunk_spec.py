@@ -42,7 +42,7 @@ def test_launch_configs():
     for axes in chunk_spec.state_variants():
         for arch in (80, 90):
             cfg = chunk_spec.state_launch(axes, arch)
-            assert (cfg.num_warps, cfg.num_stages) == ((8, 1) if axes["head_k"] == 256 else (4, 2))
+            assert (cfg.num_warps, cfg.num_stages) == ((16, 1) if axes["head_k"] == 256 else (4, 2))
             assert axes["head_v"] % chunk_spec.block_v(axes["head_v"]) == 0
     assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128}, 90).num_warps == 4
     assert chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True)) == {

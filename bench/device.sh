@@ -39,5 +39,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 bench_decode.py --out "$OUT/bench.jsonl" --formats int8:128,int8:64 \
     --shapes 32x4096x256x16,64x4096x256x16,1x32768x256x16 2>&1 | tail -7
   python3 bench_prefix_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -30
+  # gated delta rule: decode and chunked prefill (fla beside them where a wheel is carried: .whl)
+  python3 bench_gated_delta.py --out "$OUT/bench.jsonl" 2>&1 | tail -14
+  python3 bench_gated_delta_prefill.py --out "$OUT/bench.jsonl" 2>&1 | tail -8
   cd ..
 fi

@@ -1,6 +1,8 @@
-"""The AOT binaries of one gated_delta_decode key are byte-identical to what Triton's JIT compiles
-for calls with that key's specialization (aligned call -> @aligned, misaligned call -> @generic),
-as test_parity.py checks for the tiny kernel."""
+"""The AOT binaries of one key of each gated delta kernel (the recurrent decode, and the chunked
+prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
+specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
+for the tiny kernel. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
+import importlib
 import os
 import subprocess
 import sys
@@ -12,31 +14,38 @@ from aotc.kernels.variants import VariantKey
 from aotc.loader.manifest import read_manifest
 
 from .conftest import REPO
-from .jit_sha_gated_delta import AXES
+
+SCRIPTS = {"gated_delta_decode": "tests.cpu.aot.jit_sha_gated_delta",
+           "gdn_chunk_state": "tests.cpu.aot.jit_sha_gated_delta_chunk"}
+
+
+def _key(kernel):
+    return VariantKey.make(kernel, importlib.import_module(SCRIPTS[kernel]).AXES)
 
 
 @pytest.fixture(scope="module")
-def gdn_artifacts(tmp_path_factory):
+def artifacts(tmp_path_factory):
     out = tmp_path_factory.mktemp("gdn-artifacts")
-    key = VariantKey.make("gated_delta_decode", AXES)
-    # The miss-log path builds exactly this key (both levels); kernels= keeps the rest of the
+    # The miss-log path builds exactly these keys (both levels); kernels= keeps the rest of the
     # table out (the tiny fixture kernel: two binaries a target).
-    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=[(key, None)], jobs=2, progress=False)
+    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=[(_key(k), None) for k in SCRIPTS],
+                   jobs=2, progress=False)
     assert report.ok, report.failed
     return out
 
 
+@pytest.mark.parametrize("kernel", sorted(SCRIPTS))
 @pytest.mark.parametrize("target", ["sm80", "sm90"])
-def test_jit_compiles_the_same_bytes_as_the_build(gdn_artifacts, target, tmp_path):
+def test_jit_compiles_the_same_bytes_as_the_build(artifacts, kernel, target, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     env["TRITON_DISABLE_LINE_INFO"] = "1"  # as the loader's JIT fallback compiles (aot_compile_options)
-    out = subprocess.run([sys.executable, "-m", "tests.cpu.aot.jit_sha_gated_delta", target[2:]], capture_output=True,
-                         text=True, cwd=REPO, env=env)
+    out = subprocess.run([sys.executable, "-m", SCRIPTS[kernel], target[2:]], capture_output=True, text=True,
+                         cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     jit_aligned, jit_generic = out.stdout.split()
-    entries = read_manifest(gdn_artifacts / target).by_key()
-    key = VariantKey.make("gated_delta_decode", AXES)
+    entries = read_manifest(artifacts / target).by_key()
+    key = _key(kernel)
     assert entries[str(key)].sha256 == jit_aligned
     assert entries[str(key.with_level("generic"))].sha256 == jit_generic
     assert jit_aligned != jit_generic

@@ -55,11 +55,12 @@ def verify(root: str | Path) -> tuple[list[str], int]:
     for folder in folders:
         try:
             m = read_manifest(folder)
-            entries = m.entries  # builds every Entry: a malformed one raises here
         except ManifestError as e:
             problems.append(str(e))
             continue
-        problems += [f"{folder.name}: {p}" for p in verify_files(folder, m)]
+        entries, malformed = m.checked_entries()  # every malformed entry named, the others checked
+        problems += [f"{folder.name}: {p}" for p in malformed]
+        problems += [f"{folder.name}: {p}" for p in verify_files(folder, entries=entries)]
         if folder.name != m.target.name or m.target.mismatch():
             why = m.target.mismatch() or f"it is for target {m.target.name}"
             problems.append(f"{folder.name}: manifest refused: {why}")

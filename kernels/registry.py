@@ -27,8 +27,13 @@ def family_modules() -> tuple[str, ...]:
     return FAMILY_SPECS + extra
 
 
+class SpecModuleError(ValueError):
+    """A module named in AOTC_EXTRA_SPECS cannot be imported or declares no KERNELS."""
+
+
 def all_specs() -> dict[str, KernelSpec]:
-    """Every declared kernel by name. Families whose spec module is absent are skipped."""
+    """Every declared kernel by name. Built-in families whose spec module is absent are skipped;
+    a module named in AOTC_EXTRA_SPECS must import (else SpecModuleError naming it)."""
     return _load(family_modules())
 
 
@@ -36,12 +41,19 @@ def all_specs() -> dict[str, KernelSpec]:
 def _load(modules: tuple[str, ...]) -> dict[str, KernelSpec]:
     out: dict[str, KernelSpec] = {}
     for module_name in modules:
+        extra = module_name not in FAMILY_SPECS
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name == module_name:
+            if not extra and e.name == module_name:
                 continue
-            raise
+            if not extra:
+                raise
+            raise SpecModuleError(
+                f"{ENV_EXTRA} names {module_name!r}, which cannot be imported ({e}); set it to importable "
+                "spec modules, comma-separated (each defining KERNELS), or unset it") from None
+        if extra and not isinstance(getattr(module, "KERNELS", None), (list, tuple)):
+            raise SpecModuleError(f"{ENV_EXTRA} names {module_name!r}, which defines no KERNELS list")
         for spec in module.KERNELS:
             if spec.name in out:
                 raise ValueError(f"kernel name {spec.name!r} declared twice")

@@ -139,6 +139,17 @@ class Manifest:
     def entries(self) -> list[Entry]:
         return [self.get(k) for k in self.keys()]
 
+    def checked_entries(self) -> tuple[list[Entry], list[str]]:
+        """(every well-formed entry, one message per malformed one): for `aotc verify`, which names
+        every bad entry; `entries` stops at the first."""
+        good, bad = [], []
+        for k in self.keys():
+            try:
+                good.append(self.get(k))
+            except ManifestError as e:
+                bad.append(str(e))
+        return good, bad
+
     def by_key(self) -> dict[str, Entry]:
         return {e.key: e for e in self.entries}
 
@@ -234,10 +245,14 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def verify_files(target_dir: str | os.PathLike, manifest: Manifest | None = None) -> list[str]:
-    """One message per missing, truncated or altered file; empty when every file is good."""
+def verify_files(target_dir: str | os.PathLike, manifest: Manifest | None = None,
+                 entries: list[Entry] | None = None) -> list[str]:
+    """One message per missing, truncated or altered file; empty when every file is good.
+    `entries` (already checked) stands in for the manifest's."""
     target_dir = Path(target_dir)
-    if manifest is not None:
+    if entries is not None:
+        pass
+    elif manifest is not None:
         entries = manifest.entries  # the caller's manifest: a malformed entry is the caller's to report
     else:
         try:

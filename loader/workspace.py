@@ -77,7 +77,10 @@ def _buffer_key(device):
 
 
 def get(device, numel: int):
-    """An fp32 tensor of `numel` elements on `device`, contents undefined (16-byte aligned)."""
+    """An fp32 tensor of `numel` elements on `device` (16-byte aligned). Zeros when allocated, then
+    what the last call left: never uninitialized memory, so a masked-off read of a slot no
+    launch wrote (decode's merge reads empty splits' partials and selects them away) reads
+    initialized bytes (compute-sanitizer initcheck)."""
     import torch
 
     if device.type != "cuda":
@@ -87,7 +90,7 @@ def get(device, numel: int):
     if buf is not None and buf.numel() >= numel:
         return buf[:numel]
     if torch.cuda.is_current_stream_capturing():
-        return torch.empty(numel, dtype=torch.float32, device=device)
+        return torch.zeros(numel, dtype=torch.float32, device=device)
     with _lock:
         buf = _buffers.get(key)
         if buf is None or buf.numel() < numel:
@@ -95,5 +98,5 @@ def get(device, numel: int):
                 _retired.append(buf)
             # Grow by at least 2x so a slowly rising demand reallocates O(log) times.
             size = max(numel, 2 * buf.numel() if buf is not None else 0)
-            buf = _buffers[key] = torch.empty(size, dtype=torch.float32, device=device)
+            buf = _buffers[key] = torch.zeros(size, dtype=torch.float32, device=device)
     return buf[:numel]

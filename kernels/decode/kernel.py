@@ -238,7 +238,9 @@ def decode_split_kernel(
             page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
             HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND)
     # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
-    lse = tl.where(hi > lo, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    # A NaN sum (a NaN or inf query or cache element) stays NaN here, so the merge returns NaN for
+    # that head instead of taking the split for an empty one.
+    lse = tl.where(hi > lo, m_i + tl.log2(tl.where((l_i > 0) | (l_i != l_i), l_i, 1.0)), float("-inf"))
     tl.store(PartLse + slot_ids, lse, mask=h_mask)
 
 
@@ -591,5 +593,6 @@ def decode_merge_kernel(
         # over the attended tokens (the window's, when one is set) plus the sink, so that (out, lse)
         # merges with another attention state. -inf where nothing was attended (out is zeros).
         # Split log-sum-exps are base 2 (scores were scaled by log2(e)): ln(x) = log2(x) * ln(2).
-        total = tl.where(denom > 0, (m + tl.log2(tl.where(denom > 0, denom, 1.0))) * LN2, float("-inf"))
+        total = tl.where(denom > 0, (m + tl.log2(tl.where(denom > 0, denom, 1.0))) * LN2,
+                         tl.where(denom != denom, denom, float("-inf")))  # NaN in, NaN out
         tl.store(Lse + b.to(tl.int64) * stride_lse + h, total)

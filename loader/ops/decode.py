@@ -572,7 +572,9 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
 
     Returns out, or (out, lse) with return_lse=True.
     Errors: TypeError for a wrong type or dtype, ValueError for a wrong shape, device, stride
-    (each naming the argument) or value, all raised before any launch.
+    (each naming the argument) or value, all raised before any launch. NaN and inf in the inputs
+    are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
+    head NaN in out and lse; other heads are unaffected).
     """
     if lse is not None and not return_lse:
         raise ValueError("lse is written only with return_lse=True")

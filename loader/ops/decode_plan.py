@@ -176,7 +176,7 @@ class DecodePlan:
         merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, plan.merge_ints, dev.index)
         if split is None or merge is None:
             return None
-        self._workspace = torch.empty(plan.n_o + plan.n_lse, dtype=torch.float32, device=dev)
+        self._workspace = torch.zeros(plan.n_o + plan.n_lse, dtype=torch.float32, device=dev)  # see workspace.get
         part_o = self._workspace.data_ptr()
         part_lse = part_o + 4 * plan.n_o
         lens = d.seq_lens.data_ptr()

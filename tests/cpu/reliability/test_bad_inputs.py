@@ -363,13 +363,9 @@ def test_the_good_calls_launch(launches):
 
 
 # -- NaN in, NaN out ---------------------------------------------------------------------------------------
-DECODE_NAN = pytest.mark.xfail(strict=True, reason=(
-    "found here, not fixed: decode turns a NaN/inf query into zeros for that head (the split kernel's "
-    "l_i > 0 guard and the merge's lse > -inf mask drop the non-finite split), a silent wrong answer; "
-    "the fix belongs in kernels/decode/kernel.py"))
 NAN_CASES = [  # (op, input, index poisoned, output index reached, value)
-    pytest.param("decode", "q", (2,), (2,), math.nan, marks=DECODE_NAN, id="decode-q-nan"),
-    pytest.param("decode", "q", (3, 1), (3, 1), math.inf, marks=DECODE_NAN, id="decode-q-inf"),
+    pytest.param("decode", "q", (2,), (2,), math.nan, id="decode-q-nan"),
+    pytest.param("decode", "q", (3, 1), (3, 1), math.inf, id="decode-q-inf"),
     pytest.param("prefix_prefill", "q", (7,), (7,), math.nan, id="prefix_prefill-q-nan"), pytest.param("prefix_prefill", "v", (5, 0), (5, 0), math.inf, id="prefix_prefill-v-inf"),
     pytest.param("gated_delta_decode", "q", (0, 1), (0, 1), math.nan, id="gated_delta_decode-q-nan"), pytest.param("gated_delta_decode", "v", (2, 0), (2,), math.nan, id="gated_delta_decode-v-nan"),
     pytest.param("gated_delta_prefill", "q", (0, 4), (0, 4), math.nan, id="gated_delta_prefill-q-nan"),
@@ -389,9 +385,9 @@ def test_nan_in_nan_out_and_no_other_row_changes(launches, op, name, where, reac
     mask = torch.ones(got.shape[: len(reached)], dtype=torch.bool)
     mask[reached] = False
     assert torch.equal(got[mask], expected[mask])
-    if op != "decode":  # said where a user reads it
-        assert "NaN in, NaN out" in {"prefix_prefill": prefix_prefill, "gated_delta_decode": gdn_mod.gated_delta_decode,
-                                     "gated_delta_prefill": gated_delta_prefill}[op].__doc__
+    assert "NaN in, NaN out" in {"decode": decode, "prefix_prefill": prefix_prefill,  # said where a user reads it
+                                 "gated_delta_decode": gdn_mod.gated_delta_decode,
+                                 "gated_delta_prefill": gated_delta_prefill}[op].__doc__
 
 
 def test_case_counts():

@@ -363,6 +363,23 @@ def test_pull_refuses_naming_the_entry(hub, tiny_artifacts, tmp_path, kind, dama
     assert not (out_dir / "sm90").exists()  # nothing half-copied where the loader would look
 
 
+def test_verify_names_every_malformed_entry_and_checks_the_rest(tiny_artifacts, tmp_path):
+    """Three damaged entries of one target: `aotc verify` names all three (not only the first it
+    meets) and still checks the good entries' files."""
+    def damage(doc):
+        keys = sorted(k for t in doc["kernels"].values() for k in t["entries"])
+        others = [k for k in keys if k != VICTIM]
+        set_field(doc, VICTIM, "num_warps", 3)
+        set_field(doc, others[0], "symbol", "")
+        set_field(doc, others[-1], "sha256", "ab")
+        damage.named = (VICTIM, others[0], others[-1])
+    root = damaged_root(tiny_artifacts, tmp_path, "doc", damage)
+    code, out = run_cli("verify", root)
+    assert code == 1 and "3 problems" in out, out
+    for key in damage.named:
+        assert f"malformed manifest entry {key}" in out, (key, out)
+
+
 # -- the table itself --------------------------------------------------------------------------
 def test_the_good_build_passes_every_consumer(tiny_artifacts, tmp_path, fake_driver):
     """The control: the undamaged copy is accepted by all four, so each refusal above is the damage's."""

@@ -214,7 +214,8 @@ def prefix_prefill_kernel(
     d_valid = offs_d < head_dim
     rows = (q_start + offs_m).to(tl.int64)
     q_row = Q + rows * stride_qt + head.to(tl.int64) * stride_qh
-    q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    if KV_FORMAT < 3:
+        q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
 
     # Sinks join the normalizer only: start the running max/sum at the sink's logit.
     sink = tl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
@@ -240,6 +241,7 @@ def prefix_prefill_kernel(
                                     stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, K_scale, V_scale,
                                     stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale, BLOCK_M, BLOCK_D,
                                     BLOCK_N, KV_FORMAT, SCALES)
+        q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         if KV_FORMAT == 0:

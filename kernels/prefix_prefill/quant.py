@@ -106,14 +106,17 @@ def _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, V
              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale,
              BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr, MASKED: tl.constexpr):
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
+    if SCALES == 1:  # issued first, so their latency hides under the word loads and the dot
+        ksc = _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+        vsc = _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
     k0, k1 = _i8x2_codes(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED))
     qk = tl.dot(q1, tl.trans(k1.to(q0.dtype)), acc=tl.dot(q0, tl.trans(k0.to(q0.dtype))))
     if SCALES == 1:
-        qk = qk * _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+        qk = qk * ksc[None, :]
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
     if SCALES == 1:
-        p = p * _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+        p = p * vsc[None, :]
     v0, v1 = _i8x2_codes(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED))
     p = p.to(q0.dtype)
     a0 = tl.dot(p, v0.to(q0.dtype), acc=a0 * alpha[:, None])
@@ -127,6 +130,9 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx
              n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
              MASKED: tl.constexpr):
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
+    if SCALES == 1:  # issued first, so their latency hides under the word loads and the dot
+        ksc = _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+        vsc = _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
     dt = q0.dtype
     k0, k1, k2, k3 = _i4x4_codes16(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
                                           MASKED))
@@ -134,11 +140,11 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx
     odd16 = tl.dot(q3, tl.trans(k3.to(dt)), acc=tl.dot(q1, tl.trans(k1.to(dt))))
     qk = even + odd16 * 0.0625
     if SCALES == 1:
-        qk = qk * _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+        qk = qk * ksc[None, :]
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
     if SCALES == 1:
-        p = p * _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)[None, :]
+        p = p * vsc[None, :]
     v0, v1, v2, v3 = _i4x4_codes16(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
                                           MASKED))
     p = p.to(dt)

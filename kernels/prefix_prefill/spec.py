@@ -61,9 +61,15 @@ def block_d(head_dim: int, kv: str = "same") -> int:
     return max(32 if kv != "int4" else 64, 1 << (head_dim - 1).bit_length())
 
 
-def tile(block_d: int) -> tuple[int, int]:
+def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
     BLOCK_M (the kernel asserts it)."""
+    if kv in INT_FORMATS and block_d <= 128:
+        # H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, page 32 (JIT sweep at a4ec7ff): int8
+        # per token 4 warps x 32-key tiles 0.248 ms vs 0.312 at 8 warps x 64 (the earlier config,
+        # 0.377 before the scale loads moved to the tile's start); int4 0.289 vs 0.339; per channel
+        # 0.206 vs 0.236. 4 warps spill 12-50 bytes a thread here and still win.
+        return 128, 32
     if block_d > 128:
         # H100 bf16 d256, b8 ctx2048+512: 259 TF/s vs 226 for 64x32 and 173 for 64x64. Q 64 KiB plus
         # two stages of 16 KiB K and V tiles: 128 KiB, inside sm80's 163 KiB.
@@ -73,7 +79,7 @@ def tile(block_d: int) -> tuple[int, int]:
 
 def constexprs(axes) -> dict:
     bd = int(axes["block_d"])
-    bm, bn = tile(bd)
+    bm, bn = tile(bd, axes["kv"])
     return {
         "BLOCK_D": bd, "BLOCK_M": bm, "BLOCK_N": bn,
         "KV_VLLM": int(axes["layout"] == "vllm"),
@@ -93,10 +99,14 @@ def variants():
                         yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout}
 
 
-def launch(axes, arch: int) -> LaunchConfig:
+def launch(axes, arch: int) -> LaunchConfig | None:
+    """None where the variant does not exist: int8/int4 caches dequantize through decode's inline
+    PTX converters (kernels/decode/dequant.py), NVIDIA targets only."""
+    if getattr(arch, "backend", "cuda") != "cuda" and axes["kv"] in INT_FORMATS:
+        return None
     bd = int(axes["block_d"])
     # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
-    warps = 4 if bd <= 64 else 8
+    warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int: see tile()
     if arch >= 90 and bd <= 128 and axes["kv"] == "same" and axes["layout"] == "nhd":
         # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
         # (b1 ctx16K+2K). fp8 and vllm-layout caches convert or gather through registers: there

@@ -275,7 +275,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     batch = block_table.shape[0]
     c = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale)
     axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd")
-    block_m = _spec.tile(axes["block_d"])[0]
+    block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py).
     grid = (tokens // block_m + batch, q_heads, 1)

@@ -83,10 +83,8 @@ def fla_call(q, k, v, g, beta, lengths):
         return None, f"fla call failed ({type(e).__name__}: {str(e)[:80]})"
 
 
-# (num_warps, num_stages, maxnreg) tried by --sweep for the precompute (maxnreg 0: no cap; 168 fits
-# three 4-warp programs an SM, 128 four, or two of 8 warps); the state pass also at BV 64 (half the
-# programs).
-PREP_SWEEP = [(2, 1, 0), (4, 1, 0), (8, 1, 0), (16, 1, 0), (4, 1, 168), (4, 1, 128), (8, 1, 128)]
+# (num_warps, num_stages) tried by --sweep; the state pass also at BV 64 (half the programs).
+PREP_SWEEP = [(2, 1), (4, 1), (8, 1), (16, 1)]
 STATE_SWEEP = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2)]
 
 
@@ -100,16 +98,13 @@ def sweep(rows):
             q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
         gate = "kda" if kda else "gdn"
         default = chunk_spec.prep_launch(paxes, 90)
-        for warps, stages, maxnreg in PREP_SWEEP:
-            cap = {"maxnreg": maxnreg} if maxnreg else {}
+        for warps, stages in PREP_SWEEP:
             def prep():
                 chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **pspec.constexprs(paxes), num_warps=warps,
-                                                    num_stages=stages, **cap)
-            reg = f" maxnreg {maxnreg}" if maxnreg else ""
-            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages}{reg}", prep,
-                       (warps, stages, maxnreg) == (default.num_warps, default.num_stages, default.maxnreg),
-                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{maxnreg}" if maxnreg else ""),
-                       "gated_delta_prefill_prep_sweep")
+                                                    num_stages=stages)
+            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages}", prep,
+                       (warps, stages) == (default.num_warps, default.num_stages),
+                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}", "gated_delta_prefill_prep_sweep")
         if not kda:
             run_kernel(pspec, paxes, pgrid, pargs)  # the state pass reads the workspace the precompute wrote
             default = chunk_spec.state_launch(saxes, 90)

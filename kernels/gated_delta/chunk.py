@@ -16,15 +16,12 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
 A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
 16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
-used), and stores A (fp32) into its own [64, 64] region of a global scratch (Ascratch: written
-and read back by the same program, so it mostly stays in L2), as flash-linear-attention's
-solve_tril does, instead of cutting 16 x 16 blocks out of registers. From there it inverts the
-four unit-lower diagonal blocks together by row substitution ([4, 16, 16]: 15 steps, row r of A
-loaded per step), merges them by block forward substitution (X_ij = -X_ii sum_m A_im X_mj, 16 x 16
-fp32 dots on blocks loaded when used) with the X blocks written back into the scratch's free upper
-triangle, loads X [64, 64] and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x
-[64, 64-column] dots, and Qg = scale q Gam, Kg = k exp(G_last - G), Aqk (input dtype) and
-exp(G_last) (fp32, per K). Registers and spills of each version: the kernel's comment.
+used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones together by row
+substitution ([4, 16, 16]: 15 steps) and merges them by block forward substitution
+(X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes W = X (beta k Gam),
+U = X (beta v) by [64, 64] x [64, 64-column] dots, and Qg = scale q Gam, Kg = k exp(G_last - G),
+Aqk (input dtype) and exp(G_last) (fp32, per K). Registers and spills of each version: the
+kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Qg h + Aqk V',
 h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so one binary serves GDN
@@ -175,86 +172,22 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.const
 
 
 @triton.jit
-def _scratch_block(S, i: tl.constexpr, j: tl.constexpr):
-    """Block (i, j) [16, 16] of a program's [64, 64] fp32 scratch (row-major)."""
-    r = tl.arange(0, SUB)
-    return tl.load(S + (r + i * SUB)[:, None] * CHUNK + j * SUB + r[None, :])
-
-
-@triton.jit
-def _put_block(S, x, i: tl.constexpr, j: tl.constexpr):
-    r = tl.arange(0, SUB)
-    tl.store(S + (r + i * SUB)[:, None] * CHUNK + j * SUB + r[None, :], x)
-
-
-@triton.jit
-def _x_block(S, i: tl.constexpr, j: tl.constexpr):
-    """X_ij (i >= j) from the scratch (layout: _inverse_diagonal and _merge)."""
-    if i == j:
-        r = tl.arange(0, SUB)
-        up = tl.load(S + (r + i * SUB)[None, :] * CHUNK + i * SUB + r[:, None], mask=r[:, None] > r[None, :],
-                     other=0.0)
-        return up + tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    else:
-        return _scratch_block(S, j, i)
-
-
-@triton.jit
-def _inverse_diagonal(S):
-    """(I + A_bb)^-1 of the four strictly lower [16, 16] diagonal blocks of the A in scratch S,
-    stacked [4, 16, 16] and solved together by row substitution (15 steps, not 4 x 15): row r of
-    an inverse is e_r - sum_{j<r} a_rj X_j, rows j < r final when row r is formed. Row r of the
-    four blocks is read from S (no register extraction) and the strictly lower part of X's row r
-    goes to S at once, transposed into the block's free strictly upper triangle (X_bb[r, c] at
-    (c, r), c < r; its unit diagonal implicit): the loads touch only columns c < r of row r, the
-    stores only columns r > c of rows c, so no thread overwrites what another has still to read."""
-    b = tl.arange(0, 4)
-    r16 = tl.arange(0, SUB)
-    rows = r16[None, :, None]
-    cols = r16[None, None, :]
-    diag = S + b[:, None] * (SUB * CHUNK + SUB)  # [4, 1]: each diagonal block's first element
+def _inverse_diagonal(a00, a11, a22, a33):
+    """(I + a_bb)^-1 of the four strictly lower [16, 16] diagonal blocks, stacked [4, 16, 16] and
+    solved together by row substitution (15 steps, not 4 x 15): row r of an inverse is
+    e_r - sum_{j<r} a_rj X_j, and rows j < r are final when row r is formed."""
+    b = tl.arange(0, 4)[:, None, None]
+    rows = tl.arange(0, SUB)[None, :, None]
+    cols = tl.arange(0, SUB)[None, None, :]
+    a = tl.where(b == 0, a00[None, :, :], tl.where(b == 1, a11[None, :, :],
+                 tl.where(b == 2, a22[None, :, :], a33[None, :, :])))
     x = tl.where(rows == cols, 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
     for r in range(1, SUB):
-        lo = r16[None, :] < r
-        ar = tl.load(diag + r * CHUNK + r16[None, :], mask=lo, other=0.0)  # [4, 16]: row r of each block
-        new = -tl.sum(ar[:, :, None] * x, 1)  # [4, 16]: row r of each inverse, less its diagonal 1
-        tl.store(diag + r16[None, :] * CHUNK + r, new, mask=lo)
-        x = tl.where(rows == r, new[:, None, :] + tl.where(cols == r, 1.0, 0.0), x)
-
-
-@triton.jit
-def _merge(S):
-    """X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj (i > j) by 16 x 16 fp32 dots with their operands
-    loaded from S when used. X_ij goes to the free block (j, i) above the diagonal, so no A block
-    is overwritten; a barrier after each round makes its blocks visible to the next."""
-    tl.debug_barrier()
-    _put_block(S, -_mm(_x_block(S, 1, 1), _mm(_scratch_block(S, 1, 0), _x_block(S, 0, 0))), 0, 1)
-    _put_block(S, -_mm(_x_block(S, 2, 2), _mm(_scratch_block(S, 2, 1), _x_block(S, 1, 1))), 1, 2)
-    _put_block(S, -_mm(_x_block(S, 3, 3), _mm(_scratch_block(S, 3, 2), _x_block(S, 2, 2))), 2, 3)
-    tl.debug_barrier()
-    _put_block(S, -_mm(_x_block(S, 2, 2), _mm(_scratch_block(S, 2, 0), _x_block(S, 0, 0))
-                       + _mm(_scratch_block(S, 2, 1), _x_block(S, 1, 0))), 0, 2)
-    _put_block(S, -_mm(_x_block(S, 3, 3), _mm(_scratch_block(S, 3, 1), _x_block(S, 1, 1))
-                       + _mm(_scratch_block(S, 3, 2), _x_block(S, 2, 1))), 1, 3)
-    tl.debug_barrier()
-    _put_block(S, -_mm(_x_block(S, 3, 3), _mm(_scratch_block(S, 3, 0), _x_block(S, 0, 0))
-                       + _mm(_scratch_block(S, 3, 1), _x_block(S, 1, 0))
-                       + _mm(_scratch_block(S, 3, 2), _x_block(S, 2, 0))), 0, 3)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _load_x(S):
-    """The unit-lower X [64, 64] from S (a gather; one load a program): X_ij (i > j) from block
-    (j, i), X_ii's strictly lower part transposed from the strictly upper part of block (i, i)."""
-    r = tl.arange(0, CHUNK)
-    rb = r // SUB
-    ri = r % SUB
-    below = rb[:, None] > rb[None, :]
-    src = tl.where(below, (rb[None, :] * SUB + ri[:, None]) * CHUNK + rb[:, None] * SUB + ri[None, :],
-                   r[None, :] * CHUNK + r[:, None])
-    mask = below | ((rb[:, None] == rb[None, :]) & (ri[:, None] > ri[None, :]))
-    return tl.load(S + src, mask=mask, other=0.0) + tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+        ar = tl.sum(tl.where(rows == r, a, 0.0), 1)  # [4, 16]: row r of each block
+        new = tl.where(cols == r, 1.0, 0.0) - tl.sum(ar[:, :, None] * x, 1)[:, None, :]
+        x = tl.where(rows == r, new, x)
+    return (tl.sum(tl.where(b == 0, x, 0.0), 0), tl.sum(tl.where(b == 1, x, 0.0), 0),
+            tl.sum(tl.where(b == 2, x, 0.0), 0), tl.sum(tl.where(b == 3, x, 0.0), 0))
 
 
 @triton.jit
@@ -289,12 +222,44 @@ def _store_cols(P, x, t, m, hv, HV, c0, D: tl.constexpr):
 
 
 @triton.jit
-def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, S, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+def _block_of(a4, i: tl.constexpr, j: tl.constexpr):
+    """Block (i, j) [16, 16] of a [64, 64] tile viewed as [4, 16, 4, 16]."""
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.sum(tl.sum(tl.where(sel, a4, 0.0), 2), 0)
+
+
+@triton.jit
+def _put(x4, blk, i: tl.constexpr, j: tl.constexpr):
+    b = tl.arange(0, 4)
+    sel = (b[:, None, None, None] == i) & (b[None, None, :, None] == j)
+    return tl.where(sel, blk[None, :, None, :], x4)
+
+
+@triton.jit
+def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
+    """The unit-lower [64, 64] X from its ten 16 x 16 blocks (zeros above)."""
+    x4 = tl.zeros([4, SUB, 4, SUB], tl.float32)
+    x4 = _put(x4, x00, 0, 0)
+    x4 = _put(x4, x11, 1, 1)
+    x4 = _put(x4, x22, 2, 2)
+    x4 = _put(x4, x33, 3, 3)
+    x4 = _put(x4, x10, 1, 0)
+    x4 = _put(x4, x20, 2, 0)
+    x4 = _put(x4, x21, 2, 1)
+    x4 = _put(x4, x30, 3, 0)
+    x4 = _put(x4, x31, 3, 1)
+    x4 = _put(x4, x32, 3, 2)
+    return tl.reshape(x4, [CHUNK, CHUNK])
+
+
+@triton.jit
+def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
                  offs_k, qk_l2norm, scale, RL, HEAD_K: tl.constexpr):
-    """GDN, whole chunk: writes Qg, Kg, Aqk rows and A [64, 64] (fp32, strictly lower, with beta)
-    into the program's scratch S. A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1)
-    safe chunk-wide; q and k enter the dots in the input dtype (fp32 accumulate; bf16 rounds
-    normalized values to 8 bits, as fla does)."""
+    """GDN, whole chunk: writes Qg, Kg, Aqk rows; returns A's ten lower 16 x 16 blocks (diagonal
+    ones first). A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q
+    and k enter the dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to
+    8 bits, as fla does)."""
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
@@ -320,22 +285,23 @@ def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, S, t0, end, hv, hk, HV, s_qt, s_qh,
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     a = tl.where(r[:, None] > r[None, :], tl.dot(kb, kt) * decay, 0.0) * beta[:, None]
-    tl.store(S + r[:, None] * CHUNK + r[None, :], a)
+    a4 = tl.reshape(a, [4, SUB, 4, SUB])
+    return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
+            _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
+            _block_of(a4, 3, 1), _block_of(a4, 3, 2))
 
 
 
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
-    Q, K, V, G, Beta, W, U, Qg, Kg, Aqk, Decay, Ascratch, Cu_seqlens, State_indices,
+    Q, K, V, G, Beta, W, U, Qg, Kg, Aqk, Decay, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Qg, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
-    (input dtype), and Decay[slot, hv, :] = exp(G_last) (fp32). Grid (chunk slots, HV).
-    Ascratch [chunk slots, HV, 64, 64] fp32: the program's own A, then X (read back at once by the
-    same program, so it mostly stays in L2; see the inverse below)."""
+    (input dtype), and Decay[slot, hv, :] = exp(G_last) (fp32). Grid (chunk slots, HV)."""
     pid = tl.program_id(0)
     hv = tl.program_id(1)
     n = _sequence_of_slot(Cu_seqlens, pid, num_seqs)
@@ -347,7 +313,6 @@ def gdn_chunk_prep(
         return
     hk = (hv // group).to(tl.int64)
     hv64 = hv.to(tl.int64)
-    S = Ascratch + (pid.to(tl.int64) * HV + hv64) * (CHUNK * CHUNK)
     offs_k = tl.arange(0, HEAD_K)
     offs_v = tl.arange(0, HEAD_V)
     rows = tl.arange(0, SUB)
@@ -361,18 +326,9 @@ def gdn_chunk_prep(
     #   GDN chunk-wide A dots, X [64, 64] and
     #   W/U in 64-column dots                  255 / 112    255 / 112    214 / 0      255 / 304
     #   + the four diagonal inverses as one
-    #   [4, 16, 16] solve                      250 / 0      255 / 120    221 / 0      255 / 272
-    #   A and X through the global scratch,
-    #   no register block extraction (this)    254 / 0      255 / 8      206 / 0      255 / 24
-    # The previous version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80
-    # K = 128 4 warps gdn 255 / 48, kda 255 / 152. This version: K = 128 gdn 8 warps 146 / 0;
-    # K = 64 gdn 4 warps 198 / 0; sm80 K = 128 4 warps gdn 255 / 48, kda 255 / 40.
-    # Without a cap ptxas takes up to 255 whatever the need, so the uncapped count hides the gain;
-    # capped with maxnreg (sm90, K = 128 gdn): 4 warps at 168 (3 programs an SM) previous 192 bytes
-    # spilled, this 8; at 128 (4 an SM) 552 vs 128; 8 warps at 128 (2 an SM) 24 vs 0. SASS, static
-    # (a loop counted once), previous -> this: K = 128 gdn 4 warps 6899 -> 5661 instructions, 155 ->
-    # 76 bar.sync; kda 16181 -> 15306; K = 256 gdn 8 warps 6420 -> 4665. Times: not yet measured on
-    # the GPU (bench_gated_delta_prefill.py --sweep times the caps).
+    #   [4, 16, 16] solve (this version)       250 / 0      255 / 120    221 / 0      255 / 272
+    # This version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
+    # 4 warps gdn 255 / 48, kda 255 / 152.
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)
@@ -394,84 +350,72 @@ def gdn_chunk_prep(
 
     if KDA:
         # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
-        # sub-blocks; Aqk rows go out at once, A blocks to the scratch as they are made (none held).
-        # Block i holds its q, k, gate; k_j, G_j are reloaded.
+        # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
         zero = tl.zeros([SUB, SUB], tl.float32)
         q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
         k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
         Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
         a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        _put_block(S, a00, 0, 0)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
         q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
         k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
         Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
         a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        _put_block(S, a11, 1, 1)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R0, KDA)
         a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a10, 1, 0)
         _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
         q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
         k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
         Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
         a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        _put_block(S, a22, 2, 2)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R0, KDA)
         a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a20, 2, 0)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R1, KDA)
         a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a21, 2, 1)
         _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
         q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
         k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
         Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
         a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        _put_block(S, a33, 3, 3)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R0, KDA)
         a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a30, 3, 0)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R1, KDA)
         a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a31, 3, 1)
         kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
                           R2, KDA)
         a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        _put_block(S, a32, 3, 2)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
     else:
         # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
-        # warps share the rows instead of each repeating a 16-row tile); A goes to the scratch.
-        _gdn_chunk_a(
-            Q, K, G, Beta, Qg, Kg, Aqk, S, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+        # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
+        # blocks for the inverse.
+        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _gdn_chunk_a(
+            Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
             offs_k, qk_l2norm, scale, RL, HEAD_K)
 
-    # X = (I + A)^-1 in the scratch, A read back from memory rather than cut out of registers (as
-    # flash-linear-attention's solve_tril): the diagonal blocks by row substitution, then
-    # X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj by 16 x 16 fp32 dots. The scratch's 16 x 16 blocks
-    # (i, j) end as: i > j A_ij (never overwritten); i == j A_ii below the diagonal, X_ii's
-    # strictly lower part transposed above it; i < j X_ji. Barriers order one thread's stores
-    # before another thread's loads of the same data (bar.sync makes a CTA's global writes
-    # visible to the CTA); no block is overwritten while it may still be read.
-    tl.debug_barrier()
-    _inverse_diagonal(S)
-    _merge(S)
+    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
+    x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
+    x10 = -_mm(x11, _mm(a10, x00))
+    x21 = -_mm(x22, _mm(a21, x11))
+    x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))
+    x32 = -_mm(x33, _mm(a32, x22))
+    x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
+    x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
 
-    # W = X (beta k exp(G)), U = X (beta v): X loaded as [64, 64], one [64, 64] x [64, K] dot
+    # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
     # each with the chunk's right-hand side (fp32 operands: tf32 on tensor cores; bf16/fp16 inputs
     # pass exactly, gated and normalized values round to 10 bits, finer than the stored dtype).
-    x = _load_x(S)
+    x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end

@@ -28,7 +28,7 @@ PREP_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V"))
     + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"))
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg", "Kg", "Aqk"))
-    + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"), Arg("Ascratch", "ptr", aligned=True, dtype="=fp32"),
+    + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
        Arg("HV", "i32"),
@@ -73,13 +73,10 @@ def state_variants():
 
 def prep_launch(axes, arch: int) -> LaunchConfig:
     # No loop over loads to pipeline (one chunk a program): 1 stage. sm90 binaries (Triton 3.6, bf16,
-    # registers / spill bytes a thread, the A / X scratch version): K = 128 at 4 warps gdn 254 / 0,
-    # kda 255 / 8 (8 warps: gdn 146 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn
-    # 206 / 0, kda 255 / 24 (16 warps, an earlier version: 64 registers, 2 KB spilled). Uncapped,
-    # ptxas takes what it may: capped, K = 128 gdn fits 168 at 4 warps (3 programs an SM, 8 bytes
-    # spilled) and 128 at 8 warps (2 an SM, none), not yet timed on the GPU
-    # (bench_gated_delta_prefill.py --sweep has both). Shared memory 48 KiB (gdn) / 32 KiB (kda) at
-    # K = 128, 96 / 32 KiB at 256.
+    # registers / spill bytes a thread): K = 128 at 4 warps gdn 250 / 0, kda 255 / 120 (8 warps: gdn
+    # 170 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn 221 / 0, kda 255 / 272 (16
+    # warps, an earlier version: 64 registers, 2 KB spilled). Shared memory 48 KiB (gdn) / 32 KiB
+    # (kda) at K = 128, 96 / 32 KiB at 256. Times unmeasured: bench_gated_delta_prefill.py --sweep.
     return LaunchConfig(num_warps=8 if int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128 else 4,
                         num_stages=1)
 

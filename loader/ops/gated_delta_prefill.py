@@ -73,11 +73,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
     decay = torch.empty(slots, HV, K, dtype=torch.float32, device=dev)
-    # the precompute's A / X scratch: each program writes its own [64, 64] before reading it
-    ascratch = torch.empty(slots, HV, _spec.CHUNK, _spec.CHUNK, dtype=torch.float32, device=dev)
     name = QKV_DTYPES[dt]
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
-        q, k, v, g, beta, w, u, qg, kg, aqk, decay, ascratch, cu_seqlens, state_indices,
+        q, k, v, g, beta, w, u, qg, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
@@ -139,9 +137,7 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       the host otherwise and the launch needs no sync. Unvalidated, an index >= slots is treated
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
     Workspace: W, U, q exp(G), k exp(G_last - G) `[T, HV, K or V]` and the chunk's attention
-      `[T, HV, 64]` in q's dtype, exp(G_last) `[chunks, HV, K]` and the precompute's A / X
-      scratch `[chunks, HV, 64, 64]` in float32 (chunks = T // 64 + N), allocated per call
-      (torch's caching allocator).
+      `[T, HV, 64]` in q's dtype, allocated per call (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch.
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final

@@ -12,7 +12,7 @@ channels go through decode's packed-PTX converters (kernels/decode/dequant.py) i
 codes, split by channel: part i holds channels NP*j + i. The dots run on the codes part by part
 (the parts' dots sum to the full dot), in fp16 whatever the query dtype: the codes need no second
 conversion to bf16 (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, bf16 q: int4 0.342 ->
-0.330 ms, per channel 0.206 -> 0.195; int8 per token 0.248 -> 0.254, within its noise). q is
+0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254). q is
 scaled by a power of two a row into fp16's range (exact for bf16 inputs; the power goes back on
 that row's scores through qk_scale) and P is rounded to fp16. The scales go where they cost least:
   token    K: on the score columns after the dot (exact in fp32); V: on P's columns before PV;

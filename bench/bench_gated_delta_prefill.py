@@ -12,7 +12,7 @@ alone is larger). Times are medians of CUDA-event timings, L2 emptied before eac
 
 --sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
-for choosing chunk_spec.prep_launch / state_launch / block_v.
+for choosing chunk_spec.prep_launch / state_launch / state_block_v.
 """
 from __future__ import annotations
 
@@ -83,9 +83,12 @@ def fla_call(q, k, v, g, beta, lengths):
         return None, f"fla call failed ({type(e).__name__}: {str(e)[:80]})"
 
 
-# (num_warps, num_stages) tried by --sweep; the state pass also at BV 64 (half the programs).
-PREP_SWEEP = [(2, 1), (4, 1), (8, 1), (16, 1)]
-STATE_SWEEP = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 1), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2)]
+# (num_warps, num_stages) tried by --sweep; the state pass also at BV 64 and 128 (fewer programs).
+# No BV 32 at one stage: at K = V = 128 it hit an illegal memory access on the H100 (Triton 3.6),
+# which ends the process's CUDA context (chunk_spec.state_launch).
+PREP_SWEEP = [(2, 1, 0), (4, 1, 0), (4, 1, 128), (4, 1, 168), (8, 1, 0), (16, 1, 0)]  # + maxnreg (0: none)
+STATE_SWEEP = [(32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 1), (64, 4, 2), (64, 8, 2), (128, 8, 1), (128, 8, 2),
+               (128, 16, 2)]
 
 
 def sweep(rows):
@@ -98,13 +101,14 @@ def sweep(rows):
             q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
         gate = "kda" if kda else "gdn"
         default = chunk_spec.prep_launch(paxes, 90)
-        for warps, stages in PREP_SWEEP:
+        for warps, stages, cap in PREP_SWEEP:
             def prep():
                 chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **pspec.constexprs(paxes), num_warps=warps,
-                                                    num_stages=stages)
-            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages}", prep,
-                       (warps, stages) == (default.num_warps, default.num_stages),
-                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}", "gated_delta_prefill_prep_sweep")
+                                                    num_stages=stages, **({"maxnreg": cap} if cap else {}))
+            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}", prep,
+                       (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),
+                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{cap}" if cap else ""),
+                       "gated_delta_prefill_prep_sweep")
         if not kda:
             run_kernel(pspec, paxes, pgrid, pargs)  # the state pass reads the workspace the precompute wrote
             default = chunk_spec.state_launch(saxes, 90)
@@ -113,7 +117,7 @@ def sweep(rows):
                     chunk_kernels.gdn_chunk_state[(idx.shape[0], HV, V // bv)](
                         *sargs, HEAD_K=K, HEAD_V=V, BV=bv, num_warps=warps, num_stages=stages)
                 _sweep_row(rows, f"state BV {bv:2d} warps {warps} stages {stages}", st,
-                           (bv, warps, stages) == (chunk_spec.block_v(V), default.num_warps, default.num_stages),
+                           (bv, warps, stages) == (saxes["bv"], default.num_warps, default.num_stages),
                            f"bf16,k{K},v{V},BV{bv},w{warps},s{stages}", "gated_delta_prefill_state_sweep")
         del q, k, v, g, beta, state, out, pargs, sargs
         torch.cuda.empty_cache()

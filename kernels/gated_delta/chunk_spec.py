@@ -1,11 +1,13 @@
 """Variants of the chunked gated delta rule (`chunk.py`): the per-chunk precompute and the state pass.
 
 Axes: `dtype` (q/k/v, output and workspace: fp16, bf16), `head_k`, `head_v` (64, 128, 256; built
-where they are equal, the shapes models use; other pairs run through the JIT fallback), and for
-the precompute `gate` ("gdn": one log-gate a head; "kda": one a head and K channel). qk_l2norm,
-scale, GVA group, lengths and strides are runtime values; both state layouts share one binary
-(the pool is addressed by strides). 2 x 3 x 2 = 12 precompute and 2 x 3 = 6 state variants,
-each built at two specialization levels per target.
+where they are equal, the shapes models use; other pairs run through the JIT fallback), for the
+precompute `gate` ("gdn": one log-gate a head; "kda": one a head and K channel), and for the state
+pass `bv` (value rows a program: 32, or the whole head_v where head_k, head_v <= 128; the op picks
+one per call with `state_block_v`). qk_l2norm, scale, GVA group, lengths and strides are runtime
+values; both state layouts share one binary (the pool is addressed by strides).
+2 x 3 x 2 = 12 precompute and 2 x (2 + 2 + 1) = 10 state variants, each built at two
+specialization levels per target.
 """
 from __future__ import annotations
 
@@ -17,11 +19,38 @@ GATES = ("gdn", "kda")
 CHUNK = 64  # tokens a chunk (kernel.CHUNK): the op sizes its workspace and grid with it
 
 
-def block_v(head_v: int) -> int:
-    """Values a state-pass program. 32: at B = 1, T = 8192, HV = 32, V = 128 the grid is 128
-    programs, about one an SM on an H100 (64 would leave half the SMs idle on the sequential
-    pass). Not measured against 64 yet (no GPU in the session that wrote it)."""
-    return 32
+NARROW_BV = 32  # the state pass's narrow value tile, built for every head pair
+
+
+def state_block_vs(head_k: int, head_v: int) -> tuple[int, ...]:
+    """The value tiles (BV) built for a head pair: 32, and the whole head_v where both head dims are
+    <= 128 and head_v > 32. At 256 only 32: the 16-warp one-stage config state_launch needs there."""
+    if head_k > 128 or head_v > 128 or head_v <= NARROW_BV:
+        return (NARROW_BV,)
+    return (NARROW_BV, head_v)
+
+
+def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) -> int:
+    """BV for a state-pass call with grid (num_seqs, hv, head_v // BV): the wide tile when it alone
+    gives at least one program an SM (num_seqs * hv * (head_v // wide) >= sms), else 32.
+
+    Shapes only (num_seqs counts padded sequences too; no length): one CUDA graph serves every
+    length. H100 (132 SMs), JIT, bf16, H = 16, HV = 32, K = V = 128, V-major pool, state ms by
+    (BV, num_warps, num_stages):
+      1 x 8192 (num_seqs * HV = 32): BV32 w4 s2 0.277 (best), BV32 w8 s2 0.374, BV64 w4 s2 0.354,
+        BV64 w8 s2 0.443, BV128 w8 s2 0.594, BV16 w4 s2 0.487. Here 32 * 1 < 132 -> 32.
+      8 x 2048 (num_seqs * HV = 256): BV32 w4 s2 0.836, BV64 w4 s1 0.480, BV64 w4 s2 0.503,
+        BV64 w8 s3 0.487, BV128 w8 s2 0.373 (best), BV128 w16 s2 0.640, BV128 w8 s1 0.452.
+        Here 256 * 1 >= 132 -> 128.
+    Near one program an SM BV32 wins (V / 32 times the programs for the sequential walk over
+    chunks); past it the wide tile wins (each chunk's W, Qg, Kg tiles read once, not V / 32 times).
+    Outputs and final states of every config that ran were bit-identical to BV32 w4 s2's. The
+    threshold between the two shapes is not measured finer than that; BV64 at V = 64 not measured.
+    """
+    wide = state_block_vs(head_k, head_v)[-1]
+    if wide > NARROW_BV and num_seqs * hv * (head_v // wide) >= sms:
+        return wide
+    return NARROW_BV
 
 
 PREP_ARGS = (
@@ -55,7 +84,7 @@ def prep_constexprs(axes) -> dict:
 
 
 def state_constexprs(axes) -> dict:
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": block_v(int(axes["head_v"]))}
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": int(axes["bv"])}
 
 
 def prep_variants():
@@ -68,36 +97,58 @@ def prep_variants():
 def state_variants():
     for dtype in DTYPES:
         for d in HEAD_DIMS:
-            yield {"dtype": dtype, "head_k": d, "head_v": d}
+            for bv in state_block_vs(d, d):
+                yield {"dtype": dtype, "head_k": d, "head_v": d, "bv": bv}
 
 
 def prep_launch(axes, arch: int) -> LaunchConfig:
     # No loop over loads to pipeline (one chunk a program): 1 stage. sm90 binaries (Triton 3.6, bf16,
-    # registers / spill bytes a thread): K = 128 at 4 warps gdn 250 / 0, kda 255 / 120 (8 warps: gdn
-    # 170 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn 221 / 0, kda 255 / 272 (16
-    # warps, an earlier version: 64 registers, 2 KB spilled). Shared memory 48 KiB (gdn) / 32 KiB
-    # (kda) at K = 128, 96 / 32 KiB at 256. Times unmeasured: bench_gated_delta_prefill.py --sweep.
-    return LaunchConfig(num_warps=8 if int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128 else 4,
-                        num_stages=1)
+    # registers / spill bytes a thread, before the cap below): K = 128 at 4 warps gdn 250 / 0, kda
+    # 255 / 120 (8 warps: gdn 170 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn
+    # 221 / 0, kda 255 / 272 (16 warps, an earlier version: 64 registers, 2 KB spilled). Shared
+    # memory 48 KiB (gdn) / 32 KiB (kda) at K = 128, 96 / 32 KiB at 256. Other warp counts:
+    # bench_gated_delta_prefill.py --sweep.
+    # GDN at K, V <= 128: maxnreg 168. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, 4 warps, prep
+    # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
+    # 1.037 (K = V = 64 and sm80 not measured). KDA keeps no cap (not measured with one).
+    big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
+    cap = 168 if axes["gate"] == "gdn" and not big else 0
+    return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 
 
 def state_launch(axes, arch: int) -> LaunchConfig:
     # 2 stages prefetch the next chunk's W, Qg, Kg (16 KiB each at K = 128, bf16), U and Aqk while
-    # the dots of this one run. Triton 3.6's binaries at K = V = 128 take 128 KiB of shared memory
+    # the dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 take 128 KiB of shared memory
     # on sm90 and 68 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one stage, 124 KiB) the
     # H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8 warps read shared memory
     # out of range (compute-sanitizer: gdn_chunk_state, thread 128+), 4 warps returned outputs off by
     # 1.7e2 relative; 16 warps matched the reference (tests/gpu/test_gated_delta_prefill.py).
-    big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
-    return LaunchConfig(num_warps=16 if big else 4, num_stages=1 if big else 2)
+    # So at K or V > 128 only BV 32 is declared, at 16 warps and one stage, for correctness.
+    # BV == head_v (the wide tile, chosen by state_block_v at many sequence-heads): 8 warps, 2 stages.
+    # H100, JIT, bf16, HV = 32, K = V = 128, V-major, 8 x 2048: BV128 w8 s2 0.373 ms (255 registers,
+    # 106 B spilled, 176 KiB shared memory) vs w8 s1 0.452, w16 s2 0.640; BV 32 w4 s2 (below) 0.836.
+    # BV 64 at V = 64, and the wide tile on sm80 (its BV128 binary: 104 KiB), not measured.
+    # AMD (64 KiB of LDS a workgroup): Triton 3.6's gfx942 / gfx90a BV128 binary takes 88 KiB at 2
+    # stages (it would not load) and 64 KiB at one, as BV 32's does at 2: one stage there (not timed).
+    # BV 32 at one stage at K = V = 128 (4 or 8 warps) hit an illegal memory access on the H100
+    # (Triton 3.6 miscompile): never declare it there (K, V = 256's 16-warp one stage matched).
+    hk, hv, bv = int(axes["head_k"]), int(axes["head_v"]), int(axes["bv"])
+    if bv not in state_block_vs(hk, hv):
+        raise ValueError(f"gdn_chunk_state: bv {bv} is not one of {state_block_vs(hk, hv)} at head_k {hk}, "
+                         f"head_v {hv}")
+    if hk > 128 or hv > 128:
+        return LaunchConfig(num_warps=16, num_stages=1)
+    if bv == NARROW_BV:
+        return LaunchConfig(num_warps=4, num_stages=2)  # 1 x 8192: 0.277 ms, best (w8 s2 0.374)
+    return LaunchConfig(num_warps=8, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
 
 
 def prep_axes(dtype: str, head_k: int, head_v: int, kda: bool) -> dict:
     return {"dtype": dtype, "head_k": head_k, "head_v": head_v, "gate": "kda" if kda else "gdn"}
 
 
-def state_axes(dtype: str, head_k: int, head_v: int) -> dict:
-    return {"dtype": dtype, "head_k": head_k, "head_v": head_v}
+def state_axes(dtype: str, head_k: int, head_v: int, bv: int) -> dict:
+    return {"dtype": dtype, "head_k": head_k, "head_v": head_v, "bv": bv}
 
 
 GDN_CHUNK_PREP = KernelSpec(

@@ -58,12 +58,32 @@ def _check_values(T, state, state_indices, cu_seqlens):
     check_state_index_values(state_indices, state.shape[0], OP)
 
 
-def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout):
+# SMs assumed off CUDA (the interpreter): an H100's, so a CPU run picks the BV an H100 would.
+INTERPRETER_SMS = 132
+_sm_counts: dict[int, int] = {}
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of a CUDA device (cached per index); INTERPRETER_SMS for any other device."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_counts:
+        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_counts[idx]
+
+
+def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
+                bv=None):
     """The two launches [(spec, axes, grid, args), ...] for validated arguments, with their
-    workspace (the bench reuses it). cu_seqlens and state_indices are int32 here."""
+    workspace (the bench reuses it). cu_seqlens and state_indices are int32 here. `bv`: the state
+    pass's value tile, by default chunk_spec.state_block_v of the shapes and q's device's SMs (no
+    length: one CUDA graph serves every length); one of chunk_spec.state_block_vs(K, V)."""
     _, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = state_indices.shape[0]
+    if bv is None:
+        bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device))
     kda = g.dim() == 4
     dev, dt = q.device, q.dtype
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
@@ -83,7 +103,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
         s_v, s_k = state.stride(2), state.stride(3)
     else:
         s_k, s_v = state.stride(2), state.stride(3)
-    st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V), (N, HV, V // _spec.block_v(V)), (
+    st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V, bv), (N, HV, V // bv), (
         w, u, qg, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV,
         out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
     return [prep, st]
@@ -136,6 +156,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       chunk's sequence on the device (binary search over cu_seqlens), so no lengths are read on
       the host otherwise and the launch needs no sync. Unvalidated, an index >= slots is treated
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
+      The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
+      (chunk_spec.state_block_v): one captured CUDA graph serves every length.
     Workspace: W, U, q exp(G), k exp(G_last - G) `[T, HV, K or V]` and the chunk's attention
       `[T, HV, 64]` in q's dtype, allocated per call (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,

@@ -1,7 +1,8 @@
 """gated_delta_prefill on a GPU (AOT binaries where built, else the JIT fallback) against the
 float32 per-token reference at realistic sizes: lengths 1, 63, 64, 65, 1000 and 2500 packed with
 a padded and an empty sequence, GVA, both pool layouts, GDN and KDA (strong gates), every head
-dim; chunked == the recurrent decode op over the same sequence; AOT output == JIT output bit for bit.
+dim; chunked == the recurrent decode op over the same sequence; the state pass's two value tiles
+(bv 32 and 128) bit for bit alike; AOT output == JIT output bit for bit, at each tile.
 
 NaN-poisoned outputs and unused pool slots (chunk_cases.make_case); tolerance GPU_TOL: the CPU
 suite's plus the tf32 rounding of the precompute's dots (max abs error over max |reference|).
@@ -28,6 +29,22 @@ def run(case, **kw):
     out = torch.full(case["v"].shape, float("nan"), dtype=case["q"].dtype, device=DEV)
     gated_delta_prefill(case["q"], case["k"], case["v"], case["g"], case["beta"], pool, case["state_indices"],
                         case["cu_seqlens"], out=out, **kw)
+    torch.cuda.synchronize()
+    return out, pool
+
+
+def run_tile(case, bv, state_layout="vmajor"):
+    """The op's two launches with the state pass at value tile `bv` (the op picks one by batch)."""
+    from aotc.loader.dispatch import run_kernel
+    from aotc.loader.ops.gated_delta_prefill import launch_plan
+
+    pool = case["state"].clone()
+    out = torch.full(case["v"].shape, float("nan"), dtype=case["q"].dtype, device=DEV)
+    plan = launch_plan(case["q"], case["k"], case["v"], case["g"], case["beta"], pool, case["state_indices"],
+                       case["cu_seqlens"], out, case["q"].shape[-1] ** -0.5, True, state_layout, bv=bv)
+    assert plan[1][1]["bv"] == bv
+    for launch in plan:
+        run_kernel(*launch)
     torch.cuda.synchronize()
     return out, pool
 
@@ -94,13 +111,29 @@ def test_chunked_equals_decode(kda):
     assert rel_err(pool[slot], steps_pool[slot]) <= GPU_TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("state_layout,kda", [("vmajor", False), ("kmajor", True)])
+def test_value_tiles_bit_identical(state_layout, kda):
+    # H100 (Triton 3.6): every state-pass config that ran gave the same bits as BV 32's
+    # (chunk_spec.state_block_v); the op picks BV by batch, so a batch's results must not depend on it.
+    case = make_case(LONG, H=2, HV=4, K=128, V=128, kda=kda, strong_gates=kda, padded=(7,),
+                     state_layout=state_layout, device=DEV, seed=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AotcJitFallbackWarning)
+        narrow = run_tile(case, 32, state_layout)
+        wide = run_tile(case, 128, state_layout)
+    check(case, *wide, torch.bfloat16, qk_l2norm=True, state_layout=state_layout)
+    assert torch.equal(narrow[0].view(torch.int16), wide[0].view(torch.int16))
+    assert torch.equal(narrow[1].view(torch.int32), wide[1].view(torch.int32))
+
+
+@pytest.mark.parametrize("bv", [32, 128])
 @pytest.mark.parametrize("kda", [False, True])
-def test_aot_equals_jit_bit_for_bit(kda, tmp_path, monkeypatch):
+def test_aot_equals_jit_bit_for_bit(kda, bv, tmp_path, monkeypatch):
     case = make_case([1, 64, 65, 700], H=2, HV=4, K=128, V=128, kda=kda, device=DEV, seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
         try:
-            aot_out, aot_pool = run(case, qk_l2norm=True)
+            aot_out, aot_pool = run_tile(case, bv)
         except AotcJitFallbackWarning:
             pytest.skip("gdn_chunk_* not built for this GPU: run `aotc build --arch sm90` first")
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
@@ -108,7 +141,7 @@ def test_aot_equals_jit_bit_for_bit(kda, tmp_path, monkeypatch):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AotcJitFallbackWarning)
-            jit_out, jit_pool = run(case, qk_l2norm=True)
+            jit_out, jit_pool = run_tile(case, bv)
     finally:
         loader.set_artifacts(None)
     assert torch.equal(aot_out.view(torch.int16), jit_out.view(torch.int16))
@@ -127,11 +160,16 @@ def test_no_out_of_bounds_access_under_memcheck():
     script = """
 import torch
 from tests.cpu.kernels.gated_delta.chunk_cases import make_case
-from aotc.loader.ops.gated_delta_prefill import gated_delta_prefill
+from aotc.loader.dispatch import run_kernel
+from aotc.loader.ops.gated_delta_prefill import gated_delta_prefill, launch_plan
 for kda in (False, True):
     c = make_case([1, 63, 64, 65, 0, 130], H=1, HV=2, K=128, V=128, kda=kda, padded=(2,), device="cuda")
     gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
                         c["cu_seqlens"], qk_l2norm=True)
+    out = torch.empty_like(c["v"])  # the wide state tile, which this small batch would not pick
+    for launch in launch_plan(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
+                              c["cu_seqlens"], out, 128 ** -0.5, True, "vmajor", bv=128):
+        run_kernel(*launch)
 torch.cuda.synchronize()
 """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

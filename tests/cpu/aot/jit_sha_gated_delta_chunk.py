@@ -1,13 +1,15 @@
 """Run as a script (without TRITON_INTERPRET): the sha256 of the cubins Triton's JIT compiles for
 two gdn_chunk_state calls of one key, one that meets every ALIGNED assumption and one that meets
-none (tests/cpu/aot/jit_sha.py does the compiling)."""
+none (tests/cpu/aot/jit_sha.py does the compiling). Arguments: the SM, then the value tile (bv:
+32, the default, or 128, the wide tile)."""
 import sys
 
 import torch
 
 from tests.cpu.aot.jit_sha import jit_sha
 
-AXES = {"dtype": "bf16", "head_k": 128, "head_v": 128}
+AXES = {"dtype": "bf16", "head_k": 128, "head_v": 128, "bv": 32}
+WIDE = dict(AXES, bv=128)
 
 
 def args(aligned: bool) -> list:
@@ -25,4 +27,5 @@ def args(aligned: bool) -> list:
 
 if __name__ == "__main__":
     arch = int(sys.argv[1])
-    print(jit_sha("gdn_chunk_state", AXES, args(True), arch), jit_sha("gdn_chunk_state", AXES, args(False), arch))
+    axes = dict(AXES, bv=int(sys.argv[2])) if len(sys.argv) > 2 else AXES
+    print(jit_sha("gdn_chunk_state", axes, args(True), arch), jit_sha("gdn_chunk_state", axes, args(False), arch))

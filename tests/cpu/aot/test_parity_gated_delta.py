@@ -1,7 +1,8 @@
 """The AOT binaries of one key of each gated delta kernel (the recurrent decode, and the chunked
 prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
 specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
-for the tiny kernel. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
+for the tiny kernel; the state pass at both value tiles (bv 32 and 128). Each kernel's JIT calls
+are in its script (jit_sha_gated_delta*.py)."""
 import importlib
 import os
 import subprocess
@@ -15,12 +16,15 @@ from aotc.loader.manifest import read_manifest
 
 from .conftest import REPO
 
-SCRIPTS = {"gated_delta_decode": "tests.cpu.aot.jit_sha_gated_delta",
-           "gdn_chunk_state": "tests.cpu.aot.jit_sha_gated_delta_chunk"}
+# case -> (kernel, script, the script's extra arguments, the name of its axes there)
+CASES = {"gated_delta_decode": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", [], "AXES"),
+         "gdn_chunk_state_bv32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32"], "AXES"),
+         "gdn_chunk_state_bv128": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["128"], "WIDE")}
 
 
-def _key(kernel):
-    return VariantKey.make(kernel, importlib.import_module(SCRIPTS[kernel]).AXES)
+def _key(case):
+    kernel, script, _, axes = CASES[case]
+    return VariantKey.make(kernel, getattr(importlib.import_module(script), axes))
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +32,25 @@ def artifacts(tmp_path_factory):
     out = tmp_path_factory.mktemp("gdn-artifacts")
     # The miss-log path builds exactly these keys (both levels); kernels= keeps the rest of the
     # table out (the tiny fixture kernel: two binaries a target).
-    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=[(_key(k), None) for k in SCRIPTS],
+    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=[(_key(c), None) for c in CASES],
                    jobs=2, progress=False)
     assert report.ok, report.failed
     return out
 
 
-@pytest.mark.parametrize("kernel", sorted(SCRIPTS))
+@pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("target", ["sm80", "sm90"])
-def test_jit_compiles_the_same_bytes_as_the_build(artifacts, kernel, target, tmp_path):
+def test_jit_compiles_the_same_bytes_as_the_build(artifacts, case, target, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     env["TRITON_DISABLE_LINE_INFO"] = "1"  # as the loader's JIT fallback compiles (aot_compile_options)
-    out = subprocess.run([sys.executable, "-m", SCRIPTS[kernel], target[2:]], capture_output=True, text=True,
+    _, script, extra, _ = CASES[case]
+    out = subprocess.run([sys.executable, "-m", script, target[2:], *extra], capture_output=True, text=True,
                          cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     jit_aligned, jit_generic = out.stdout.split()
     entries = read_manifest(artifacts / target).by_key()
-    key = _key(kernel)
+    key = _key(case)
     assert entries[str(key)].sha256 == jit_aligned
     assert entries[str(key.with_level("generic"))].sha256 == jit_generic
     assert jit_aligned != jit_generic

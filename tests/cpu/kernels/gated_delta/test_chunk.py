@@ -1,7 +1,8 @@
 """The chunked gated delta rule (loader.gated_delta_prefill) on the Triton interpreter against the
 float32 per-token reference: chunk boundaries (lengths 1, 63, 64, 65 and 200 packed together),
 padded and empty sequences, GVA, both pool layouts, KDA with strong gates, qk_l2norm on and off,
-strided inputs, and the chunked result equal to the recurrent decode op run over the same sequence.
+strided inputs, the chunked result equal to the recurrent decode op run over the same sequence,
+and the state pass at both of its value tiles.
 
 Every output is NaN-poisoned before the call; the pool slots no sequence uses hold NaN and must
 come back bit for bit; tolerances in chunk_cases.TOL (max abs error over max |reference|).
@@ -116,3 +117,36 @@ def test_chunked_equals_decode_token_by_token(kda):
     assert_close(whole, by_token, torch.bfloat16, "out, chunked vs decode")
     slot = case["state_indices"].long()
     assert_close(pool[slot], pool_steps[slot], torch.bfloat16, "state, chunked vs decode")
+
+
+
+@pytest.mark.parametrize("state_layout,kda", [("vmajor", False), ("kmajor", True)])
+def test_state_pass_value_tiles_agree(state_layout, kda):
+    # K = V = 64 builds the state pass at bv 32 and 64 (chunk_spec.state_block_vs); the op picks one
+    # by batch (state_block_v: 32 here, at 6 x 2 sequence-heads). Whichever runs, outputs and final
+    # states match each other and the reference.
+    from aotc.loader.dispatch import run_kernel
+    from aotc.loader.ops.gated_delta_prefill import launch_plan
+
+    c = make_case([1, 63, 64, 65, 0, 30], H=1, HV=2, kda=kda, padded=(1,), state_layout=state_layout, seed=7)
+    ref_out, ref_pool = gated_delta_reference(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"],
+                                              c["state_indices"], c["cu_seqlens"], qk_l2norm=True,
+                                              state_layout=state_layout)
+    got = {}
+    for bv in (32, 64):
+        pool = c["state"].clone()
+        out = torch.full(c["v"].shape, float("nan"), dtype=c["q"].dtype)
+        plan = launch_plan(c["q"], c["k"], c["v"], c["g"], c["beta"], pool, c["state_indices"], c["cu_seqlens"],
+                           out, 64 ** -0.5, True, state_layout, bv=bv)
+        _, axes, grid, _ = plan[1]
+        assert axes["bv"] == bv and grid == (6, 2, 64 // bv)
+        for launch in plan:
+            run_kernel(*launch)
+        check(c, out, pool, ref_out, ref_pool, torch.bfloat16)
+        got[bv] = out, pool
+    used = c["state_indices"].long()
+    used = used[used >= 0]
+    # (bit-identical on the interpreter where this was written, as on the H100; the tolerance leaves
+    # numpy's matmul free to sum another way at another tile shape)
+    assert_close(got[64][0], got[32][0], torch.bfloat16, "out, bv 64 vs 32")
+    assert_close(got[64][1][used], got[32][1][used], torch.bfloat16, "final states, bv 64 vs 32")

@@ -2,6 +2,8 @@
 import inspect
 import re
 
+import pytest
+
 from aotc.kernels.gated_delta import chunk, chunk_spec
 from aotc.kernels.registry import all_specs
 from aotc.kernels.variants import VariantKey
@@ -12,8 +14,10 @@ def test_registered_with_counts():
     assert specs["gdn_chunk_prep"] is chunk_spec.GDN_CHUNK_PREP
     assert specs["gdn_chunk_state"] is chunk_spec.GDN_CHUNK_STATE
     assert len(list(chunk_spec.prep_variants())) == 12  # dtype x head dim (K == V) x gate
-    assert len(list(chunk_spec.state_variants())) == 6  # dtype x head dim: one binary serves GDN, KDA, both layouts
-    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) + len(chunk_spec.GDN_CHUNK_STATE.keys()) == 36  # x 2 levels
+    # dtype x (head dim, bv): bv 32 and 64 at 64, 32 and 128 at 128, 32 at 256; one binary serves GDN,
+    # KDA and both layouts
+    assert len(list(chunk_spec.state_variants())) == 10
+    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) + len(chunk_spec.GDN_CHUNK_STATE.keys()) == 44  # x 2 levels
 
 
 def test_keys_round_trip():
@@ -39,11 +43,87 @@ def test_parameters_match_the_kernels():
 
 
 def test_launch_configs():
+    seen = set()
     for axes in chunk_spec.state_variants():
+        d, bv = axes["head_k"], axes["bv"]
+        seen.add((d, bv))
+        assert chunk_spec.state_constexprs(axes) == {"HEAD_K": d, "HEAD_V": d, "BV": bv}
+        assert axes["head_v"] % bv == 0
         for arch in (80, 90):
             cfg = chunk_spec.state_launch(axes, arch)
-            assert (cfg.num_warps, cfg.num_stages) == ((16, 1) if axes["head_k"] == 256 else (4, 2))
-            assert axes["head_v"] % chunk_spec.block_v(axes["head_v"]) == 0
-    assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128}, 90).num_warps == 4
+            if d == 256:  # the one config Triton 3.6 compiled right there (state_launch)
+                expected = (16, 1)
+            else:
+                expected = (4, 2) if bv == 32 else (8, 2)
+            assert (cfg.num_warps, cfg.num_stages, cfg.maxnreg) == (*expected, 0)
+            # BV 32 at one stage hit an illegal memory access at K = V = 128 on the H100
+            assert d == 256 or not (bv == 32 and cfg.num_stages == 1)
+    assert seen == {(64, 32), (64, 64), (128, 32), (128, 128), (256, 32)}
+    assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128, "gate": "gdn"}, 90).num_warps == 4
     assert chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True)) == {
         "HEAD_K": 128, "HEAD_V": 128, "KDA": 1}
+
+
+def test_wide_state_tile_takes_one_stage_on_amd():
+    # 64 KiB of LDS a workgroup: Triton 3.6's BV128 binary takes 88 KiB at 2 stages there, 64 at one.
+    from aotc.loader import targets
+
+    for name in ("gfx942", "gfx90a"):
+        arch = targets.get(name).spec_arch()
+        for d in (64, 128):
+            wide = chunk_spec.GDN_CHUNK_STATE.launch_config(chunk_spec.state_axes("bf16", d, d, d), arch)
+            assert (wide.num_warps, wide.num_stages) == (8, 1)
+            narrow = chunk_spec.GDN_CHUNK_STATE.launch_config(chunk_spec.state_axes("bf16", d, d, 32), arch)
+            assert (narrow.num_warps, narrow.num_stages) == (4, 2)
+
+
+def test_state_launch_refuses_an_undeclared_tile():
+    with pytest.raises(ValueError, match="bv 64 is not one of"):
+        chunk_spec.state_launch(chunk_spec.state_axes("bf16", 128, 128, 64), 90)
+    with pytest.raises(ValueError, match="bv 256 is not one of"):
+        chunk_spec.state_launch(chunk_spec.state_axes("bf16", 256, 256, 256), 90)
+
+
+def test_prep_caps_registers_for_gdn_up_to_128():
+    for axes in chunk_spec.prep_variants():
+        cfg = chunk_spec.prep_launch(axes, 90)
+        small = axes["head_k"] <= 128
+        assert cfg.maxnreg == (168 if axes["gate"] == "gdn" and small else 0)
+        assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small else (8, 1))
+    # the cap is a CUDA compile option: dropped on AMD
+    from aotc.loader import targets
+
+    gfx = targets.get("gfx942").spec_arch()
+    assert chunk_spec.GDN_CHUNK_PREP.launch_config(chunk_spec.prep_axes("bf16", 128, 128, False), gfx).maxnreg == 0
+
+
+def test_block_vs_per_head_pair():
+    assert chunk_spec.state_block_vs(64, 64) == (32, 64)
+    assert chunk_spec.state_block_vs(128, 128) == (32, 128)
+    assert chunk_spec.state_block_vs(128, 64) == (32, 64)  # a pair the JIT fallback serves
+    assert chunk_spec.state_block_vs(256, 256) == (32,)
+    assert chunk_spec.state_block_vs(256, 128) == (32,) and chunk_spec.state_block_vs(128, 256) == (32,)
+    assert chunk_spec.state_block_vs(64, 32) == (32,)
+
+
+def test_state_block_v_choice():
+    pick = chunk_spec.state_block_v
+    # the H100 measurements (132 SMs, HV = 32, K = V = 128): 1 x 8192 best at 32, 8 x 2048 at 128
+    assert pick(1, 32, 128, 128, 132) == 32
+    assert pick(8, 32, 128, 128, 132) == 128
+    # the boundary: the wide tile once it gives a program an SM
+    assert pick(1, 131, 128, 128, 132) == 32
+    assert pick(1, 132, 128, 128, 132) == 128
+    assert pick(3, 44, 128, 128, 132) == 128  # 132 sequence-heads
+    assert pick(5, 26, 128, 128, 132) == 32  # 130
+    assert pick(8, 32, 128, 128, 108) == 128 and pick(3, 32, 128, 128, 108) == 32  # an A100's 108 SMs
+    # head dim 64: the wide tile is 64, one program a sequence-head, so the same threshold
+    assert pick(1, 32, 64, 64, 132) == 32
+    assert pick(8, 32, 64, 64, 132) == 64
+    assert pick(8, 32, 128, 64, 132) == 64
+    # head dim 256: only 32 is built, whatever the batch
+    assert pick(1, 32, 256, 256, 132) == 32
+    assert pick(64, 32, 256, 256, 132) == 32
+    assert pick(64, 32, 128, 256, 132) == 32
+    # no sequences (the op returns before launching; the choice is still defined)
+    assert pick(0, 32, 128, 128, 132) == 32

@@ -110,3 +110,57 @@ def test_allocates_out_and_takes_half_gates(good):
     used = c["state_indices"].long()
     assert_close(pool[used], ref_pool[used], torch.bfloat16, "states")
     assert torch.equal(pool[used[2]], c["state"][used[2]])  # the empty sequence's state, bit for bit
+
+
+def _plan(case, **kw):
+    c = case
+    out = torch.empty(c["v"].shape, dtype=c["q"].dtype)
+    return op.launch_plan(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
+                          c["cu_seqlens"], out, 0.125, True, "vmajor", **kw)
+
+
+def test_state_tile_follows_the_batch_shape():
+    # Off CUDA the plan assumes an H100's 132 SMs: the wide tile (bv = V) once N * HV >= 132.
+    assert op.sm_count(torch.device("cpu")) == op.INTERPRETER_SMS == 132
+    few = make_case([3, 70, 0], H=1, HV=2, seed=12)  # 3 x 2 sequence-heads
+    _, (_, axes, grid, _) = _plan(few)
+    assert axes == {"dtype": "bf16", "head_k": 64, "head_v": 64, "bv": 32} and grid == (3, 2, 2)
+    many = make_case([1, 2], H=1, HV=66, seed=13)  # 2 x 66 = 132 sequence-heads
+    _, (_, axes, grid, _) = _plan(many)
+    assert axes["bv"] == 64 and grid == (2, 66, 1)
+    less = make_case([1, 2], H=1, HV=65, seed=13)  # 130
+    assert _plan(less)[1][1]["bv"] == 32
+    # lengths never change it (one CUDA graph serves every length): only N, HV, K, V do
+    longer = make_case([200, 1], H=1, HV=66, seed=13)
+    assert _plan(longer)[1][1:3] == _plan(many)[1][1:3]
+    assert _plan(many, bv=32)[1][1:3] == (dict(axes, bv=32), (2, 66, 2))
+
+
+def test_sm_count_of_a_cuda_device_is_read_once_per_index(monkeypatch):
+    calls = []
+
+    class Props:
+        multi_processor_count = 108
+
+    def props(index):
+        calls.append(index)
+        return Props()
+
+    monkeypatch.setattr(op, "_sm_counts", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert op.sm_count(torch.device("cuda", 1)) == 108
+    assert op.sm_count(torch.device("cuda")) == 108  # the current device: index 1
+    assert op.sm_count(torch.device("cuda", 0)) == 108
+    assert calls == [1, 0]
+
+
+def test_the_op_launches_the_chosen_tile(monkeypatch):
+    import aotc.loader.dispatch as dispatch
+
+    launched = []
+    monkeypatch.setattr(dispatch, "run_kernel", lambda spec, axes, grid, args: launched.append((spec.name, axes, grid)))
+    c = make_case([1, 2], H=1, HV=66, seed=13)
+    op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"], c["cu_seqlens"])
+    assert [(n, a.get("bv"), g) for n, a, g in launched] == [("gdn_chunk_prep", None, (2, 66, 1)),
+                                                              ("gdn_chunk_state", 64, (2, 66, 1))]

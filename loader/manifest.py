@@ -250,11 +250,9 @@ def verify_files(target_dir: str | os.PathLike, manifest: Manifest | None = None
     """One message per missing, truncated or altered file; empty when every file is good.
     `entries` (already checked) stands in for the manifest's."""
     target_dir = Path(target_dir)
-    if entries is not None:
-        pass
-    elif manifest is not None:
+    if entries is None and manifest is not None:
         entries = manifest.entries  # the caller's manifest: a malformed entry is the caller's to report
-    else:
+    elif entries is None:
         try:
             entries = read_manifest(target_dir).entries
         except ManifestError as e:

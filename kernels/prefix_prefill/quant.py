@@ -87,8 +87,10 @@ def _words(C, blk, slot, kv_head, s_b, s_t, s_h, n_valid, n_words, BLOCK_W: tl.c
 
 
 @triton.jit
-def _token_scales(S, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind):
-    return _load_scale(S, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, scale_kind)
+def _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind):
+    """(K scales, V scales) [BLOCK_N] of a tile's keys, for per-token scales; 0 where masked."""
+    off = blk * s_sb + slot * s_st + kv_head * s_sh
+    return _load_scale(KS, off, n_valid, scale_kind), _load_scale(VS, off, n_valid, scale_kind)
 
 
 @triton.jit
@@ -128,8 +130,7 @@ def _i8_tile(a0, a1, m_i, l_i, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, V
              BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr, MASKED: tl.constexpr):
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     if SCALES == 1:  # issued first, so their latency hides under the word loads and the dot
-        ksc = _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
-        vsc = _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+        ksc, vsc = _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
     k0, k1 = _i8x2_codes(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED))
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
     if SCALES == 1:
@@ -152,8 +153,7 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, q0, q1, q2, q3, q_pos, start, key_lo, ctx
              MASKED: tl.constexpr):
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     if SCALES == 1:  # issued first, so their latency hides under the word loads and the dot
-        ksc = _token_scales(KS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
-        vsc = _token_scales(VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+        ksc, vsc = _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
     k0, k1, k2, k3 = _i4x4_codes16(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
                                           MASKED))
     even = tl.dot(q2, tl.trans(k2), acc=tl.dot(q0, tl.trans(k0)))

@@ -17,6 +17,7 @@ from aotc.kernels.decode import spec as S
 from .. import workspace
 from . import library
 from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
+from ..sm_count import cuda_sm_count
 
 _FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -308,16 +309,10 @@ def _check_decode_values(d: _Decode) -> None:
                          f"of the {pages_n}-page cache")
 
 
-_sm_counts: dict[int, int] = {}
-
-
 def _sm_count(device) -> int:
     if device.type != "cuda":
         return 2  # interpreter runs: few programs, since each runs serially in Python
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _sm_counts:
-        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _sm_counts[idx]
+    return cuda_sm_count(device)
 
 
 _ones: dict[torch.device, torch.Tensor] = {}

@@ -5,6 +5,7 @@ import torch
 
 from aotc.kernels.gated_delta import chunk_spec as _spec
 
+from ..sm_count import cuda_sm_count
 from . import library
 
 from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
@@ -60,17 +61,13 @@ def _check_values(T, state, state_indices, cu_seqlens):
 
 # SMs assumed off CUDA (the interpreter): an H100's, so a CPU run picks the BV an H100 would.
 INTERPRETER_SMS = 132
-_sm_counts: dict[int, int] = {}
 
 
 def sm_count(device) -> int:
-    """Multiprocessors of a CUDA device (cached per index); INTERPRETER_SMS for any other device."""
+    """Multiprocessors of a CUDA device (loader/sm_count.py); INTERPRETER_SMS for any other device."""
     if device.type != "cuda":
         return INTERPRETER_SMS
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _sm_counts:
-        _sm_counts[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _sm_counts[idx]
+    return cuda_sm_count(device)
 
 
 def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,

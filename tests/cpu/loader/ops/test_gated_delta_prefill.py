@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import aotc.loader
+from aotc.loader import sm_count as sm_count_module
 from aotc.kernels.gated_delta.reference import gated_delta_reference
 from aotc.loader.ops import gated_delta_prefill as op
 from tests.cpu.kernels.gated_delta.chunk_cases import assert_close, make_case
@@ -146,7 +147,7 @@ def test_sm_count_of_a_cuda_device_is_read_once_per_index(monkeypatch):
         calls.append(index)
         return Props()
 
-    monkeypatch.setattr(op, "_sm_counts", {})
+    monkeypatch.setattr(sm_count_module, "_counts", {})
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert op.sm_count(torch.device("cuda", 1)) == 108

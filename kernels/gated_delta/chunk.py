@@ -19,13 +19,15 @@ A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the 
 used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones together by row
 substitution ([4, 16, 16]: 15 steps) and merges them by block forward substitution
 (X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes W = X (beta k Gam),
-U = X (beta v) by [64, 64] x [64, 64-column] dots, and Qg = scale q Gam, Kg = k exp(G_last - G),
-Aqk (input dtype) and exp(G_last) (fp32, per K). Registers and spills of each version: the
-kernel's comment.
+U = X (beta v) by [64, 64] x [64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype),
+exp(G_last) (fp32, per K) and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
+Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
+reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). Registers and
+spills of each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
-with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Qg h + Aqk V',
-h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so one binary serves GDN
-and KDA, and no per-chunk state is written to memory.
+with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
+Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so
+one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
 and more, so exp(-G_j) overflows within a chunk). Off-diagonal sub-blocks (i > j) split it at
@@ -264,12 +266,12 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 
 @triton.jit
-def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
                  offs_k, qk_l2norm, scale, RL, HEAD_K: tl.constexpr):
-    """GDN, whole chunk: writes Qg, Kg, Aqk rows; returns A's ten lower 16 x 16 blocks (diagonal
-    ones first). A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q
-    and k enter the dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to
-    8 bits, as fla does)."""
+    """GDN, whole chunk: writes Fq (q's row factor, see gdn_chunk_prep), Kg, Aqk rows; returns A's
+    ten lower 16 x 16 blocks (diagonal ones first) and k's row factor for W (beta exp(G) / |k|).
+    A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
+    dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to 8 bits, as fla does)."""
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
@@ -277,15 +279,22 @@ def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
     Gc = tl.cumsum(g, 0)
     rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
     dt = Q.dtype.element_ty
-    # q, then k: each goes to the input dtype once stored, so no two [64, K] fp32 tiles are live.
+    # q, then k: each goes to the input dtype once used, so no two [64, K] fp32 tiles are live.
     q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    fq = tl.exp(Gc) * scale
     if qk_l2norm != 0:
-        q = q / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)[:, None]
-    tl.store(Qg + rows, (q * (tl.exp(Gc) * scale)[:, None]).to(Qg.dtype.element_ty), mask=m[:, None])
+        rq = 1.0 / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)
+        q = q * rq[:, None]
+        fq = fq * rq
+    tl.store(Fq + t * HV + hv, fq, mask=m)
     qb = q.to(dt)
     k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    fk = beta * tl.exp(Gc)  # G <= 0
     if qk_l2norm != 0:
-        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
+        rk = 1.0 / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)
+        k = k * rk[:, None]
+        fk = fk * rk
     tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
     kb = k.to(dt)
     kt = tl.trans(kb)
@@ -293,25 +302,27 @@ def _gdn_chunk_a(Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
     decay = tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
     aq = tl.dot(qb, kt) * decay * scale
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
-    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     a = tl.where(r[:, None] > r[None, :], tl.dot(kb, kt) * decay, 0.0) * beta[:, None]
     a4 = tl.reshape(a, [4, SUB, 4, SUB])
     return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
             _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
-            _block_of(a4, 3, 1), _block_of(a4, 3, 2))
+            _block_of(a4, 3, 1), _block_of(a4, 3, 2), fk)
 
 
 
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
-    Q, K, V, G, Beta, W, U, Qg, Kg, Aqk, Decay, Cu_seqlens, State_indices,
+    Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr,
 ):
-    """One chunk of one value head: W, U, Qg, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
-    (input dtype), and Decay[slot, hv, :] = exp(G_last) (fp32). Grid (chunk slots, HV)."""
+    """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
+    (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
+    (a scalar gate a token) writes only their factor Fq [T, HV] = scale exp(G) / |q| (fp32; the
+    state pass scales q h's rows by it and reads q itself), KDA writes Qg = scale q exp(G) and
+    Fq = 1. Grid (chunk slots, HV)."""
     pid = tl.program_id(0)
     hv = tl.program_id(1)
     n = _sequence_of_slot(Cu_seqlens, pid, num_seqs)
@@ -366,6 +377,8 @@ def gdn_chunk_prep(
         k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
         Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        tq = t0 + tl.arange(0, CHUNK)
+        tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
         a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
         q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
@@ -409,8 +422,8 @@ def gdn_chunk_prep(
         # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
         # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
         # blocks for the inverse.
-        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = _gdn_chunk_a(
-            Q, K, G, Beta, Qg, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32, fk = _gdn_chunk_a(
+            Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
             offs_k, qk_l2norm, scale, RL, HEAD_K)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
@@ -433,15 +446,16 @@ def gdn_chunk_prep(
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
-    rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)  # the per-row factor of k
-    if qk_l2norm != 0:
-        ss = tl.zeros([CHUNK], tl.float32)
-        for c0 in tl.static_range(0, HEAD_K, WCOL):
-            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K)
-            ss += tl.sum(kc * kc, 1)
-        rs = rs / tl.sqrt(ss + L2NORM_EPS)
-    if not KDA:
-        rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))  # G <= 0
+    if KDA:  # the per-row factor of k: beta / |k| (GDN: _gdn_chunk_a's, with exp(G) too)
+        rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        if qk_l2norm != 0:
+            ss = tl.zeros([CHUNK], tl.float32)
+            for c0 in tl.static_range(0, HEAD_K, WCOL):
+                kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K)
+                ss += tl.sum(kc * kc, 1)
+            rs = rs / tl.sqrt(ss + L2NORM_EPS)
+    else:
+        rs = fk
     for c0 in tl.static_range(0, HEAD_K, WCOL):
         kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K) * rs[:, None]
         if KDA:
@@ -466,22 +480,25 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
     tl.store(ptrs + 3 * SUB, c3.to(dt), mask=m)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "s_sn", "s_sh", "s_sv", "s_sk"],
+@triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state(
-    W, U, Qg, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
-    num_seqs, num_slots, HV, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
+    W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
+    num_seqs, num_slots, HV, group, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr,
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
-    Grid (sequences, HV, HEAD_V // BV). The pool is read and written by strides (s_sv, s_sk:
-    V-major has s_sk == 1, K-major s_sv == 1), so one binary serves both layouts."""
+    Grid (sequences, HV, HEAD_V // BV). The query rows are Qs[t, hv // group] (strides s_qt,
+    s_qh) times Fq[t, hv]: GDN passes q itself (group HV // H) and the prep's factors, KDA the
+    prep's Qg (group 1) and ones. The pool is read and written by strides (s_sv, s_sk: V-major has
+    s_sk == 1, K-major s_sv == 1), so one binary serves both layouts."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
     vt = tl.program_id(2)
     start = tl.load(Cu_seqlens + n)
     end = tl.load(Cu_seqlens + n + 1)
     slot = tl.load(State_indices + n).to(tl.int64)
+    hq = hv // group
     offs_k = tl.arange(0, HEAD_K)
     offs_v = vt * BV + tl.arange(0, BV)
     offs_c = tl.arange(0, CHUNK)
@@ -503,13 +520,14 @@ def gdn_chunk_state(
         row_k = (t[:, None] * HV + hv) * HEAD_K
         w = tl.load(W + row_k + offs_k[None, :], mask=m, other=0.0)
         u = tl.load(U + (t[:, None] * HV + hv) * HEAD_V + offs_v[None, :], mask=m, other=0.0)
-        qg = tl.load(Qg + row_k + offs_k[None, :], mask=m, other=0.0)
+        q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m, other=0.0)
+        fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
         kgt = tl.load(Kg + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
         aqk = tl.load(Aqk + (t[:, None] * HV + hv) * CHUNK + offs_c[None, :], mask=m, other=0.0)
         decay = tl.load(Decay + ((first_slot + c).to(tl.int64) * HV + hv) * HEAD_K + offs_k)
         hb = h.to(w.dtype)
         vnew = (u.to(tl.float32) - tl.dot(w, hb)).to(w.dtype)
-        o = tl.dot(qg, hb) + tl.dot(aqk, vnew)
+        o = tl.dot(q, hb) * fq[:, None] + tl.dot(aqk, vnew)
         tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m)
         h = h * decay[:, None] + tl.dot(kgt, vnew)
     tl.store(s_ptrs, h)

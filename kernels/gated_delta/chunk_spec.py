@@ -56,7 +56,9 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) ->
 PREP_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V"))
     + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"))
-    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg", "Kg", "Aqk"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk"))
     + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
@@ -69,11 +71,14 @@ PREP_ARGS = (
 )
 
 STATE_ARGS = (
-    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg", "Kg", "Aqk", "Out"))
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qs"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk", "Out"))
     + (Arg("State", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"))
-    + tuple(Arg(n, "i32", aligned=True) for n in ("s_ot", "s_oh"))
+       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"), Arg("group", "i32"))
+    # the query rows' strides (q's or the Qg workspace's), as the output's: multiples of 16
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_ot", "s_oh"))
     # pool strides: one of the last two is 1 (V-major or K-major), so none is assumed
     + tuple(Arg(n, "i32") for n in ("s_sn", "s_sh", "s_sv", "s_sk"))
 )

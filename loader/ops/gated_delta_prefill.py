@@ -86,23 +86,30 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     w = torch.empty(T, HV, K, dtype=dt, device=dev)
     u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev)
+    # q's rows for the state pass: KDA's gated copy Qg; GDN reads q itself (out stands in for the
+    # Qg the precompute never writes then), both scaled by the row factors fq.
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if kda else out
+    fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
     decay = torch.empty(slots, HV, K, dtype=torch.float32, device=dev)
     name = QKV_DTYPES[dt]
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
-        q, k, v, g, beta, w, u, qg, kg, aqk, decay, cu_seqlens, state_indices,
+        q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
+    if kda:
+        qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
+    else:
+        qs, group, s_qt, s_qh = q, HV // H, q.stride(1), q.stride(2)
     if state_layout == "vmajor":
         s_v, s_k = state.stride(2), state.stride(3)
     else:
         s_k, s_v = state.stride(2), state.stride(3)
     st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V, bv), (N, HV, V // bv), (
-        w, u, qg, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV,
-        out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
+        w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
+        s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
     return [prep, st]
 
 
@@ -155,8 +162,9 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
       The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
       (chunk_spec.state_block_v): one captured CUDA graph serves every length.
-    Workspace: W, U, q exp(G), k exp(G_last - G) `[T, HV, K or V]` and the chunk's attention
-      `[T, HV, 64]` in q's dtype, allocated per call (torch's caching allocator).
+    Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V]` and the chunk's
+      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
+      (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch.
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final

@@ -18,11 +18,13 @@ def args(aligned: bool) -> list:
     f32 = torch.empty(1 << 16, dtype=torch.float32)
     idx = torch.empty(64, dtype=torch.int32)
     assert bf.data_ptr() % 16 == 0 and f32.data_ptr() % 16 == 0
-    ptrs = [bf[i * 8192 + off:] for i in range(6)] + [f32[off:], f32[32768 + off:], idx, idx[8:]]
-    counts = [3, 40, 32]  # num_seqs, num_slots, HV: never specialized
-    out_strides = [4096, 128] if aligned else [4097, 129]
+    # W, U, Qs; Fq; Kg, Aqk, Out; State, Decay; Cu_seqlens, State_indices
+    ptrs = ([bf[i * 8192 + off:] for i in range(3)] + [f32[16384 + off:]] + [bf[i * 8192 + off:] for i in range(3, 6)]
+            + [f32[off:], f32[32768 + off:], idx, idx[8:]])
+    counts = [3, 40, 32, 2]  # num_seqs, num_slots, HV, group: never specialized
+    q_out_strides = [2048, 128, 4096, 128] if aligned else [2049, 129, 4097, 129]
     pool_strides = [524288, 16384, 128, 1]  # never specialized
-    return ptrs + counts + out_strides + pool_strides
+    return ptrs + counts + q_out_strides + pool_strides
 
 
 if __name__ == "__main__":

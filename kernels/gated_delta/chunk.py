@@ -517,30 +517,21 @@ def gdn_chunk_state(
     s_ptrs = State + slot * s_sn + hv * s_sh + offs_v[None, :] * s_sv + offs_k[:, None] * s_sk
     h = tl.load(s_ptrs)
     first_slot = start // CHUNK + n
-    # Addresses: a scalar int64 base a chunk plus loop-invariant int32 offsets within it (64 rows
-    # of the workspaces' [T, HV, *] rows, or q's and out's strides: the op keeps 64 of those below
-    # 2**31), not int64 row arithmetic per element: the loop is latency-bound at one program an SM.
-    r_k = offs_c[:, None] * (HV * HEAD_K) + offs_k[None, :]
-    r_kt = offs_c[None, :] * (HV * HEAD_K) + offs_k[:, None]
-    r_u = offs_c[:, None] * (HV * HEAD_V) + offs_v[None, :]
-    r_a = offs_c[:, None] * (HV * CHUNK) + offs_c[None, :]
-    r_q = offs_c[:, None] * s_qt + offs_k[None, :]
-    r_o = offs_c[:, None] * s_ot + offs_v[None, :]
     for c in range(0, tl.cdiv(end - start, CHUNK)):
-        t0 = start + c * CHUNK
-        mr = offs_c < end - t0
-        m = mr[:, None]
-        row = t0.to(tl.int64) * HV + hv  # the chunk's first [T, HV, *] workspace row
-        w = tl.load(W + row * HEAD_K + r_k, mask=m, other=0.0)
-        u = tl.load(U + row * HEAD_V + r_u, mask=m, other=0.0)
-        q = tl.load(Qs + (t0.to(tl.int64) * s_qt + hq * s_qh) + r_q, mask=m, other=0.0)
-        fq = tl.load(Fq + row + offs_c * HV, mask=mr, other=0.0)
-        kgt = tl.load(Kg + row * HEAD_K + r_kt, mask=mr[None, :], other=0.0)
-        aqk = tl.load(Aqk + row * CHUNK + r_a, mask=m, other=0.0)
+        t = start + c * CHUNK + offs_c
+        m = (t < end)[:, None]
+        t = t.to(tl.int64)
+        row_k = (t[:, None] * HV + hv) * HEAD_K
+        w = tl.load(W + row_k + offs_k[None, :], mask=m, other=0.0)
+        u = tl.load(U + (t[:, None] * HV + hv) * HEAD_V + offs_v[None, :], mask=m, other=0.0)
+        q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m, other=0.0)
+        fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
+        kgt = tl.load(Kg + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
+        aqk = tl.load(Aqk + (t[:, None] * HV + hv) * CHUNK + offs_c[None, :], mask=m, other=0.0)
         decay = tl.load(Decay + ((first_slot + c).to(tl.int64) * HV + hv) * HEAD_K + offs_k)
         hb = h.to(w.dtype)
         vnew = (u.to(tl.float32) - tl.dot(w, hb)).to(w.dtype)
         o = tl.dot(q, hb) * fq[:, None] + tl.dot(aqk, vnew)
-        tl.store(Out + (t0.to(tl.int64) * s_ot + hv * s_oh) + r_o, o.to(dt), mask=m)
+        tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m)
         h = h * decay[:, None] + tl.dot(kgt, vnew)
     tl.store(s_ptrs, h)

@@ -37,13 +37,13 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) ->
     Shapes only (num_seqs counts padded sequences too; no length): one CUDA graph serves every
     length. H100 (132 SMs), JIT, bf16, H = 16, HV = 32, K = V = 128, V-major pool, state ms by
     (BV, num_warps, num_stages):
-      1 x 8192 (num_seqs * HV = 32): BV32 w4 s2 0.277 (best), BV32 w8 s2 0.374, BV64 w4 s2 0.354,
+      1 x 8192 (num_seqs * HV = 32): BV32 w4 s2 0.277 (best at 2 stages; 3 since, state_launch), BV32 w8 s2 0.374, BV64 w4 s2 0.354,
         BV64 w8 s2 0.443, BV128 w8 s2 0.594, BV16 w4 s2 0.487. Here 32 * 1 < 132 -> 32.
       8 x 2048 (num_seqs * HV = 256): BV32 w4 s2 0.836, BV64 w4 s1 0.480, BV64 w4 s2 0.503,
         BV64 w8 s3 0.487, BV128 w8 s2 0.373 (best), BV128 w16 s2 0.640, BV128 w8 s1 0.452.
         Here 256 * 1 >= 132 -> 128.
     Near one program an SM BV32 wins (V / 32 times the programs for the sequential walk over
-    chunks); past it the wide tile wins (each chunk's W, Qg, Kg tiles read once, not V / 32 times).
+    chunks); past it the wide tile wins (each chunk's W, q, Kg tiles read once, not V / 32 times).
     Outputs and final states of every config that ran were bit-identical to BV32 w4 s2's. The
     threshold between the two shapes is not measured finer than that; BV64 at V = 64 not measured.
     """
@@ -122,9 +122,9 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
 
 
 def state_launch(axes, arch: int) -> LaunchConfig:
-    # 2 stages prefetch the next chunk's W, Qg, Kg (16 KiB each at K = 128, bf16), U and Aqk while
-    # the dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 take 128 KiB of shared memory
-    # on sm90 and 68 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one stage, 124 KiB) the
+    # Stages prefetch later chunks' W, q, Kg (16 KiB each at K = 128, bf16), U and Aqk while the
+    # dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 (3 stages) take 188 KiB of
+    # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one stage, 124 KiB) the
     # H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8 warps read shared memory
     # out of range (compute-sanitizer: gdn_chunk_state, thread 128+), 4 warps returned outputs off by
     # 1.7e2 relative; 16 warps matched the reference (tests/gpu/test_gated_delta_prefill.py).
@@ -144,7 +144,13 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     if hk > 128 or hv > 128:
         return LaunchConfig(num_warps=16, num_stages=1)
     if bv == NARROW_BV:
-        return LaunchConfig(num_warps=4, num_stages=2)  # 1 x 8192: 0.277 ms, best (w8 s2 0.374)
+        # 3 stages on CUDA: Triton issues a chunk's copies at the end of the iteration before the
+        # one that reads them (the last dots done), so at 2 stages their latency sits in every
+        # iteration; at 3 a whole iteration covers it. H100, JIT, bf16, K = V = 128, 1 x 8192, at
+        # the commit that dropped Qg: w4 s2 0.305 ms, w4 s3 0.242 (188 KiB of shared memory, 234
+        # registers), w8 s3 0.280, BV 64 w4 s3 0.294; s4 needs 248 KiB (over 227). sm80: 128 KiB
+        # (inside 163), not timed. Other backends keep 2 (hip: 64 KiB of LDS at 2 already).
+        return LaunchConfig(num_warps=4, num_stages=3 if getattr(arch, "backend", "cuda") == "cuda" else 2)
     return LaunchConfig(num_warps=8, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
 
 

@@ -8,7 +8,9 @@ q and k in the kernel; plus KDA (per-channel gates) at 1 x 8192. The floor: q, k
 read once, out written once, the states read and written once, at the device-to-device copy
 bandwidth measured in the same run (no chunked algorithm reaches it: the workspace round trip
 alone is larger). Times are medians of CUDA-event timings, L2 emptied before each call
-(harness.device_time). Rows: JSON lines at --out.
+(harness.device_time); the "kernels" columns sum each call's kernel durations from
+torch.profiler (harness.kernel_time, L2 warm), which leaves out host time: fla's host side can
+outlast its kernels at 1 x 8192, and the event timing then measures Python. Rows: JSON lines at --out.
 
 --sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
@@ -27,7 +29,7 @@ from aotc.kernels.gated_delta import chunk_spec
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.fallback import AotcJitFallbackWarning
 from aotc.loader.ops import gated_delta_prefill as op
-from harness import Rows, copy_bandwidth, device_time
+from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 H, HV, K, V = 16, 32, 128, 128
 DTYPE = torch.bfloat16
@@ -142,7 +144,7 @@ def main():
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e9:.0f} GB/s")
     print(f"{'shape':14s} {'vmajor ms':>10s} {'kmajor ms':>10s} {'prep ms':>8s} {'state ms':>9s} {'fla ms':>8s} "
-          f"{'floor ms':>9s} {'fla/vmaj':>9s}")
+          f"{'floor ms':>9s} {'fla/vmaj':>9s} {'kernels: vmaj':>14s} {'fla':>6s} {'fla/vmaj':>9s}")
     notes = set()
     for name, lengths, kda in SHAPES:
         times, prov = {}, "aot"
@@ -165,19 +167,26 @@ def main():
                     times[part] = device_time(lambda: run_kernel(spec, axes, grid, args))
                 fn, why = fla_call(q, k, v, g, beta, lengths) if not kda else (None, "fla's KDA is another op")
                 times["fla"] = device_time(fn) if fn else float("nan")
+                # kernels alone, both sides: fla's host side (chunk indices, autotune lookups,
+                # several launches) can take longer than its kernels at 1 x 8192
+                times["vmajor_kernels"] = kernel_time(call)
+                times["fla_kernels"] = kernel_time(fn) if fn else float("nan")
                 if why:
                     notes.add(why)
         floor = floor_bytes(lengths, kda) / bw
         variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}"
         shape = f"{name} h{H}/{HV}"
         for p, key in ((prov + "_vmajor", "vmajor"), (prov + "_kmajor", "kmajor"), ("prep_kernel", "prep"),
-                       ("state_kernel", "state"), ("fla_kmajor", "fla")):
+                       ("state_kernel", "state"), ("fla_kmajor", "fla"), (prov + "_vmajor_kernels", "vmajor_kernels"),
+                       ("fla_kmajor_kernels", "fla_kernels")):
             if times[key] == times[key]:
                 rows.add("gated_delta_prefill", variant, p, shape, "ms", times[key] * 1e3)
         rows.add("gated_delta_prefill", variant, "bandwidth_floor", shape, "ms", floor * 1e3)
         ratio = times["fla"] / times["vmajor"]
         print(f"{name:14s} {times['vmajor'] * 1e3:10.3f} {times['kmajor'] * 1e3:10.3f} {times['prep'] * 1e3:8.3f} "
               f"{times['state'] * 1e3:9.3f} {times['fla'] * 1e3:8.3f} {floor * 1e3:9.3f} {ratio:9.2f}"
+              f" {times['vmajor_kernels'] * 1e3:14.3f} {times['fla_kernels'] * 1e3:6.3f}"
+              f" {times['fla_kernels'] / times['vmajor_kernels']:9.2f}"
               + (f"  [{prov}]" if prov != "aot" else ""))
         torch.cuda.empty_cache()
     for n in sorted(notes):

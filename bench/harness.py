@@ -157,6 +157,26 @@ def chained_time(fn, reps: int = 60, rounds: int = 7) -> float:
     return sorted(out)[len(out) // 2]
 
 
+def kernel_time(fn, iters: int = 20) -> float:
+    """Device seconds of one call's kernels, summed (torch.profiler's CUDA kernel records; memcpys
+    and the gaps between kernels left out), the mean over `iters` calls after 3 warm-up calls, L2
+    not emptied. For a peer whose host side can outrun its kernels (device_time then times the
+    host: its events wait on Python between launches)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.device_time for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"))
+    return us * 1e-6 / iters
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, flush: str = "clean") -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import torch

@@ -351,9 +351,11 @@ def gdn_chunk_prep(
     #   GDN chunk-wide A dots, X [64, 64] and
     #   W/U in 64-column dots                  255 / 112    255 / 112    214 / 0      255 / 304
     #   + the four diagonal inverses as one
-    #   [4, 16, 16] solve (this version)       250 / 0      255 / 120    221 / 0      255 / 272
-    # This version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
-    # 4 warps gdn 255 / 48, kda 255 / 152.
+    #   [4, 16, 16] solve                      250 / 0      255 / 120    221 / 0      255 / 272
+    # That version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
+    # 4 warps gdn 255 / 48, kda 255 / 152. Since: GDN capped at 168 registers (prep_launch), W/U on
+    # bf16 operands, Fq in place of Qg, tf32 merges (this version): K = 128 gdn 168 / 30 bytes of
+    # spills at 4 warps (the H100's JIT report; 68 with the merges in exact fp32).
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     if KDA:
         R0 = tl.zeros([HEAD_K], tl.float32)

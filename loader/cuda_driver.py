@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from .driver_base import DriverError, LazyDriver
+
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_CONTEXT = 201
 
@@ -24,10 +26,8 @@ CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
 
 
-class CudaError(RuntimeError):
-    def __init__(self, call: str, code: int, name: str, text: str):
-        super().__init__(f"{call} failed: {name} ({code}): {text}")
-        self.code = code
+class CudaError(DriverError):
+    pass
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -68,8 +68,12 @@ _SIGNATURES = {
 }
 
 
-class Driver:
-    """The real driver: `libcuda.so.1`, opened on first use."""
+class Driver(LazyDriver):
+    """The real driver: `libcuda.so.1`, opened on first use; raw entry points (driver.cuLaunchKernel)
+    resolved on first use (LazyDriver)."""
+
+    PREFIX = "cu"
+    OCCUPANCY = "cuOccupancyMaxActiveBlocksPerMultiprocessor"
 
     def __init__(self, library: str = "libcuda.so.1"):
         self._library = library
@@ -100,14 +104,6 @@ class Driver:
                 lib.cuGetErrorName(code, ctypes.byref(name))
                 lib.cuGetErrorString(code, ctypes.byref(text))
             raise CudaError(call, code, (name.value or b"?").decode(), (text.value or b"?").decode())
-
-    def __getattr__(self, name):
-        # Raw entry points, e.g. driver.cuLaunchKernel, resolved on first use.
-        if name.startswith("cu"):
-            fn = getattr(self._open(), name)
-            self.__dict__[name] = fn
-            return fn
-        raise AttributeError(name)
 
     def primary_context(self, device: int) -> int:
         ctx = self._primary.get(device)
@@ -141,19 +137,6 @@ class Driver:
                 self.check("cuFuncSetAttribute", self.cuFuncSetAttribute(
                     function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin.value - static.value))
             return function.value
-        finally:
-            popped = _P()
-            self.check("cuCtxPopCurrent", self.cuCtxPopCurrent_v2(ctypes.byref(popped)))
-
-    def occupancy(self, device: int, function: int, block: int, shared: int) -> int:
-        """Blocks of `block` threads and `shared` dynamic bytes of `function` that fit one SM at once."""
-        ctx = self.primary_context(device)
-        self.check("cuCtxPushCurrent", self.cuCtxPushCurrent_v2(ctx))
-        try:
-            n = _I()
-            self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                       self.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), function, block, shared))
-            return n.value
         finally:
             popped = _P()
             self.check("cuCtxPopCurrent", self.cuCtxPopCurrent_v2(ctypes.byref(popped)))

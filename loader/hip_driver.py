@@ -14,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from .driver_base import DriverError, LazyDriver
+
 HIP_SUCCESS = 0
 HIP_ERROR_INVALID_CONTEXT = 201  # as CUDA's, so launch.py's one retry rule serves both
 HIP_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 74  # hipDeviceAttributeMaxSharedMemoryPerBlock
@@ -38,14 +40,16 @@ _SIGNATURES = {
 LIBRARIES = ("libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6")
 
 
-class HipError(RuntimeError):
-    def __init__(self, call: str, code: int, name: str, text: str):
-        super().__init__(f"{call} failed: {name} ({code}): {text}")
-        self.code = code
+class HipError(DriverError):
+    pass
 
 
-class Driver:
-    """The HIP runtime (`libamdhip64.so`), opened on first use; `lib` injects a fake in tests."""
+class Driver(LazyDriver):
+    """The HIP runtime (`libamdhip64.so`), opened on first use; `lib` injects a fake in tests. Raw
+    entry points (driver.hipModuleLaunchKernel) resolved on first use (LazyDriver)."""
+
+    PREFIX = "hip"
+    OCCUPANCY = "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor"
 
     def __init__(self, libraries=LIBRARIES, lib=None):
         self._libraries = tuple(libraries)
@@ -82,14 +86,6 @@ class Driver:
             name = lib.hipGetErrorName(code) if lib is not None else None
             text = lib.hipGetErrorString(code) if lib is not None else None
             raise HipError(call, code, (name or b"?").decode(), (text or b"?").decode())
-
-    def __getattr__(self, name):
-        # Raw entry points, e.g. driver.hipModuleLaunchKernel, resolved on first use.
-        if name.startswith("hip"):
-            fn = getattr(self._open(), name)
-            self.__dict__[name] = fn
-            return fn
-        raise AttributeError(name)
 
     @property
     def launch_kernel(self):
@@ -141,17 +137,6 @@ class Driver:
                     raise RuntimeError(f"{symbol} needs {static.value} + {shared} bytes of shared memory (LDS); "
                                        f"device {device} allows {limit} a block")
             return function.value
-        finally:
-            self.pop()
-
-    def occupancy(self, device: int, function: int, block: int, shared: int) -> int:
-        """Blocks of `block` threads and `shared` dynamic bytes that fit one compute unit at once."""
-        self.push(device)
-        try:
-            n = _I()
-            self.check("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
-                       self.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), function, block, shared))
-            return n.value
         finally:
             self.pop()
 

@@ -86,9 +86,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     w = torch.empty(T, HV, K, dtype=dt, device=dev)
     u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    # q's rows for the state pass: KDA's gated copy Qg; GDN reads q itself (out stands in for the
-    # Qg the precompute never writes then), both scaled by the row factors fq.
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if kda else out
+    # q's rows for the state pass: KDA's gated copy Qg; GDN reads q itself (w, aligned like every
+    # workspace, stands in for the Qg the precompute never touches then), both scaled by fq.
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if kda else w
     fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)

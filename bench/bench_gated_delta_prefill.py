@@ -105,7 +105,7 @@ def sweep(rows):
         default = chunk_spec.prep_launch(paxes, 90)
         for warps, stages, cap in PREP_SWEEP:
             def prep():
-                chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **pspec.constexprs(paxes), num_warps=warps,
+                chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **pspec.compile_constexprs(paxes, 90), num_warps=warps,
                                                     num_stages=stages, **({"maxnreg": cap} if cap else {}))
             _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}", prep,
                        (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),

@@ -202,21 +202,24 @@ class KernelSpec(_Record):
     backend and warp size), or None where the variant does not exist on that target (it is not
     built there and a call for it raises NotImplementedError naming the target). `sources` lists
     files (relative to the spec's folder) whose bytes feed the provenance hash.
+    `target_constexprs(axes, arch)`, where given, adds constexpr values that follow the target
+    (an instruction one backend lacks), merged by `compile_constexprs`.
     """
 
     __slots__ = ("name", "module", "function", "args", "constexpr_names", "constexprs", "variants", "launch",
-                 "sources", "folder", "arg_index", "first_ptr", "leading_ptrs")
-    _compared = __slots__[:10]
+                 "sources", "folder", "target_constexprs", "arg_index", "first_ptr", "leading_ptrs")
+    _compared = __slots__[:11]
 
     def __init__(self, name: str, module: str, function: str, args: tuple[Arg, ...],
                  constexpr_names: tuple[str, ...],
                  constexprs: Callable[[Mapping[str, int | str]], dict[str, int | str | bool | float]],
                  variants: Callable[[], Iterable[Mapping[str, int | str]]],
                  launch: Callable[[Mapping[str, int | str], int], LaunchConfig],
-                 sources: tuple[str, ...] = ("kernel.py",), folder: str = ""):
+                 sources: tuple[str, ...] = ("kernel.py",), folder: str = "",
+                 target_constexprs: Callable[[Mapping[str, int | str], "TargetArch"], dict] | None = None):
         self._init(name=name, module=module, function=function, args=tuple(args),
                    constexpr_names=tuple(constexpr_names), constexprs=constexprs, variants=variants, launch=launch,
-                   sources=tuple(sources), folder=folder)
+                   sources=tuple(sources), folder=folder, target_constexprs=target_constexprs)
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate argument names")
@@ -231,8 +234,11 @@ class KernelSpec(_Record):
     def compile_constexprs(self, axes: Mapping[str, int | str], arch: int) -> dict:
         """Every constexpr value for a variant on a target: `constexprs(axes)`, plus `PDL` (1 when
         the target's launch config asks for a programmatic dependent launch) for a kernel that
-        declares it. The wait it guards is an sm90+ instruction, so it follows the target."""
+        declares it. The wait it guards is an sm90+ instruction, so it follows the target. Then
+        the spec's `target_constexprs`, if any."""
         values = dict(self.constexprs(axes))
+        if self.target_constexprs is not None:
+            values.update(self.target_constexprs(axes, as_target_arch(arch)))
         if "PDL" in self.constexpr_names:
             cfg = self.launch_config(axes, arch)
             values["PDL"] = int(bool(cfg and cfg.launch_pdl))

@@ -193,13 +193,17 @@ def _inverse_diagonal(a00, a11, a22, a33):
 
 
 @triton.jit
-def _mm(a, b):
-    # 16x16x16 products of the block merge on tensor cores in tf32 (as flash-linear-attention's
-    # solve_tril), fp32 accumulate. X then enters the W/U dots as bf16 (bf16 inputs) or tf32 (fp16),
-    # both coarser. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, maxnreg 168: precompute 1 x 8192
-    # 0.406 -> 0.373 ms, 8 x 2048 0.803 -> 0.735 vs exact fp32 FMAs ("ieee"); W and U moved by
-    # 0.34% of their largest value (one bf16 rounding step is 0.39%).
-    return tl.dot(a, b, input_precision="tf32")
+def _mm(a, b, TF32: tl.constexpr):
+    # 16x16x16 products of the block merge, fp32 accumulate. TF32 (CUDA targets,
+    # chunk_spec.prep_target_constexprs): on tensor cores in tf32, as flash-linear-attention's
+    # solve_tril; X then enters the W/U dots as bf16 (bf16 inputs) or tf32 (fp16), both coarser.
+    # H100, JIT, bf16, H = 16, HV = 32, K = V = 128, maxnreg 168: precompute 1 x 8192 0.406 ->
+    # 0.373 ms, 8 x 2048 0.803 -> 0.735 vs exact fp32 FMAs ("ieee", the other targets' choice);
+    # W and U moved by 0.34% of their largest value (one bf16 rounding step is 0.39%).
+    if TF32:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -320,7 +324,7 @@ def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
@@ -434,12 +438,13 @@ def gdn_chunk_prep(
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
     x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
-    x10 = -_mm(x11, _mm(a10, x00))
-    x21 = -_mm(x22, _mm(a21, x11))
-    x20 = -_mm(x22, _mm(a20, x00) + _mm(a21, x10))
-    x32 = -_mm(x33, _mm(a32, x22))
-    x31 = -_mm(x33, _mm(a31, x11) + _mm(a32, x21))
-    x30 = -_mm(x33, _mm(a30, x00) + _mm(a31, x10) + _mm(a32, x20))
+    TF: tl.constexpr = MERGE_TF32
+    x10 = -_mm(x11, _mm(a10, x00, TF), TF)
+    x21 = -_mm(x22, _mm(a21, x11, TF), TF)
+    x20 = -_mm(x22, _mm(a20, x00, TF) + _mm(a21, x10, TF), TF)
+    x32 = -_mm(x33, _mm(a32, x22, TF), TF)
+    x31 = -_mm(x33, _mm(a31, x11, TF) + _mm(a32, x21, TF), TF)
+    x30 = -_mm(x33, _mm(a30, x00, TF) + _mm(a31, x10, TF) + _mm(a32, x20, TF), TF)
 
     # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
     # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,

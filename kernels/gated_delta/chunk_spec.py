@@ -88,6 +88,13 @@ def prep_constexprs(axes) -> dict:
     return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(axes["gate"] == "kda")}
 
 
+def prep_target_constexprs(axes, arch) -> dict:
+    """MERGE_TF32: the inverse's block merges in tf32 on tensor cores (CUDA; chunk._mm), exact
+    fp32 elsewhere (Triton 3.6 allows tf32 dots on no AMD target but gfx942, and Iluvatar's is
+    unknown)."""
+    return {"MERGE_TF32": int(getattr(arch, "backend", "cuda") == "cuda")}
+
+
 def state_constexprs(axes) -> dict:
     return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": int(axes["bv"])}
 
@@ -167,8 +174,9 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA"),
+    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "MERGE_TF32"),
     constexprs=prep_constexprs,
+    target_constexprs=prep_target_constexprs,
     variants=prep_variants,
     launch=prep_launch,
     sources=("chunk.py",),

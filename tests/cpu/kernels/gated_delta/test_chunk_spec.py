@@ -130,3 +130,19 @@ def test_state_block_v_choice():
     assert pick(64, 32, 128, 256, 132) == 32
     # no sequences (the op returns before launching; the choice is still defined)
     assert pick(0, 32, 128, 128, 132) == 32
+
+
+def test_block_merges_take_tf32_on_cuda_targets_only():
+    # Triton 3.6 refuses tf32 dots on gfx90a (and allows them on no other AMD target but gfx942);
+    # the merges stay exact fp32 off CUDA (chunk._mm).
+    from aotc.loader import targets
+
+    axes = chunk_spec.prep_axes("bf16", 128, 128, False)
+    for name in ("sm80", "sm90"):
+        arch = targets.get(name).spec_arch()
+        assert chunk_spec.GDN_CHUNK_PREP.compile_constexprs(axes, arch)["MERGE_TF32"] == 1
+    for name in ("gfx942", "gfx90a", "ivcore20"):
+        arch = targets.get(name).spec_arch()
+        assert chunk_spec.GDN_CHUNK_PREP.compile_constexprs(axes, arch)["MERGE_TF32"] == 0
+    assert chunk_spec.GDN_CHUNK_PREP.compile_constexprs(axes, 90) == dict(
+        chunk_spec.prep_constexprs(axes), MERGE_TF32=1)

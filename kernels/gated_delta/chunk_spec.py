@@ -37,8 +37,9 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) ->
     Shapes only (num_seqs counts padded sequences too; no length): one CUDA graph serves every
     length. H100 (132 SMs), JIT, bf16, H = 16, HV = 32, K = V = 128, V-major pool, state ms by
     (BV, num_warps, num_stages):
-      1 x 8192 (num_seqs * HV = 32): BV32 w4 s2 0.277 (best at 2 stages; 3 since, state_launch), BV32 w8 s2 0.374, BV64 w4 s2 0.354,
-        BV64 w8 s2 0.443, BV128 w8 s2 0.594, BV16 w4 s2 0.487. Here 32 * 1 < 132 -> 32.
+      1 x 8192 (num_seqs * HV = 32): BV32 w4 s2 0.277 (best at 2 stages; 3 since: state_launch),
+        BV32 w8 s2 0.374, BV64 w4 s2 0.354, BV64 w8 s2 0.443, BV128 w8 s2 0.594, BV16 w4 s2 0.487.
+        Here 32 * 1 < 132 -> 32.
       8 x 2048 (num_seqs * HV = 256): BV32 w4 s2 0.836, BV64 w4 s1 0.480, BV64 w4 s2 0.503,
         BV64 w8 s3 0.487, BV128 w8 s2 0.373 (best), BV128 w16 s2 0.640, BV128 w8 s1 0.452.
         Here 256 * 1 >= 132 -> 128.
@@ -131,8 +132,8 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
 def state_launch(axes, arch: int) -> LaunchConfig:
     # Stages prefetch later chunks' W, q, Kg (16 KiB each at K = 128, bf16), U and Aqk while the
     # dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 (3 stages) take 188 KiB of
-    # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one stage, 124 KiB) the
-    # H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8 warps read shared memory
+    # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one
+    # stage, 124 KiB) the H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8 warps read shared memory
     # out of range (compute-sanitizer: gdn_chunk_state, thread 128+), 4 warps returned outputs off by
     # 1.7e2 relative; 16 warps matched the reference (tests/gpu/test_gated_delta_prefill.py).
     # So at K or V > 128 only BV 32 is declared, at 16 warps and one stage, for correctness.

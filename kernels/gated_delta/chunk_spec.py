@@ -133,9 +133,10 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     # Stages prefetch later chunks' W, q, Kg (16 KiB each at K = 128, bf16), U and Aqk while the
     # dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 (3 stages) take 188 KiB of
     # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one
-    # stage, 124 KiB) the H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8 warps read shared memory
-    # out of range (compute-sanitizer: gdn_chunk_state, thread 128+), 4 warps returned outputs off by
-    # 1.7e2 relative; 16 warps matched the reference (tests/gpu/test_gated_delta_prefill.py).
+    # stage, 124 KiB) the H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8
+    # warps read shared memory out of range (compute-sanitizer: gdn_chunk_state, thread 128+), 4
+    # warps returned outputs off by 1.7e2 relative; 16 warps matched the reference
+    # (tests/gpu/test_gated_delta_prefill.py).
     # So at K or V > 128 only BV 32 is declared, at 16 warps and one stage, for correctness.
     # BV == head_v (the wide tile, chosen by state_block_v at many sequence-heads): 8 warps, 2 stages.
     # H100, JIT, bf16, HV = 32, K = V = 128, V-major, 8 x 2048: BV128 w8 s2 0.373 ms (255 registers,

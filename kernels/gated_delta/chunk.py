@@ -152,17 +152,34 @@ def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.const
 def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
     if KDA:
+        # The block as four 4-token quarters. Quarter s's rows against the quarters before it:
+        # one dot each, split at R_s, the cumulative gate just before quarter s (exp(G_i - R_s),
+        # exp(R_s - G_j) both <= 1). Within a quarter: the column method, all four quarters at
+        # once (4 steps, not 16), column 4 (r // 4) + c of row r gathered from the block.
+        # H100, KDA precompute, JIT: 1 x 8192 4.41 -> 2.79 ms, 8 x 2048 8.81 -> 5.63 (16 column
+        # steps before); W, U, Aqk move by <= 0.35% of their largest value (one bf16 step: 0.39%).
+        quarter = rows // 4
         a = tl.zeros([SUB, SUB], tl.float32)
         aq = tl.zeros([SUB, SUB], tl.float32)
-        for c in range(SUB):
-            kc = _row(ki, rows, c)
-            Gc = _row(Gi, rows, c)
-            # exp only where row >= c (there G_r - G_c <= 0): the other half would overflow.
-            e = tl.exp(tl.where(rows[:, None] >= c, Gi - Gc[None, :], float("-inf"))) * kc[None, :]
+        for s in tl.static_range(1, 4):
+            Rs = _row(Gi, rows, 4 * s - 1)
+            left = tl.exp(tl.where((quarter == s)[:, None], Gi - Rs[None, :], float("-inf")))
+            right = tl.trans((ki * tl.exp(tl.where((quarter < s)[:, None], Rs[None, :] - Gi,
+                                                   float("-inf")))).to(DT))
+            a += tl.dot((ki * left).to(DT), right)
+            aq += tl.dot((qi * left).to(DT), right)
+        within = rows % 4
+        for c in tl.static_range(4):
+            j = quarter * 4 + c  # [16]: row r's c-th quarter token
+            idx = j[:, None] + tl.zeros([SUB, Gi.shape[1]], tl.int32)
+            kc = tl.gather(ki, idx, 0)
+            Gc = tl.gather(Gi, idx, 0)
+            e = tl.exp(tl.where((within >= c)[:, None], Gi - Gc, float("-inf"))) * kc
             ak = tl.sum(ki * e, 1)
             aqk = tl.sum(qi * e, 1)
-            a = tl.where(cols[None, :] == c, tl.where(rows > c, ak, 0.0)[:, None], a)
-            aq = tl.where(cols[None, :] == c, aqk[:, None], aq)
+            at = cols[None, :] == j[:, None]
+            a = tl.where(at, tl.where(within > c, ak, 0.0)[:, None], a)
+            aq = tl.where(at, aqk[:, None], aq)
     else:
         lower = rows[:, None] >= cols[None, :]
         decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))

@@ -64,13 +64,15 @@ def block_d(head_dim: int, kv: str = "same") -> int:
 def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
     BLOCK_M (the kernel asserts it)."""
-    if kv == "int8" and block_d <= 128:
+    if kv in ("int8", "int4") and block_d <= 128:
         # H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, page 32 (JIT sweep at a4ec7ff): int8
         # per token 4 warps x 32-key tiles 0.248 ms vs 0.312 at 8 warps x 64 (the earlier config,
-        # 0.377 before the scale loads moved to the tile's start); int4 0.289 vs 0.339; per channel
-        # 0.206 vs 0.236. 4 warps spill 12-32 bytes a thread here and still win. int4 keeps 8 warps
-        # x 64 keys (0.339 ms with the scale loads moved; 4 warps x 32 ran 0.289 but spilled 50 bytes
-        # and Triton 3.6 gave a different cubin on each fresh compile: no reproducible build).
+        # 0.377 before the scale loads moved to the tile's start); per channel 0.206 vs 0.236. 4
+        # warps spill 12-32 bytes a thread here and still win. int4 with the scales loaded a tile
+        # ahead (quant.py, 64b6ea0): 0.258 vs 0.317 (B 8, 32/8 heads, 2048 + 512, page 16: 0.919 vs
+        # 1.090; no context: 0.066 vs 0.063). It stayed at 8 x 64 before because two fresh compiles
+        # on the H100 had given two cubins; at 64b6ea0 three fresh compiles of each int4 4 x 32
+        # variant (bf16/fp16, token/channel) give one cubin, there and on the CPU machine alike.
         return 128, 32
     if block_d > 128:
         # H100 bf16 d256, b8 ctx2048+512: 259 TF/s vs 226 for 64x32 and 173 for 64x64. Q 64 KiB plus
@@ -108,7 +110,7 @@ def launch(axes, arch: int) -> LaunchConfig | None:
         return None
     bd = int(axes["block_d"])
     # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
-    warps = 4 if bd <= 64 or (axes["kv"] == "int8" and bd <= 128) else 8  # int8: see tile()
+    warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
     if arch >= 90 and bd <= 128 and axes["kv"] == "same" and axes["layout"] == "nhd":
         # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
         # (b1 ctx16K+2K). fp8 and vllm-layout caches convert or gather through registers: there

@@ -8,19 +8,26 @@ code * scale. Scales (the SCALES constexpr):
              strides;
   2 channel  one per kv head and channel, [kv_heads, D] (the Iluvatar int8 layout's scales).
 Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
-channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into exact fp16
-codes, split by channel: part i holds channels NP*j + i. The dots run on the codes part by part
-(the parts' dots sum to the full dot), in fp16 whatever the query dtype: the codes need no second
-conversion to bf16 (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, bf16 q: int4 0.342 ->
-0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254). q is
-scaled by a power of two a row into fp16's range (exact for bf16 inputs; the power goes back on
-that row's scores through qk_scale) and P is rounded to fp16. The scales go where they cost least:
-  token    K: on the score columns after the dot (exact in fp32); V: on P's columns before PV;
+channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into fp16, split by
+channel: part i holds channels NP*j + i. The dots run part by part (the parts' dots sum to the
+full dot), in fp16 whatever the query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new,
+bf16 q: int4 0.342 -> 0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254 against
+a bf16 copy). q is scaled by a power of two a row into fp16's range (exact for bf16 inputs; the
+power goes back on that row's scores through qk_scale) and P is rounded to fp16. The scales go
+where they cost least:
+  token    on the K and V rows as they are dequantized: code * scale, rounded once to fp16, as
+           decode does (so a scale must be an fp16 normal: ~6.1e-5 to 65504 / 127). The scales
+           share the rows' block-table reads, and a tile loads its successor's. Applied instead on
+           the score and P columns (exact codes, fp32 scales) they cost a thread 8 scale, 8
+           block-table and their index loads a tile in the MMA layout, 1257 SASS instructions in
+           the int8 loop against 760 now: H100, same shape, int8 0.227 -> 0.206 ms, int4 0.258
+           -> 0.217 (B 8, 32/8 heads, 2048 + 512, page 16: 0.830 -> 0.733, 0.933 -> 0.772);
   channel  K: on q, once per program; V: on the context's accumulator, once after the loop
-           (later online-softmax rescaling is linear, as for fp8's scalar scale).
-int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16): their dots are scaled by 1/16
-in fp32, which is exact. After the context the parts' accumulators are interleaved back into
-channel order for the new-token loop.
+           (later online-softmax rescaling is linear, as for fp8's scalar scale). The parts hold
+           exact codes; int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16), their
+           dots scaled by 1/16 in fp32, which is exact.
+After the context the parts' accumulators are interleaved back into channel order for the
+new-token loop.
 
 Strides of the caches arrive in int16 words (the op halves the byte strides; it checks they are
 even). Masking follows kernel.py: masked tiles mask keys and probabilities, so unused slots
@@ -29,7 +36,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _i4x4_codes16, _i8x2_codes
+from aotc.kernels.decode.dequant import _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
 
 
 @triton.jit
@@ -97,17 +104,38 @@ def _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_k
 def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh, scale_kind,
                BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
     """(K scales, V scales) [BLOCK_N] of the tile at `start`, for per-token scales; zeros for other
-    SCALES. A tile loads its successor's, so their latency hides under a whole tile: ~48 loads a
-    thread (scales and their block-table entries) that Triton's pipelining leaves synchronous.
-    H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, page 32: int8 0.254 -> 0.227 ms, int4
-    0.305 -> 0.258 (B 8, 32/8 heads, 2048 + 512, page 16: int8 0.978 -> 0.816, int4 1.117 ->
-    0.919). Always masked (block-table reads only for keys < ctx_len): safe past the context."""
+    SCALES. A tile loads its successor's, so their latency hides under a whole tile: Triton's
+    pipelining leaves these small loads (and their block-table reads) synchronous. Measured on the
+    H100 when they were applied on the score columns (B 2, 16/4 heads, d128, 2048 cached + 1024
+    new, page 32): int8 0.254 -> 0.227 ms, int4 0.305 -> 0.258 (B 8, 32/8 heads, 2048 + 512, page
+    16: int8 0.978 -> 0.816, int4 1.117 -> 0.919). Always masked (block-table reads only for keys
+    < ctx_len): safe past the context."""
     if SCALES == 1:
         n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         return _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
     else:
         z = tl.zeros([BLOCK_N], tl.float32)
         return z, z
+
+
+@triton.jit
+def _i8_parts(words, sc, SCALES: tl.constexpr):
+    """fp16 parts (channels 2j, 2j + 1) of int8 words [BLOCK_N, BLOCK_W]: with per-token scales
+    sc [BLOCK_N] the values code * scale (rounded once to fp16), else the exact codes."""
+    if SCALES == 1:
+        return _i8x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+    else:
+        return _i8x2_codes(words)
+
+
+@triton.jit
+def _i4_parts(words, sc, SCALES: tl.constexpr):
+    """fp16 parts (channels 4j + i) of int4 words: with per-token scales the values code * scale,
+    else the codes with parts 1 and 3 times 16 (_i4x4_codes16)."""
+    if SCALES == 1:
+        return _i4x4_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+    else:
+        return _i4x4_codes16(words)
 
 
 @triton.jit
@@ -148,15 +176,13 @@ def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, 
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, BLOCK_N, SCALES)
-    k0, k1 = _i8x2_codes(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED))
+    k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED), ksc,
+                       SCALES)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
-    if SCALES == 1:
-        qk = qk * ksc[None, :]
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
-    if SCALES == 1:
-        p = p * vsc[None, :]
-    v0, v1 = _i8x2_codes(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED))
+    v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED), vsc,
+                       SCALES)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
     a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])
@@ -171,22 +197,21 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, BLOCK_N, SCALES)
-    k0, k1, k2, k3 = _i4x4_codes16(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
-                                          MASKED))
+    k0, k1, k2, k3 = _i4_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
+                                      MASKED), ksc, SCALES)
     even = tl.dot(q2, tl.trans(k2), acc=tl.dot(q0, tl.trans(k0)))
-    odd16 = tl.dot(q3, tl.trans(k3), acc=tl.dot(q1, tl.trans(k1)))
-    qk = even + odd16 * 0.0625
+    odd = tl.dot(q3, tl.trans(k3), acc=tl.dot(q1, tl.trans(k1)))
     if SCALES == 1:
-        qk = qk * ksc[None, :]
+        qk = even + odd
+    else:
+        qk = even + odd * 0.0625  # parts 1 and 3 are 16 x code
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
-    if SCALES == 1:
-        p = p * vsc[None, :]
-    v0, v1, v2, v3 = _i4x4_codes16(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
-                                          MASKED))
+    v0, v1, v2, v3 = _i4_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
+                                      MASKED), vsc, SCALES)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
-    a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])  # 16x: undone after the context
+    a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])  # per channel 16x: undone after the context
     a2 = tl.dot(p, v2, acc=a2 * alpha[:, None])
     a3 = tl.dot(p, v3, acc=a3 * alpha[:, None])
     return a0, a1, a2, a3, m_i, l_i, ksc_next, vsc_next
@@ -284,9 +309,9 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
                                                       s_sh, scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES,
                                                       True)
-    a1 = a1 * 0.0625
-    a3 = a3 * 0.0625
     if SCALES == 2:
+        a1 = a1 * 0.0625
+        a3 = a3 * 0.0625
         a0 = _v_channel_scale(a0, 0, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a1 = _v_channel_scale(a1, 1, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a2 = _v_channel_scale(a2, 2, 4, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)

@@ -6,10 +6,10 @@ per-channel scales [kv_heads, D]; layouts nhd and hnd (Iluvatar's [blocks, kv_he
 D]). The issue's configurations are scaled down here (same GQA ratios, head dims, block sizes and
 odd lengths, fewer tokens); tests/gpu/test_prefix_prefill.py runs them at full size.
 Unused slots hold the largest code and (per token) NaN scales; outputs start as NaN.
-Tolerance: cases.TOL (4e-3 fp16, 3e-2 bf16, absolute + relative), every element: the kernel
-multiplies exact codes, so it adds no error beyond the float path's rounding of P (and, per
-channel, of q * k_scale) to the input dtype. Where kv heads hold values of different sizes, the
-comparison is in units of each head's size.
+Tolerance: cases.TOL (4e-3 fp16, 3e-2 bf16, absolute + relative), every element: the kernel adds
+no error beyond the float path's rounding to fp16 of P and of the values (per token: code *
+scale, as decode; per channel the codes are exact and q * k_scale is rounded). Where kv heads
+hold values of different sizes, the comparison is in units of each head's size.
 """
 import pytest
 import torch
@@ -89,6 +89,20 @@ def test_review_bug_scales_differ_per_kv_head(fmt, scales):
     swapped = {n: kw[n].flip(head_dim) for n in ("k_scale", "v_scale")}
     wrong = prefix_prefill_ref(**case, **dict(kw, **swapped))
     assert ((wrong - ref).abs() > 10 * TOL[torch.float16] * (1 + ref.abs())).any()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_token_scales_across_fp16_range(fmt):
+    # Per-token values are rounded to fp16 as code * scale: kv heads of size 1e-3 (int8 scales
+    # ~2e-5, below fp16's normals) to 300 (values ~1000) stay within the tolerance in each head's
+    # units. (Smaller heads lose precision gradually: at 1e-4 an int8 head's error reaches ~2%
+    # of its size, ~1e-6 absolute; decode shares the format.)
+    gain = [1e-3, 3.0, 1.0, 300.0]
+    case, kw = make_case([40, 70], [9, 20], q_heads=8, kv_heads=4, kv_format=fmt, scales="token", layout="hnd",
+                         head_gain=gain, seed=29)
+    got, ref = run(case, kw)
+    unit = torch.tensor(gain).repeat_interleave(2)[None, :, None]
+    assert_matches(got.float() / unit, ref / unit, torch.float16)
 
 
 @pytest.mark.parametrize("fmt,scales,layout", FORMATS[:4])

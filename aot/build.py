@@ -23,11 +23,12 @@ from typing import Iterable
 
 from filelock import FileLock
 
-from aotc.kernels.registry import all_specs, spec_folder
+from aotc.kernels.registry import all_specs
 from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
 from aotc.loader import targets
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 
+from .sources import named_sources
 from .triton_compat import check_backend, triton_version
 
 AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
@@ -78,12 +79,13 @@ _source_hashes: dict[str, str] = {}
 
 
 def source_hash(spec: KernelSpec) -> str:
-    """sha256 over the kernel's declared source files (and the variant types they rely on)."""
+    """sha256 over the kernel's source files: its module, its declared sources and every module
+    they import from their folder or aotc.kernels (aot/sources.py), each named relative to
+    aotc.kernels."""
     if spec.name not in _source_hashes:
-        folder = spec_folder(spec)
         h = hashlib.sha256()
-        for rel in sorted(spec.sources):
-            h.update(rel.encode() + b"\0" + (folder / rel).read_bytes() + b"\0")
+        for name, path in named_sources(spec):
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
         _source_hashes[spec.name] = h.hexdigest()
     return _source_hashes[spec.name]
 

@@ -201,7 +201,9 @@ class KernelSpec(_Record):
     num_stages for a target (arch a `TargetArch`: an int, e.g. 90, carrying the target's name,
     backend and warp size), or None where the variant does not exist on that target (it is not
     built there and a call for it raises NotImplementedError naming the target). `sources` lists
-    files (relative to the spec's folder) whose bytes feed the provenance hash.
+    files (relative to the spec's folder) whose bytes feed the build hash, beside the kernel's
+    module and every module it imports from its folder or aotc.kernels (aot/sources.py finds
+    those: a build is incremental on that hash).
     `target_constexprs(axes, arch)`, where given, adds constexpr values that follow the target
     (an instruction one backend lacks), merged by `compile_constexprs`.
     """

@@ -1,0 +1,85 @@
+"""The source files a kernel is made of, for the build hash: its module, the files its spec declares,
+and every module it imports from its own folder or from aotc.kernels, transitively.
+
+Found by reading the files (ast), nothing imported. A build is incremental on this hash, so a file
+left out means an edited helper keeps its stale binaries: prefix_prefill declared only kernel.py
+while its int8/int4 path lives in quant.py and decode's dequant.py, and decode's kernel reads
+constants from its spec.py.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+from aotc.kernels.registry import spec_folder
+from aotc.kernels.variants import KernelSpec
+
+KERNELS_ROOT = Path(importlib.util.find_spec("aotc.kernels").origin).parent
+_PREFIX = "aotc.kernels."
+
+
+def _module_file(base: Path) -> Path | None:
+    """base/x.py, or the package base/x/__init__.py, for a dotted module turned into a path."""
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _imported_files(path: Path) -> set[Path]:
+    """Files of the aotc.kernels modules (absolute imports) and the sibling modules (relative
+    imports) that `path` imports; `from pkg import name` counts pkg/name.py where it exists."""
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            bases = [KERNELS_ROOT.joinpath(*a.name[len(_PREFIX):].split("."))
+                     for a in node.names if a.name.startswith(_PREFIX)]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = path.parent
+                for _ in range(node.level - 1):
+                    anchor = anchor.parent
+                base = anchor.joinpath(*node.module.split(".")) if node.module else anchor
+            elif node.module and (node.module + ".").startswith(_PREFIX):
+                base = KERNELS_ROOT.joinpath(*node.module[len(_PREFIX):].split(".")) \
+                    if node.module != "aotc.kernels" else KERNELS_ROOT
+            else:
+                continue
+            bases = [base] + [base / a.name for a in node.names]
+        else:
+            continue
+        found.update(f for f in map(_module_file, bases) if f is not None)
+    return found
+
+
+def source_files(spec: KernelSpec) -> list[Path]:
+    """Every file the kernel's compiled code can depend on, sorted, without duplicates."""
+    folder = spec_folder(spec)
+    start = Path(importlib.util.find_spec(spec.module).origin)
+    todo = [start, *(folder / rel for rel in spec.sources)]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path.suffix == ".py":
+            todo.extend(_imported_files(path))
+    return sorted(seen)
+
+
+def named_sources(spec: KernelSpec) -> list[tuple[str, Path]]:
+    """(name in the hash, file) of every source file, sorted by name: the order, like the names,
+    does not depend on where the checkout sits."""
+    return sorted((source_name(path, spec), path) for path in source_files(spec))
+
+
+def source_name(path: Path, spec: KernelSpec) -> str:
+    """A file's name in the hash: relative to aotc.kernels (or to the spec's folder for a kernel
+    outside it), so the hash does not depend on where the checkout sits."""
+    for root in (KERNELS_ROOT.resolve(), spec_folder(spec).resolve()):
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    return path.name

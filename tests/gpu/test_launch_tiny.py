@@ -1,7 +1,6 @@
 """The launch path on a real GPU with the tiny fixture kernel: AOT result, aligned vs generic
 binaries, JIT parity (same cubin, same output bits), CUDA graph capture and replay."""
 import hashlib
-import os
 
 import pytest
 import torch
@@ -16,16 +15,19 @@ EXTRA = "tests.cpu.fixtures.tiny.spec"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    os.environ["AOTC_EXTRA_SPECS"] = EXTRA
-    major, minor = torch.cuda.get_device_capability()
-    out = tmp_path_factory.mktemp("tiny-artifacts")
-    report = build(out, [f"sm{major}{minor}"], kernels=["tiny_axpy"], jobs=4, progress=False)
-    assert report.ok, report.failed
-    artifacts.set_artifacts(out)
-    dispatch.reset()
-    yield get_spec("tiny_axpy")
-    artifacts.set_artifacts(None)
-    dispatch.reset()
+    # The tiny family is declared for this module only: left set, it would follow the process
+    # into other test files (a pytest-xdist worker runs several).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AOTC_EXTRA_SPECS", EXTRA)
+        major, minor = torch.cuda.get_device_capability()
+        out = tmp_path_factory.mktemp("tiny-artifacts")
+        report = build(out, [f"sm{major}{minor}"], kernels=["tiny_axpy"], jobs=4, progress=False)
+        assert report.ok, report.failed
+        artifacts.set_artifacts(out)
+        dispatch.reset()
+        yield get_spec("tiny_axpy")
+        artifacts.set_artifacts(None)
+        dispatch.reset()
 
 
 def run(spec, x, y, out, alpha=0.75, block=64):

@@ -1,6 +1,5 @@
 """The loader's target choice on a real NVIDIA GPU: the device reads as NVIDIA (not Iluvatar, not
 AMD), its own smXX comes first, and a folder holding another vendor's build is never opened."""
-import os
 
 import pytest
 import torch
@@ -20,8 +19,8 @@ def test_this_gpu_is_nvidia_and_gets_its_own_sm_target():
     assert targets.device_target(device).warp_size == 32
 
 
-def test_an_amd_folder_beside_the_sm_folder_is_never_opened(tmp_path):
-    os.environ["AOTC_EXTRA_SPECS"] = "tests.cpu.fixtures.tiny.spec"
+def test_an_amd_folder_beside_the_sm_folder_is_never_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTC_EXTRA_SPECS", "tests.cpu.fixtures.tiny.spec")
     major, minor = torch.cuda.get_device_capability()
     sm = f"sm{major}{minor}"
     report = build(tmp_path, [sm, "gfx942"], kernels=["tiny_axpy"], jobs=4, progress=False)

@@ -16,7 +16,15 @@ from aotc.kernels.registry import spec_folder
 from aotc.kernels.variants import KernelSpec
 
 KERNELS_ROOT = Path(importlib.util.find_spec("aotc.kernels").origin).parent
-_PREFIX = "aotc.kernels."
+
+
+def _in_kernels(module: str) -> bool:
+    return module == "aotc.kernels" or module.startswith("aotc.kernels.")
+
+
+def _under_kernels(module: str) -> Path:
+    """aotc.kernels.a.b -> KERNELS_ROOT/a/b (without a suffix)."""
+    return KERNELS_ROOT.joinpath(*module.split(".")[2:])
 
 
 def _module_file(base: Path) -> Path | None:
@@ -34,17 +42,13 @@ def _imported_files(path: Path) -> set[Path]:
     found: set[Path] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            bases = [KERNELS_ROOT.joinpath(*a.name[len(_PREFIX):].split("."))
-                     for a in node.names if a.name.startswith(_PREFIX)]
+            bases = [_under_kernels(a.name) for a in node.names if _in_kernels(a.name)]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                anchor = path.parent
-                for _ in range(node.level - 1):
-                    anchor = anchor.parent
+                anchor = path.parents[node.level - 1]
                 base = anchor.joinpath(*node.module.split(".")) if node.module else anchor
-            elif node.module and (node.module + ".").startswith(_PREFIX):
-                base = KERNELS_ROOT.joinpath(*node.module[len(_PREFIX):].split(".")) \
-                    if node.module != "aotc.kernels" else KERNELS_ROOT
+            elif node.module and _in_kernels(node.module):
+                base = _under_kernels(node.module)
             else:
                 continue
             bases = [base] + [base / a.name for a in node.names]

@@ -11,17 +11,18 @@ Nothing is dequantized into memory, and nothing is allocated. Words of two (int8
 channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into fp16, split by
 channel: part i holds channels NP*j + i. The dots run part by part (the parts' dots sum to the
 full dot), in fp16 whatever the query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new,
-bf16 q: int4 0.342 -> 0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254 against
-a bf16 copy). q is scaled by a power of two a row into fp16's range (exact for bf16 inputs; the
+bf16 q: int4 0.342 -> 0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254, against
+dots in bf16). q is scaled by a power of two a row into fp16's range (exact for bf16 inputs; the
 power goes back on that row's scores through qk_scale) and P is rounded to fp16. The scales go
 where they cost least:
   token    on the K and V rows as they are dequantized: code * scale, rounded once to fp16, as
-           decode does (so a scale must be an fp16 normal: ~6.1e-5 to 65504 / 127). The scales
-           share the rows' block-table reads, and a tile loads its successor's. Applied instead on
-           the score and P columns (exact codes, fp32 scales) they cost a thread 8 scale, 8
-           block-table and their index loads a tile in the MMA layout, 1257 SASS instructions in
-           the int8 loop against 760 now: H100, same shape, int8 0.227 -> 0.206 ms, int4 0.258
-           -> 0.217 (B 8, 32/8 heads, 2048 + 512, page 16: 0.830 -> 0.733, 0.933 -> 0.772);
+           decode does (a scale below fp16's normals, ~6.1e-5, loses precision gradually; values
+           past 65504 overflow). The scales share the rows' block-table reads, and a tile loads its
+           successor's. Applied instead on the score and P columns (exact codes, fp32 scales) they
+           cost a thread 8 scale, 8 block-table and their index loads a tile in the MMA layout, 1257
+           SASS instructions in the int8 loop against 760 now: H100, same shape, int8 0.227 -> 0.206
+           ms, int4 0.258 -> 0.217 (B 8, 32/8 heads, 2048 + 512, page 16: 0.830 -> 0.733, 0.933 ->
+           0.772);
   channel  K: on q, once per program; V: on the context's accumulator, once after the loop
            (later online-softmax rescaling is linear, as for fp8's scalar scale). The parts hold
            exact codes; int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16), their

@@ -348,7 +348,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             the cache's shape with last dim 1, or per channel `[kv_heads, D]`. Caches are read two
             bytes at a time: even strides and an even start address. Per-group scales with a group
             smaller than D raise NotImplementedError. Dequantization happens on the tiles inside
-            the attention loop: nothing is allocated.
+            the attention loop: nothing is allocated. With one scale a token the values are
+            code * scale rounded to fp16 (as decode): scales below fp16's normals (~6.1e-5) lose
+            precision gradually, and values past 65504 overflow.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position

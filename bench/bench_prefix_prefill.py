@@ -11,6 +11,11 @@ head-major Iluvatar layout), each beside SDPA-flash on the same attention in bf1
 dequantized cache unpaged. Columns: t/sdpa is our time over SDPA's (the issue's bar: <= 1.15;
 the dequantize-then-FA2 approach measured 1.9), and the context cache's bytes (K + V + scales)
 against bf16's.
+
+--sweep: the same shapes (filtered by --only) through the JIT under other tiles and launch
+choices (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg), the spec's first, each checked against
+the spec's output (max |difference|, NaN count: a different tile order rounds differently, a
+broken choice shows as NaN or a large difference), for choosing spec.tile / spec.launch.
 """
 from __future__ import annotations
 
@@ -43,6 +48,11 @@ for _ctx in (0, 2048):  # issue 20
     for _fmt, _layout in ((None, "nhd"), ("int8", "nhd"), ("int4", "nhd"), ("int8-channel", "hnd")):
         SHAPES.append((f"b2 ctx{_ctx}+1024 page32 {_fmt or 'bf16'}", 2, _ctx, 1024, 32, None, _fmt, _layout, 16, 4))
 HEAD_DIM, DTYPE = 128, torch.bfloat16
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg; 0: none) tried by --sweep beside the spec's.
+# BLOCK_N divides BLOCK_M (the kernel asserts it). maxnreg 168 leaves three 4-warp programs a
+# multiprocessor room (65536 registers); the int formats' 128 x 32 tile at 4 warps takes 255.
+SWEEP = [(128, 32, 4, 2, 0), (128, 32, 8, 2, 0), (128, 32, 8, 1, 0), (128, 64, 8, 2, 0), (128, 64, 8, 3, 0),
+         (64, 32, 4, 2, 0), (64, 32, 4, 2, 168), (64, 32, 4, 1, 168), (64, 64, 4, 2, 0), (64, 64, 4, 3, 0)]
 
 
 def _quantize(cache, fmt):
@@ -144,13 +154,66 @@ def sdpa_flash(dense, window, q_heads, kv_heads):
         return None, str(e).splitlines()[0][:120]
 
 
+def sweep(rows, arch, only):
+    """Each shape (whose name contains `only`) through the JIT under the SWEEP choices."""
+    print(f"\n-- sweep: JIT, d{HEAD_DIM}; BLOCK_M x BLOCK_N, warps, stages, maxnreg; diff and NaN against the "
+          "spec's choice --")
+    for name, batch, ctx, new, page, window, cache_dtype, layout, q_heads, kv_heads in SHAPES:
+        if only and only not in name:
+            continue
+        paged, kw, dense, _nbytes = make(batch, ctx, new, page, cache_dtype, layout, q_heads, kv_heads)
+        flops = 4 * HEAD_DIM * q_heads * pairs(batch, ctx, new, window)
+        out = torch.empty_like(paged[0])
+        plan = (kw.get("kv_format", "auto"), kw.get("k_scale"), kw.get("v_scale"), HEAD_DIM ** -0.5, window, None,
+                None, False)
+        axes, _grid, args = pp_op.launch_plan(*paged, out, layout, *plan)
+        cx = pp_spec.constexprs(axes)
+        cfg = pp_spec.launch(axes, arch)
+        default = (cx["BLOCK_M"], cx["BLOCK_N"], cfg.num_warps, cfg.num_stages, cfg.maxnreg)
+        fn, _why = sdpa_flash(dense, window, q_heads, kv_heads)
+        t_sdpa = device_time(fn) if fn else float("nan")
+        print(f"{name} h{q_heads}/{kv_heads}: sdpa {t_sdpa * 1e3:.3f} ms")
+        ref = None
+        for bm, bn, warps, stages, cap in [default] + [c for c in SWEEP if c != default]:
+            grid = (paged[0].shape[0] // bm + batch, q_heads, 1)
+            opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": cap} if cap else {}))
+
+            def call():
+                prefix_prefill_kernel[grid](*args, **dict(cx, BLOCK_M=bm, BLOCK_N=bn), **opts)
+            label = f"  {bm:3d} x {bn:2d} w{warps} s{stages} r{cap:3d}"
+            out.fill_(float("nan"))
+            try:
+                call()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a choice that does not compile or launch is reported
+                print(f"{label}: failed ({type(e).__name__}: {str(e)[:100]})")
+                continue
+            got = out.float()
+            ref = got.clone() if ref is None else ref
+            diff = float((got - ref).abs().nan_to_num(float("inf")).max())
+            nans = int(torch.isnan(got).sum())
+            t = device_time(call)
+            print(f"{label}: {t * 1e3:7.3f} ms {flops / t / 1e12:6.1f} TF/s t/sdpa {t / t_sdpa:5.2f} "
+                  f"diff {diff:.1e} nan {nans}" + ("  (spec)" if (bm, bn, warps, stages, cap) == default else ""))
+            variant = f"{axes['dtype']},{axes['kv']},{axes['scales']},d{HEAD_DIM},{layout}"
+            choice = f",m{bm},n{bn},w{warps},s{stages}" + (f",r{cap}" if cap else "")
+            rows.add("prefix_prefill_sweep", variant + choice, "jit",
+                     f"{name} h{q_heads}/{kv_heads}", "ms", t * 1e3)
+        del paged, dense, out, args
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, metavar="TEXT", help="run the shapes whose name contains TEXT")
+    ap.add_argument("--sweep", action="store_true", help="time other tiles and launch choices instead (JIT)")
     a = ap.parse_args()
     rows = Rows(a.out)
     arch = torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
+    if a.sweep:
+        sweep(rows, arch, a.only)
+        return
     fallback = set()  # variants whose first call warned that no binary was built
     print(f"{'shape':42s} {'aot TF/s':>9s} {'jit TF/s':>9s} {'sdpa TF/s':>10s} {'t/sdpa':>7s} {'cache MB':>9s} "
           f"{'vs bf16':>8s}")

@@ -6,11 +6,11 @@ FLOPs count only allowed (query, key) pairs, 4 * head_dim each (QK^T and PV). Ti
 of CUDA-event timings, the L2 emptied before each call (harness.device_time). Rows: JSON lines at --out.
 
 Issue 20's shapes (B 2, 16/4 heads, D 128, 1024 new tokens over 0 and over 2048 cached, block 32)
-run over bf16, int8 and int4 caches (one scale a token and head; int8 also per channel in the
-head-major Iluvatar layout), each beside SDPA-flash on the same attention in bf16 with the
-dequantized cache unpaged. Columns: t/sdpa is our time over SDPA's (the issue's bar: <= 1.15;
-the dequantize-then-FA2 approach measured 1.9), and the context cache's bytes (K + V + scales)
-against bf16's.
+run over bf16, int8 and int4 caches (one scale a token and head, and per groups of 64 / 32
+channels; int8 also per channel in the head-major Iluvatar layout), each beside SDPA-flash on
+the same attention in bf16 with the dequantized cache unpaged. Columns: t/sdpa is our time over
+SDPA's (the issue's bar: <= 1.15; the dequantize-then-FA2 approach measured 1.9), and the context
+cache's bytes (K + V + scales) against bf16's.
 
 --sweep: the same shapes (filtered by --only) through the JIT under other tiles and launch
 choices (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg), the spec's first, each checked against
@@ -32,7 +32,8 @@ from aotc.loader.ops import prefix_prefill as pp_op
 from harness import Rows, device_time
 
 # (name, batch, context, new tokens, block size, window, cache format, layout, q heads, kv heads);
-# a cache format is None (bf16), an fp8 dtype, or "int8" / "int4" (one scale a token) / "int8-channel".
+# a cache format is None (bf16), an fp8 dtype, or "int8" / "int4" (one scale a token), "int8-group64" /
+# "int4-group32" (one a token and group of channels) or "int8-channel".
 SHAPES = [
     ("b8 ctx2048+512 page16", 8, 2048, 512, 16, None, None, "nhd", 32, 8),
     ("b8 ctx2048+512 page32", 8, 2048, 512, 32, None, None, "nhd", 32, 8),
@@ -45,7 +46,8 @@ SHAPES = [
     ("b8 ctx2048+512 page16 int4", 8, 2048, 512, 16, None, "int4", "nhd", 32, 8),
 ]
 for _ctx in (0, 2048):  # issue 20
-    for _fmt, _layout in ((None, "nhd"), ("int8", "nhd"), ("int4", "nhd"), ("int8-channel", "hnd")):
+    for _fmt, _layout in ((None, "nhd"), ("int8", "nhd"), ("int4", "nhd"), ("int8-channel", "hnd"),
+                          ("int8-group64", "nhd"), ("int4-group32", "nhd")):
         SHAPES.append((f"b2 ctx{_ctx}+1024 page32 {_fmt or 'bf16'}", 2, _ctx, 1024, 32, None, _fmt, _layout, 16, 4))
 HEAD_DIM, DTYPE = 128, torch.bfloat16
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg; 0: none) tried by --sweep beside the spec's.
@@ -57,13 +59,16 @@ SWEEP = [(128, 32, 4, 2, 0), (128, 32, 8, 2, 0), (128, 32, 8, 1, 0), (128, 64, 8
 
 def _quantize(cache, fmt):
     """(codes, scales) of a bf16 cache [blocks, page, heads, D]: decode's formats, one scale a token
-    and head, or (int8-channel) one a kv head and channel; and the values they stand for."""
+    and head, one a token, head and group of N channels (int8-groupN, int4-groupN), or
+    (int8-channel) one a kv head and channel; and the values they stand for."""
     if fmt == "int8-channel":
         s = cache.float().abs().amax(dim=(0, 1)).clamp_min(1e-6) / 127  # [heads, D]
         codes = torch.round(cache.float() / s).clamp(-127, 127).to(torch.int8)
         return codes, s, codes.float() * s
-    codes, s = quantize_reference(cache, fmt, cache.shape[-1], torch.float32)
-    values = codes.float() * s
+    group = int(fmt.split("-group")[1]) if "-group" in fmt else cache.shape[-1]
+    fmt = fmt.split("-")[0]
+    codes, s = quantize_reference(cache, fmt, group, torch.float32)
+    values = codes.float() * s.repeat_interleave(group, dim=-1)
     return (pack_int4(codes) if fmt == "int4" else codes), s, values
 
 
@@ -112,8 +117,8 @@ def make(batch, ctx, new, page, cache_dtype, layout, q_heads, kv_heads):
     dense = (q.transpose(1, 2).contiguous(), keys.transpose(1, 2).contiguous(), vals.transpose(1, 2).contiguous())
     per_token = batch * ctx * KV_HEADS * 2  # K and V rows of the context
     nbytes = per_token * (kc[0].numel() * kc.element_size() // (page * KV_HEADS))  # a block's rows, any layout
-    if "k_scale" in kw and kw["k_scale"].dim() == 4:
-        nbytes += per_token * kw["k_scale"].element_size()
+    if "k_scale" in kw and kw["k_scale"].dim() == 4:  # one a token (and group)
+        nbytes += per_token * kw["k_scale"].shape[-1] * kw["k_scale"].element_size()
     elif "k_scale" in kw and kw["k_scale"].dim() == 2:
         nbytes += 2 * kw["k_scale"].numel() * kw["k_scale"].element_size()
     return paged, kw, dense, nbytes

@@ -2,7 +2,7 @@
 
 One program computes BLOCK_M new tokens of one request for one query head: first over the
 context held in the paged cache (fp16/bf16, fp8 bits with a scale, or int8/int4 codes with
-per-token or per-channel scales: quant.py), then over the request's own new keys (read from
+per-token, per-group or per-channel scales: quant.py), then over the request's own new keys (read from
 `K`/`V`, not from the cache) with the causal mask. Online softmax in base 2, optional attention
 sinks, optional sliding window, optional fp8 output.
 

@@ -6,7 +6,10 @@ code * scale. Scales (the SCALES constexpr):
   1 token    one per token and kv head (decode's per-group format with group == head_dim), a
              tensor shaped like the cache with last dim 1, read with the cache's block/token/head
              strides;
-  2 channel  one per kv head and channel, [kv_heads, D] (the Iluvatar int8 layout's scales).
+  2 channel  one per kv head and channel, [kv_heads, D] (the Iluvatar int8 layout's scales);
+  3 group    one per token, kv head and group of `group` channels (a power of two in [8, 128]:
+             decode's and store_kv's per-group format), shaped like the cache with last dim
+             head_dim // group; the group is runtime (quant_shift = log2(group)).
 Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
 channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into fp16, split by
 channel: part i holds channels NP*j + i. The dots run part by part (the parts' dots sum to the
@@ -23,6 +26,9 @@ where they cost least:
            SASS instructions in the int8 loop against 760 now: H100, same shape, int8 0.227 -> 0.206
            ms, int4 0.258 -> 0.217 (B 8, 32/8 heads, 2048 + 512, page 16: 0.830 -> 0.733, 0.933 ->
            0.772);
+  group    as per token, code * scale rounded once to fp16, with a scale a run of 8 channels
+           ([BLOCK_N, BLOCK_D // 8], each group's read group / 8 times in place), repeated over
+           the run's words in registers; loaded a tile ahead the same way. Not timed on a GPU yet;
   channel  K: on q, once per program; V: on the context's accumulator, once after the loop
            (later online-softmax rescaling is linear, as for fp8's scalar scale). The parts hold
            exact codes; int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16), their
@@ -102,39 +108,67 @@ def _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_k
 
 
 @triton.jit
+def _group_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind, quant_shift, n_runs,
+                  RUNS: tl.constexpr):
+    """(K scales, V scales) [BLOCK_N, RUNS] of a tile's keys for per-group scales: one a run of 8
+    channels (a group holds whole runs), each group's read group / 8 times in place (L1 serves the
+    repeats); 0 where masked or past head_dim."""
+    runs = tl.arange(0, RUNS)
+    off = (blk * s_sb + slot * s_st + kv_head * s_sh)[:, None] + ((runs * 8) >> quant_shift)[None, :]
+    mask = n_valid[:, None] & (runs < n_runs)[None, :]
+    return _load_scale(KS, off, mask, scale_kind), _load_scale(VS, off, mask, scale_kind)
+
+
+@triton.jit
 def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh, scale_kind,
-               BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
-    """(K scales, V scales) [BLOCK_N] of the tile at `start`, for per-token scales; zeros for other
-    SCALES. A tile loads its successor's, so their latency hides under a whole tile: Triton's
-    pipelining leaves these small loads (and their block-table reads) synchronous. Measured on the
-    H100 when they were applied on the score columns (B 2, 16/4 heads, d128, 2048 cached + 1024
-    new, page 32): int8 0.254 -> 0.227 ms, int4 0.305 -> 0.258 (B 8, 32/8 heads, 2048 + 512, page
-    16: int8 0.978 -> 0.816, int4 1.117 -> 0.919). Always masked (block-table reads only for keys
-    < ctx_len): safe past the context."""
+               quant_shift, n_runs, BLOCK_N: tl.constexpr, RUNS: tl.constexpr, SCALES: tl.constexpr):
+    """(K scales, V scales) of the tile at `start`: [BLOCK_N] per token, [BLOCK_N, RUNS] per group
+    (_group_scales); zeros for per-channel scales. A tile loads its successor's, so their latency
+    hides under a whole tile: Triton's pipelining leaves these small loads (and their block-table
+    reads) synchronous. Measured on the H100 when they were applied on the score columns (B 2,
+    16/4 heads, d128, 2048 cached + 1024 new, page 32): int8 0.254 -> 0.227 ms, int4 0.305 -> 0.258
+    (B 8, 32/8 heads, 2048 + 512, page 16: int8 0.978 -> 0.816, int4 1.117 -> 0.919). Always
+    masked (block-table reads only for keys < ctx_len): safe past the context."""
     if SCALES == 1:
         n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         return _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+    elif SCALES == 3:
+        n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
+        return _group_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind, quant_shift, n_runs,
+                             RUNS)
     else:
         z = tl.zeros([BLOCK_N], tl.float32)
         return z, z
 
 
 @triton.jit
+def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Per-run scales [ROWS, R] to per-word [ROWS, COLS], each repeated over its COLS // R words."""
+    RUN: tl.constexpr = COLS // s.shape[1]
+    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, s.shape[1], RUN]), [ROWS, COLS])
+
+
+@triton.jit
 def _i8_parts(words, sc, SCALES: tl.constexpr):
     """fp16 parts (channels 2j, 2j + 1) of int8 words [BLOCK_N, BLOCK_W]: with per-token scales
-    sc [BLOCK_N] the values code * scale (rounded once to fp16), else the exact codes."""
+    sc [BLOCK_N] (per-group: [BLOCK_N, runs of 8 channels]) the values code * scale (rounded once
+    to fp16), else the exact codes."""
     if SCALES == 1:
         return _i8x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+    elif SCALES == 3:
+        return _i8x2_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]))
     else:
         return _i8x2_codes(words)
 
 
 @triton.jit
 def _i4_parts(words, sc, SCALES: tl.constexpr):
-    """fp16 parts (channels 4j + i) of int4 words: with per-token scales the values code * scale,
-    else the codes with parts 1 and 3 times 16 (_i4x4_codes16)."""
+    """fp16 parts (channels 4j + i) of int4 words: with per-token or per-group scales the values
+    code * scale, else the codes with parts 1 and 3 times 16 (_i4x4_codes16)."""
     if SCALES == 1:
         return _i4x4_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+    elif SCALES == 3:
+        return _i4x4_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]))
     else:
         return _i4x4_codes16(words)
 
@@ -172,11 +206,13 @@ def _v_channel_scale(a, i: tl.constexpr, NP: tl.constexpr, VS, kv_head, s_sh, sc
 
 @triton.jit
 def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
-             kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale,
-             BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr, MASKED: tl.constexpr):
+             kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs,
+             n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
+             MASKED: tl.constexpr):
+    RUNS: tl.constexpr = BLOCK_W // 4  # runs of 8 channels: 4 words of two
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
-                                    s_st, s_sh, scale_kind, BLOCK_N, SCALES)
+                                    s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED), ksc,
                        SCALES)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
@@ -193,19 +229,20 @@ def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, 
 @triton.jit
 def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len, win, Kw, Vw,
              bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind,
-             n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
-             MASKED: tl.constexpr):
+             quant_shift, n_runs, n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+             SCALES: tl.constexpr, MASKED: tl.constexpr):
+    RUNS: tl.constexpr = BLOCK_W // 2  # runs of 8 channels: 2 words of four
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
-                                    s_st, s_sh, scale_kind, BLOCK_N, SCALES)
+                                    s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     k0, k1, k2, k3 = _i4_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
                                       MASKED), ksc, SCALES)
     even = tl.dot(q2, tl.trans(k2), acc=tl.dot(q0, tl.trans(k0)))
     odd = tl.dot(q3, tl.trans(k3), acc=tl.dot(q1, tl.trans(k1)))
-    if SCALES == 1:
-        qk = even + odd
+    if SCALES == 2:
+        qk = even + odd * 0.0625  # per channel, parts 1 and 3 are 16 x code
     else:
-        qk = even + odd * 0.0625  # parts 1 and 3 are 16 x code
+        qk = even + odd
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1, v2, v3 = _i4_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
@@ -221,10 +258,12 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
 @triton.jit
 def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
-                  scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SCALES: tl.constexpr):
+                  scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 2
+    RUNS: tl.constexpr = BLOCK_D // 8
     n_words = head_dim // 2
+    n_runs = head_dim // 8
     offs_w = tl.arange(0, BLOCK_W)
     w_valid = offs_w < n_words
     q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 2, KS, kv_head, s_sh, scale_kind, SCALES)
@@ -236,26 +275,26 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
     a0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
     a1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
     ksc, vsc = _scales_of(first, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh, scale_kind,
-                          BLOCK_N, SCALES)
+                          quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                                              KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
-                                              BLOCK_N, SCALES, True)
+                                              KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
-                          scale_kind, BLOCK_N, SCALES)
+                          scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                                              KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
-                                              BLOCK_N, SCALES, False)
+                                              KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
-                          s_st, s_sh, scale_kind, BLOCK_N, SCALES)
+                          s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
-                                              KS, VS, s_sb, s_st, s_sh, scale_kind, n_words, qk_scale, BLOCK_W,
-                                              BLOCK_N, SCALES, True)
+                                              KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
     if SCALES == 2:
         a0 = _v_channel_scale(a0, 0, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a1 = _v_channel_scale(a1, 1, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
@@ -265,10 +304,12 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
 @triton.jit
 def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
-                  scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SCALES: tl.constexpr):
+                  scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 4
+    RUNS: tl.constexpr = BLOCK_D // 8
     n_words = head_dim // 4
+    n_runs = head_dim // 8
     offs_w = tl.arange(0, BLOCK_W)
     w_valid = offs_w < n_words
     q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 4, KS, kv_head, s_sh, scale_kind, SCALES)
@@ -287,29 +328,29 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
     a2 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
     a3 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
     ksc, vsc = _scales_of(first, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh, scale_kind,
-                          BLOCK_N, SCALES)
+                          quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         a0, a1, a2, a3, m_i, l_i, ksc, vsc = _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos,
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
-                                                      s_sh, scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES,
-                                                      True)
+                                                      s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
+                                                      BLOCK_W, BLOCK_N, SCALES, True)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
-                          scale_kind, BLOCK_N, SCALES)
+                          scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         a0, a1, a2, a3, m_i, l_i, ksc, vsc = _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos,
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
-                                                      s_sh, scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES,
-                                                      False)
+                                                      s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
+                                                      BLOCK_W, BLOCK_N, SCALES, False)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
-                          s_st, s_sh, scale_kind, BLOCK_N, SCALES)
+                          s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         a0, a1, a2, a3, m_i, l_i, ksc, vsc = _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos,
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
-                                                      s_sh, scale_kind, n_words, qk_scale, BLOCK_W, BLOCK_N, SCALES,
-                                                      True)
+                                                      s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
+                                                      BLOCK_W, BLOCK_N, SCALES, True)
     if SCALES == 2:
         a1 = a1 * 0.0625
         a3 = a3 * 0.0625
@@ -326,14 +367,23 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
                 s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr):
     """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
-    (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py."""
+    (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py. scale_kind: the scales' dtype
+    (_load_scale), with per-group scales log2(group) above it (scale_kind >> 2): packed into one
+    argument, because one more kernel parameter moved ptxas's register allocation of the other
+    variants, which sit at 255 registers (sm90 int8 per token: 2 spill loads and stores in the
+    unmasked loop, 760 -> 774 instructions there)."""
+    if SCALES == 3:
+        quant_shift = scale_kind >> 2
+        scale_kind = scale_kind & 3
+    else:
+        quant_shift = 0
     Kw = K_cache.to(tl.pointer_type(tl.int16), bitcast=True)
     Vw = V_cache.to(tl.pointer_type(tl.int16), bitcast=True)
     if KV_FORMAT == 3:
         return _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
-                             s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
+                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
     else:
         return _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
-                             s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
+                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)

@@ -37,9 +37,13 @@ def block_size_of(k_cache: torch.Tensor, layout: str) -> int:
 
 def dequantize_int_cache(cache: torch.Tensor, fmt: str, scale: torch.Tensor) -> torch.Tensor:
     """float32 values of an int8/int4 nhd cache [blocks, block_size, heads, Dc]: codes * scale, with
-    scale [blocks, block_size, heads, 1] (one a token and head) or [heads, D] (one a channel)."""
+    scale [blocks, block_size, heads, D // group] (one a token, head and group of channels; last
+    dim 1: one a token and head) or [heads, D] (one a channel)."""
     codes = unpack_int4(cache) if fmt == "int4" else cache.to(torch.int16)
-    return codes.float() * scale.float()  # [.., 1] and [heads, D] both broadcast
+    scale = scale.float()
+    if scale.dim() == codes.dim():  # per group: each scale over its group's channels
+        scale = scale.repeat_interleave(codes.shape[-1] // scale.shape[-1], dim=-1)
+    return codes.float() * scale  # [heads, D] broadcasts
 
 
 def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_dim):

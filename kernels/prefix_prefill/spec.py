@@ -4,16 +4,19 @@ Axes (constexpr in the kernel; everything else is a runtime value):
   dtype     q/k/v and output dtype: fp16, bf16
   kv        cache format: "same" (the dtype), fp8_e4m3, fp8_e5m2 (one fp32 scale per K and V),
             int8, int4 (decode's formats: codes * scale, int4 as code + 7 nibbles)
-  scales    int8/int4: "token" (one scale a token and kv head: group == head_dim) or "channel"
-            ([kv_heads, D]: the Iluvatar layout's); "none" for the other formats
+  scales    int8/int4: "token" (one scale a token and kv head: group == head_dim), "group" (one a
+            token, kv head and group of 8..128 channels, the group size runtime: decode's and
+            store_kv's per-group format) or "channel" ([kv_heads, D]: the Iluvatar layout's); "none"
+            for the other formats
   block_d   the tile width, a power of two: head_dim is runtime, masked to it (any multiple of 8
             in (block_d / 2, block_d], and 8..32 in 32); int4 starts at 64 (a 16-wide dot a part)
   layout    nhd [blocks, block_size, kv_heads, D] (any block/token/head strides: head-major too)
             or vllm (K split in groups of x, x runtime; V transposed); int8/int4 nhd only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
-dtype are runtime, so they cost no binaries: 2 * 3 * 4 * 2 = 48 float/fp8 variants plus
-2 * 2 * (4 + 3) = 28 int8/int4 ones, 76 in all (60 before int8/int4 and runtime head_dim: the
-five head dims were an axis), each built at two specialization levels per arch.
+dtype (and the int group size) are runtime, so they cost no binaries: 2 * 3 * 4 * 2 = 48
+float/fp8 variants plus 2 * 3 * (4 + 3) = 42 int8/int4 ones, 90 in all (76 before per-group
+scales, 60 before int8/int4 and runtime head_dim: the five head dims were an axis), each built
+at two specialization levels per arch.
 Build cost (sm90, CPU seconds a key, sampled on the shared 2-core machine): 9.6 (10 keys) vs 10.6
 before (6 keys), so ~1470 vs ~1270 CPU-s a target (152 keys vs 120): ~92 vs ~80 s on 16 cores.
 
@@ -21,12 +24,13 @@ Caches, scales and output are byte pointers (see kernel.py): the signature names
 """
 from __future__ import annotations
 
+from aotc.kernels.decode.spec import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
 from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16")
 KV_FORMATS = ("same", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
 INT_FORMATS = ("int8", "int4")
-SCALES = ("none", "token", "channel")
+SCALES = ("none", "token", "channel", "group")
 BLOCK_DS = (32, 64, 128, 256)
 MAX_HEAD_DIM = 256
 LAYOUTS = ("nhd", "vllm")
@@ -95,7 +99,7 @@ def constexprs(axes) -> dict:
 def variants():
     for dtype in DTYPES:
         for kv in KV_FORMATS:
-            for scales in (("token", "channel") if kv in INT_FORMATS else ("none",)):
+            for scales in (("token", "channel", "group") if kv in INT_FORMATS else ("none",)):
                 for bd in BLOCK_DS:
                     if kv == "int4" and bd < 64:
                         continue

@@ -23,6 +23,7 @@ _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float
 _SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the kernel's scale_kind
 _LAYOUTS = ("nhd", "hnd", "vllm")
 _I32_MAX = 2 ** 31 - 1
+_MIN_GROUP, _MAX_GROUP = _spec.MIN_QUANT_GROUP, _spec.MAX_QUANT_GROUP  # decode's per-group sizes
 _dummies: dict[torch.device, torch.Tensor] = {}
 
 
@@ -67,11 +68,12 @@ class _Cache:
     """What the checks found out about the cache: format, scales, layout family, block size,
     and the kernel's cache strides (elements, or int16 words for int8/int4) and scale strides."""
 
-    __slots__ = ("fmt", "scales", "vllm", "bs", "x", "kc", "vc", "sc")
+    __slots__ = ("fmt", "scales", "vllm", "bs", "x", "kc", "vc", "sc", "quant_shift")
 
-    def __init__(self, fmt, scales, vllm, bs, x, kc, vc, sc):
+    def __init__(self, fmt, scales, vllm, bs, x, kc, vc, sc, quant_shift=0):
         self.fmt, self.scales, self.vllm, self.bs, self.x, self.kc, self.vc, self.sc = \
             fmt, scales, vllm, bs, x, kc, vc, sc
+        self.quant_shift = quant_shift
 
 
 def _format(kv_format, k_cache, q, head_dim, kv_layout) -> str:
@@ -145,9 +147,9 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
             kc = tuple(st // 2 for st in kc)
             vc = tuple(st // 2 for st in vc)
     _need(bs > 0, "the cache block size", "positive", bs)
-    scales, sc = "none", (0, 0, 0)
+    scales, sc, quant_shift = "none", (0, 0, 0), 0
     if fmt in _spec.INT_FORMATS:
-        scales, sc = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
+        scales, sc, quant_shift = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
     else:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if fmt in _FP8_FORMATS:
@@ -157,11 +159,12 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
             elif s is not None:
                 raise ValueError(f"prefix_prefill: {name} applies to fp8, int8 and int4 caches only; the cache is "
                                  f"{k_cache.dtype}")
-    return _Cache(fmt, scales, kv_layout == "vllm", bs, x, kc, vc, sc)
+    return _Cache(fmt, scales, kv_layout == "vllm", bs, x, kc, vc, sc, quant_shift)
 
 
 def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev):
-    """("token" | "channel", (block, token, head) strides of the scales)."""
+    """("token" | "group" | "channel", (block, token, head) strides of the scales, log2 of the group
+    size (0 unless "group"))."""
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         if s is None:
             raise ValueError(f"prefix_prefill: {name} is required for an int8/int4 cache")
@@ -178,16 +181,22 @@ def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, 
         _need(tuple(k_scale.shape) == (kv_heads, head_dim), "k_scale", f"[kv_heads, head_dim] = [{kv_heads}, "
               f"{head_dim}] (per channel) or the cache's shape with last dim 1 (per token)", tuple(k_scale.shape))
         _need(k_scale.stride(1) == 1, "k_scale", "contiguous in its last dim", f"strides {k_scale.stride()}")
-        return "channel", (0, 0, k_scale.stride(0))
-    _need(k_scale.dim() == 4 and k_scale.shape[:-1] == k_cache.shape[:-1], "k_scale",
-          f"the cache's shape {tuple(k_cache.shape[:-1])} plus a last dim of 1 (one scale a token and head), or "
-          f"[{kv_heads}, {head_dim}] (per channel)", tuple(k_scale.shape))
-    if k_scale.shape[-1] != 1:
-        raise NotImplementedError(f"prefix_prefill: per-group int8/int4 scales with group < head_dim (k_scale's "
-                                  f"last dim {k_scale.shape[-1]}) are not supported; one scale a token and head "
-                                  f"(last dim 1) or per-channel [kv_heads, head_dim] scales are")
+        return "channel", (0, 0, k_scale.stride(0)), 0
+    _need(k_scale.dim() == 4 and k_scale.shape[:-1] == k_cache.shape[:-1] and k_scale.shape[-1] > 0, "k_scale",
+          f"the cache's shape {tuple(k_cache.shape[:-1])} plus a last dim of head_dim // group (1: one scale a "
+          f"token and head), or [{kv_heads}, {head_dim}] (per channel)", tuple(k_scale.shape))
+    groups = k_scale.shape[-1]
+    group = head_dim // groups if head_dim % groups == 0 else 0
+    if groups > 1 and not (_MIN_GROUP <= group <= _MAX_GROUP and group & (group - 1) == 0):
+        raise ValueError(f"prefix_prefill: k_scale's last dim {groups} gives groups of head_dim / {groups} "
+                         f"channels ({head_dim} / {groups}); a group must be a power of two in [{_MIN_GROUP}, "
+                         f"{_MAX_GROUP}] dividing head_dim ({head_dim}), or the whole head (last dim 1)")
+    if groups > 1:
+        _need(k_scale.stride(-1) == 1, "k_scale", "contiguous in its last dim (the groups of a token)",
+              f"strides {k_scale.stride()}")
     order = (0, 2, 1) if kv_layout == "hnd" else (0, 1, 2)
-    return "token", tuple(k_scale.stride(i) for i in order)
+    strides = tuple(k_scale.stride(i) for i in order)
+    return ("token", strides, 0) if groups == 1 else ("group", strides, group.bit_length() - 1)
 
 
 def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
@@ -288,7 +297,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
         out_scale if out_scale is not None else dummy, sinks if sinks is not None else dummy,
         float(sm_scale), batch, q_heads // kv_heads, c.bs, block_table.stride(0), int(window or 0),
         int(sinks is not None), int(out_scale is not None), int(skip_decode), c.x // 8,
-        _SCALE_KINDS[k_scale.dtype] if c.scales != "none" else 0, *c.sc,
+        # int8/int4 scales' dtype, and per group log2(group) above it (quant.int_context).
+        (_SCALE_KINDS[k_scale.dtype] | c.quant_shift << 2) if c.scales != "none" else 0, *c.sc,
         head_dim, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
         out.stride(1), *c.kc, *c.vc,
     )
@@ -344,13 +354,14 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
           int8 (int8, Dc = D) and int4 (int8 with Dc = D / 2, or uint8; channel 2i in a byte's low
             nibble, 2i+1 in its high, each stored as code + 7), nhd/hnd layouts only, the formats
             `decode` reads and `store_kv` writes; value = code * scale with k_scale/v_scale (same
-            shape, strides and dtype; float32, float16 or bfloat16) either one per token and head,
-            the cache's shape with last dim 1, or per channel `[kv_heads, D]`. Caches are read two
-            bytes at a time: even strides and an even start address. Per-group scales with a group
-            smaller than D raise NotImplementedError. Dequantization happens on the tiles inside
-            the attention loop: nothing is allocated. With one scale a token the values are
-            code * scale rounded to fp16 (as decode): scales below fp16's normals (~6.1e-5) lose
-            precision gradually, and values past 65504 overflow.
+            shape, strides and dtype; float32, float16 or bfloat16) either per group, the cache's
+            shape with last dim D // group (group a power of two in [8, 128] dividing D, as decode
+            reads them; last dim 1: one scale a token and head), or per channel `[kv_heads, D]`.
+            Caches are read two bytes at a time: even strides and an even start address.
+            Dequantization happens on the tiles inside the attention loop: nothing is allocated.
+            With per-token and per-group scales the values are code * scale rounded to fp16 (as
+            decode): scales below fp16's normals (~6.1e-5) lose precision gradually, and values
+            past 65504 overflow.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position

@@ -81,14 +81,18 @@ def prefix_prefill_cases() -> int:
     from tests.cpu.kernels.prefix_prefill.cases import make_case
 
     n = 0
-    for head_dim, layout in ((64, "nhd"), (128, "nhd"), (128, "vllm")):
+    for head_dim, layout, quant in ((64, "nhd", {}), (128, "nhd", {}), (128, "vllm", {}),
+                                    (128, "hnd", dict(kv_format="int8", scales="token")),
+                                    (64, "nhd", dict(kv_format="int4", scales="group", group=8)),
+                                    (128, "hnd", dict(kv_format="int8", scales="channel"))):
         ctx = [0, 1, 15, 17, 64]
         new = [1, 16, 15, 17, 1]
         case, kw = make_case(ctx, new, q_heads=4, kv_heads=2, head_dim=head_dim, block_size=16, layout=layout,
-                             dtype=torch.bfloat16, device=DEVICE, seed=n)
+                             dtype=torch.bfloat16, device=DEVICE, seed=n, **quant)
         out = torch.full_like(case["q"], float("nan"))
         prefix_prefill(*case.values(), out=out, **kw)
-        _finite(f"prefix_prefill d{head_dim} {layout} ctx {ctx} new {new}", out)
+        _finite(f"prefix_prefill d{head_dim} {layout} {quant.get('kv_format', '')}{quant.get('scales', '')} "
+                f"ctx {ctx} new {new}", out)
         n += 1
     return n
 

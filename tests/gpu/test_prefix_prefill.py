@@ -125,6 +125,7 @@ for layout, cdt, window in [("nhd", None, None), ("vllm", None, 20), ("nhd", tor
     torch.cuda.synchronize()
 for extra, window in [(dict(kv_format="int8", scales="token", layout="nhd"), None),
                       (dict(kv_format="int4", scales="channel", layout="hnd"), 20),
+                      (dict(kv_format="int8", scales="group", group=8, layout="hnd"), 30),
                       (dict(layout="vllm", head_dim=40, cache_dtype=torch.float8_e5m2, x=8), None)]:
     case, kw = make_case([16, 0, 47, 64, 240], [5, 9, 1, 30, 3], device="cuda", **extra)
     prefix_prefill(**case, **kw, window=window)
@@ -153,7 +154,8 @@ def test_no_out_of_bounds_access_under_memcheck():
 # ---- issue 20: int8 / int4 caches (dequantization fused on the tiles) ----
 
 INT_FORMATS = [("int8", "token", "nhd"), ("int4", "token", "nhd"), ("int8", "channel", "hnd"),
-               ("int4", "channel", "hnd"), ("int8", "token", "hnd")]
+               ("int4", "channel", "hnd"), ("int8", "token", "hnd"),
+               ("int8", "group", "nhd"), ("int4", "group", "hnd")]  # groups of 16 channels (make_case's default)
 # The issue's configurations at full size: (head_dim, block_size, q_heads, kv_heads, contexts, new tokens).
 INT_CONFIGS = [
     (128, 32, 16, 4, [0, 2048], [1024, 1024]),

@@ -30,13 +30,14 @@ def to_vllm_layout(k_nhd: torch.Tensor, v_nhd: torch.Tensor, x: int | None = Non
     return k, v
 
 
-def _quantize_int(cache, used, fmt, scales, scale_dtype, head_gain):
+def _quantize_int(cache, used, fmt, scales, scale_dtype, head_gain, group):
     """(codes, scales) of a float cache [blocks, bs, heads, D] in decode's int8/int4 format, unused
-    slots poisoned (largest code; NaN token scales)."""
+    slots poisoned (largest code; NaN token and group scales)."""
     qmax = INT_QMAX[fmt]
     x = torch.where(used[:, :, None, None], cache, torch.zeros(()))
-    if scales == "token":
-        codes, s = quantize_reference(x, fmt, x.shape[-1], scale_dtype)  # s [blocks, bs, heads, 1]
+    if scales in ("token", "group"):
+        group = x.shape[-1] if scales == "token" else group
+        codes, s = quantize_reference(x, fmt, group, scale_dtype)  # s [blocks, bs, heads, D // group]
         s[~used] = float("nan")
     else:  # one scale a kv head and channel, over the tokens in use
         s = (x.abs().amax(dim=(0, 1)) / qmax).clamp_min(1e-3 * head_gain[:, None]).to(scale_dtype)
@@ -47,10 +48,11 @@ def _quantize_int(cache, used, fmt, scales, scale_dtype, head_gain):
 
 def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16,
               layout="nhd", cache_dtype=None, device="cpu", seed=0, scale=1.0, kv_format=None, scales="token",
-              scale_dtype=torch.float32, head_gain=None, x=None):
+              scale_dtype=torch.float32, head_gain=None, x=None, group=16):
     """Keyword arguments for prefix_prefill (positional ones under their names) plus `kw` options.
 
-    kv_format "int8"/"int4": a quantized cache with `scales` "token" or "channel" in scale_dtype.
+    kv_format "int8"/"int4": a quantized cache with `scales` "token", "group" (of `group` channels)
+    or "channel" in scale_dtype.
     layout "hnd": head-major caches (and token scales). head_gain [kv_heads]: each kv head's keys
     and values times its gain, its queries divided by it (scales then differ by kv head, logits
     do not grow). x: the vllm layout's K group."""
@@ -92,8 +94,8 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
         i += n
     kw = dict(kv_layout=layout)
     if kv_format in ("int8", "int4"):
-        k_cache, kw["k_scale"] = _quantize_int(k_cache, used, kv_format, scales, scale_dtype, head_gain)
-        v_cache, kw["v_scale"] = _quantize_int(v_cache, used, kv_format, scales, scale_dtype, head_gain)
+        k_cache, kw["k_scale"] = _quantize_int(k_cache, used, kv_format, scales, scale_dtype, head_gain, group)
+        v_cache, kw["v_scale"] = _quantize_int(v_cache, used, kv_format, scales, scale_dtype, head_gain, group)
         kw["kv_format"] = kv_format
     else:
         k_cache[~used] = float("nan")
@@ -103,7 +105,7 @@ def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_siz
         k_cache, v_cache = to_vllm_layout(k_cache, v_cache, x)
     elif layout == "hnd":
         k_cache, v_cache = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
-        if kv_format in ("int8", "int4") and scales == "token":
+        if kv_format in ("int8", "int4") and scales in ("token", "group"):
             kw["k_scale"] = kw["k_scale"].transpose(1, 2).contiguous()
             kw["v_scale"] = kw["v_scale"].transpose(1, 2).contiguous()
     qsl = torch.tensor([0] + torch.tensor(list(q_lens)).cumsum(0).tolist(), dtype=torch.int32)

@@ -61,6 +61,8 @@ def _slot_of(elem, cache, layout, which):
     ("vllm", None, torch.float8_e5m2, {"x": 8, "head_dim": 40}),
     ("nhd", None, None, {"kv_format": "int8"}), ("hnd", 20, None, {"kv_format": "int4"}),
     ("hnd", None, None, {"kv_format": "int8", "scales": "channel"}),
+    ("nhd", None, None, {"kv_format": "int8", "scales": "group"}),
+    ("hnd", 20, None, {"kv_format": "int4", "scales": "group", "group": 8}),
 ])
 def test_reads_stay_inside_each_requests_pages_and_window(recorder, layout, window, cache_dtype, extra):
     ctx, qlen, bs = [16, 0, 47, 250, 64], [5, 9, 1, 30, 3], 16
@@ -91,7 +93,7 @@ def test_reads_stay_inside_each_requests_pages_and_window(recorder, layout, wind
             assert pos < ctx[b], f"{which}: request {b} read position {pos} past its context {ctx[b]}"
             if window:  # its first new token sits at position ctx[b]
                 assert pos > ctx[b] - window, f"{which}: request {b} read position {pos} outside window {window}"
-    if kw.get("k_scale") is not None and kw["k_scale"].dim() == 4:  # one scale a token: the same slots only
+    if kw.get("k_scale") is not None and kw["k_scale"].dim() == 4:  # a token's scale(s): the same slots only
         for name in ("k_scale", "v_scale"):
             elem = _inside(addrs, kw[name])
             assert elem.size, f"{name} was never read"

@@ -1,26 +1,30 @@
 """prefix_prefill over int8 / int4 paged caches (issue 20) on the interpreter, against the float32
 reference that dequantizes the cache and then attends (reference.prefix_prefill_ref).
 
-Formats: decode's int8 and int4 (code + 7 nibbles) with one scale a token and head, and
-per-channel scales [kv_heads, D]; layouts nhd and hnd (Iluvatar's [blocks, kv_heads, block_size,
-D]). The issue's configurations are scaled down here (same GQA ratios, head dims, block sizes and
+Formats: decode's int8 and int4 (code + 7 nibbles) with one scale a token and head, one a token,
+head and group of 8..128 channels, and per-channel scales [kv_heads, D]; layouts nhd and hnd
+(Iluvatar's [blocks, kv_heads, block_size, D]). The issue's configurations are scaled down here (same GQA ratios, head dims, block sizes and
 odd lengths, fewer tokens); tests/gpu/test_prefix_prefill.py runs them at full size.
-Unused slots hold the largest code and (per token) NaN scales; outputs start as NaN.
+Unused slots hold the largest code and (per token and group) NaN scales; outputs start as NaN.
 Tolerance: cases.TOL (4e-3 fp16, 3e-2 bf16, absolute + relative), every element: the kernel adds
 no error beyond the float path's rounding to fp16 of P and of the values (per token: code *
-scale, as decode; per channel the codes are exact and q * k_scale is rounded). Where kv heads
+scale, as decode, per token or group; per channel the codes are exact and q * k_scale is rounded). Where kv heads
 hold values of different sizes, the comparison is in units of each head's size.
 """
 import pytest
 import torch
 
-from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
+from aotc.kernels.prefix_prefill.reference import dequantize_int_cache, prefix_prefill_ref
+from aotc.loader.ops.decode import decode
 from aotc.loader.ops.prefix_prefill import prefix_prefill
 
+from ..decode.cases import assert_close as assert_decode_close
+from ..decode.cases import make_case as make_decode_case
 from .cases import TOL, assert_matches, make_case
 
 FORMATS = [("int8", "token", "nhd"), ("int4", "token", "nhd"), ("int8", "channel", "hnd"),
            ("int4", "channel", "hnd"), ("int8", "token", "hnd"), ("int4", "channel", "nhd")]
+GROUP_FORMATS = [("int8", "group", "nhd"), ("int4", "group", "hnd")]  # groups of 16 (make_case's default)
 
 
 def run(case, kw, **extra):
@@ -31,7 +35,7 @@ def run(case, kw, **extra):
     return got, ref
 
 
-@pytest.mark.parametrize("fmt,scales,layout", FORMATS)
+@pytest.mark.parametrize("fmt,scales,layout", FORMATS + GROUP_FORMATS)
 def test_mixed_batch_at_block_boundaries(fmt, scales, layout):
     # Contexts 0, 1, block-1, block, block+1 and long; new tokens 1, 16, odd, past a 128-row q block.
     dtype = torch.bfloat16 if scales == "channel" else torch.float16
@@ -72,7 +76,7 @@ def test_odd_lengths(fmt, scales, layout):
     assert_matches(got, ref, torch.float16)
 
 
-@pytest.mark.parametrize("scales", ["token", "channel"])
+@pytest.mark.parametrize("scales", ["token", "channel", "group"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_review_bug_scales_differ_per_kv_head(fmt, scales):
     # The reviewed kernel indexed scales by query head (right only with pre-expanded scales). Here
@@ -85,7 +89,7 @@ def test_review_bug_scales_differ_per_kv_head(fmt, scales):
     # Errors scale with each head's values (P is rounded to fp16 before PV): compare in units of its gain.
     unit = torch.tensor(gain).repeat_interleave(2)[None, :, None]
     assert_matches(got.float() / unit, ref / unit, torch.float16)
-    head_dim = 0 if scales == "channel" else 1  # hnd token scales are [blocks, kv_heads, bs, 1]
+    head_dim = 0 if scales == "channel" else 1  # hnd token/group scales are [blocks, kv_heads, bs, groups]
     swapped = {n: kw[n].flip(head_dim) for n in ("k_scale", "v_scale")}
     wrong = prefix_prefill_ref(**case, **dict(kw, **swapped))
     assert ((wrong - ref).abs() > 10 * TOL[torch.float16] * (1 + ref.abs())).any()
@@ -105,7 +109,7 @@ def test_token_scales_across_fp16_range(fmt):
     assert_matches(got.float() / unit, ref / unit, torch.float16)
 
 
-@pytest.mark.parametrize("fmt,scales,layout", FORMATS[:4])
+@pytest.mark.parametrize("fmt,scales,layout", FORMATS[:4] + GROUP_FORMATS)
 def test_review_bug_partial_last_page(fmt, scales, layout):
     # Contexts ending inside a page (the reviewed kernel scaled the partial page twice). The slots
     # past each context hold the largest code and NaN token scales.
@@ -114,7 +118,7 @@ def test_review_bug_partial_last_page(fmt, scales, layout):
                          block_size=bs, seed=17)
     got, ref = run(case, kw)
     assert_matches(got, ref, torch.float16)
-    if scales == "token":
+    if scales != "channel":
         assert kw["k_scale"].isnan().any(), "the case must poison the unused slots' scales"
 
 
@@ -167,6 +171,57 @@ def test_unused_pages_do_not_change_results(fmt, scales, layout):
             case["k_cache"][blk] = -77
             case["v_cache"][blk] = 119
     assert torch.equal(first, prefix_prefill(**case, **kw))
+
+
+# (format, head_dim, group, layout, scale dtype): every group size decode reads, head dims that
+# pad (80, 96, 24) or fill (64, 128, 256) their tile, a group that is the whole head at 128.
+GROUPS = [("int8", 64, 8, "nhd", torch.float16), ("int4", 64, 16, "hnd", torch.float32),
+          ("int8", 128, 32, "hnd", torch.bfloat16), ("int4", 128, 64, "nhd", torch.float16),
+          ("int8", 256, 128, "nhd", torch.float32), ("int4", 96, 32, "nhd", torch.float16),
+          ("int8", 80, 16, "hnd", torch.float32), ("int8", 24, 8, "nhd", torch.float16),
+          ("int4", 256, 8, "hnd", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("fmt,head_dim,group,layout,scale_dtype", GROUPS)
+def test_group_scales(fmt, head_dim, group, layout, scale_dtype):
+    # decode's per-group format: one scale a token, kv head and group of channels, [.., D // group].
+    # Contexts 0, 1, block-1, block, block+1 and long; the groups' scales differ (absmax of their own
+    # channels), and the same problem with each token's groups rotated is far outside the tolerance.
+    case, kw = make_case([0, 1, 15, 16, 17, 150], [3, 16, 7, 33, 5, 70], head_dim=head_dim, kv_format=fmt,
+                         scales="group", group=group, layout=layout, scale_dtype=scale_dtype, seed=group + head_dim)
+    assert kw["k_scale"].shape[-1] == head_dim // group
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+    rotated = {n: kw[n].roll(1, -1) for n in ("k_scale", "v_scale")}
+    wrong = prefix_prefill_ref(**case, **dict(kw, **rotated))
+    if head_dim // group > 1:
+        assert ((wrong - ref).abs() > 10 * TOL[torch.float16] * (1 + ref.abs())).any()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_one_store_kv_cache_serves_decode_and_prefill(fmt):
+    # A paged cache written by store_kv with groups of 16 channels (decode's tests build theirs the
+    # same way): decode reads it for one query a request, and prefix_prefill prefills new tokens
+    # over it, each against its float32 reference over the values the cache holds.
+    c = make_decode_case([37, 70], fmt=fmt, quant_group=16, q_dtype=torch.float16, seed=41)
+    assert c.kwargs["k_scale"].shape[-1] == 64 // 16
+    assert_decode_close(decode(c.q, c.k_cache, c.v_cache, c.table, c.seq_lens, **c.kwargs), c.reference(),
+                        f"decode {fmt}")
+    g = torch.Generator().manual_seed(43)
+    new = [5, 9]
+    kv_heads, q_heads, head_dim = c.k_cache.shape[2], c.q.shape[1], 64
+    q = torch.randn(sum(new), q_heads, head_dim, generator=g).half()
+    k = torch.randn(sum(new), kv_heads, head_dim, generator=g).half()
+    v = torch.randn(sum(new), kv_heads, head_dim, generator=g).half()
+    qsl = torch.tensor([0, new[0], sum(new)], dtype=torch.int32)
+    case = dict(q=q, k=k, v=v, k_cache=c.k_cache, v_cache=c.v_cache, block_table=c.table, query_start_loc=qsl,
+                seq_lens=c.seq_lens + torch.tensor(new, dtype=torch.int32))
+    kw = dict(k_scale=c.kwargs["k_scale"], v_scale=c.kwargs["v_scale"])
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+    # Both references read the cache as the same values.
+    assert torch.equal(dequantize_int_cache(c.k_cache, fmt, c.kwargs["k_scale"]), c.k_real)
+    assert torch.equal(dequantize_int_cache(c.v_cache, fmt, c.kwargs["v_scale"]), c.v_real)
 
 
 def test_quantized_result_differs_from_the_float_one():

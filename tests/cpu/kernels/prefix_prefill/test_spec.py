@@ -21,10 +21,10 @@ from aotc.kernels.variants import VariantKey
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    # 48 float/fp8 (dtype x format x block_d x layout) + 28 int8/int4 (dtype x scales x block_d, nhd).
-    assert len(variants) == 76
+    # 48 float/fp8 (dtype x format x block_d x layout) + 42 int8/int4 (dtype x 3 scales x block_d, nhd).
+    assert len(variants) == 90
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 152
+    assert len(set(map(str, keys))) == 180
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
 

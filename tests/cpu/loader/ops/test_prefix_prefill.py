@@ -126,14 +126,25 @@ def _int_case(fmt="int8", scales="token", layout="nhd"):
     return make_case([0, 17, 40], [5, 1, 12], kv_format=fmt, scales=scales, layout=layout, seed=5)
 
 
+def _groups(scale, n):
+    """A per-token scale tensor widened (or narrowed) to n groups a token."""
+    return scale.expand(*scale.shape[:-1], max(n, 1)).contiguous()[..., :n]
+
+
 INT_BAD = [  # int8/int4 caches: (name, change(case, kw), exception, words)
     ("missing scale", lambda c, k: k.pop("v_scale"), ValueError, "v_scale is required for an int8/int4 cache"),
     ("scale dtype", lambda c, k: k.update(k_scale=k["k_scale"].double(), v_scale=k["v_scale"].double()), TypeError,
      "k_scale must have dtype"),
     ("scales differ", lambda c, k: k.update(v_scale=k["v_scale"].half()), ValueError, "v_scale must be k_scale's"),
-    ("per-group scales", lambda c, k: k.update(k_scale=k["k_scale"].expand(*k["k_scale"].shape[:-1], 4).contiguous(),
-                                               v_scale=k["v_scale"].expand(*k["v_scale"].shape[:-1], 4).contiguous()),
-     NotImplementedError, "group < head_dim"),
+    ("groups not dividing D", lambda c, k: k.update(k_scale=_groups(k["k_scale"], 3), v_scale=_groups(k["v_scale"], 3)),
+     ValueError, "a group must be a power of two in [8, 128] dividing head_dim (64)"),
+    ("groups of 4", lambda c, k: k.update(k_scale=_groups(k["k_scale"], 16), v_scale=_groups(k["v_scale"], 16)),
+     ValueError, "gives groups of head_dim / 16 channels (64 / 16)"),
+    ("groups not contiguous", lambda c, k: k.update(k_scale=k["k_scale"].expand(*k["k_scale"].shape[:-1], 4),
+                                                    v_scale=k["v_scale"].expand(*k["v_scale"].shape[:-1], 4)),
+     ValueError, "contiguous in its last dim (the groups of a token)"),
+    ("no groups", lambda c, k: k.update(k_scale=_groups(k["k_scale"], 0), v_scale=_groups(k["v_scale"], 0)),
+     ValueError, "plus a last dim of head_dim // group"),
     ("channel scale shape", lambda c, k: k.update(k_scale=torch.ones(2, 32), v_scale=torch.ones(2, 32)), ValueError,
      "[kv_heads, head_dim] = [2, 64]"),
     ("int8 in vllm layout", lambda c, k: k.update(kv_layout="vllm"), ValueError, "k_cache must be 5-D"),

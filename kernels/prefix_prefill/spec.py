@@ -19,6 +19,8 @@ scales, 60 before int8/int4 and runtime head_dim: the five head dims were an axi
 at two specialization levels per arch.
 Build cost (sm90, CPU seconds a key, sampled on the shared 2-core machine): 9.6 (10 keys) vs 10.6
 before (6 keys), so ~1470 vs ~1270 CPU-s a target (152 keys vs 120): ~92 vs ~80 s on 16 cores.
+With per-group scales (2026-11-25, `aotc build --arch sm90 --kernel prefix_prefill -j 1`, two such
+builds side by side on that machine): 180 keys in 683 s (565 CPU-s) against 152 in 537 s (421).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
 """

@@ -12,6 +12,7 @@
                                                 output_final_state=True, cu_seqlens=cu_seqlens)
     lightllm.token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale, cache_v,
                                                    cache_v_scale)
+    lightllm.context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scale)
 
 Each converts only what must be converted (int64 indices to int32, uint8 fp8 storage to an fp8
 view, a token-level buffer to pages) and calls aotc's op; an option aotc does not implement

@@ -1,6 +1,7 @@
-"""aotc.compat.lightllm.token_decode_attention_flash_decoding on caches written the way LightLLM
-writes them, against the float32 reference over the dequantized cache: every element within
-cases.assert_close's tolerance (bf16 2e-2 abs + rel, fp16 5e-3), output poisoned with NaN first.
+"""aotc.compat.lightllm's decode (token_decode_attention_flash_decoding) and prefill
+(context_attention_fwd_ppl_int8kv) on caches written the way LightLLM writes them, against the
+float32 reference over the dequantized cache: every element within cases.assert_close's
+tolerance (bf16 2e-2 abs + rel, fp16 5e-3), output poisoned with NaN first.
 
 LightLLM's quantizers, re-implemented from its source (the memory managers
 lightllm/common/ppl_int4kv_mem_manager.py and int8kv_mem_manager.py; the int4 copy kernel
@@ -117,3 +118,100 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="batch_size"):
         lightllm.token_decode_attention_flash_decoding(q, state, kv_buffer[:, :2], scale_buffer[:, :2],
                                                        kv_buffer[:, 2:], scale_buffer[:, 2:])
+
+
+# ---- prefill over the quantized cache: context_attention_fwd_ppl_int8kv ----
+
+def lightllm_prefill(prefix, new, fmt, group, *, head_dim=64, heads=8, kv_heads=2, dtype=torch.bfloat16, seed=90):
+    """A prefill step as LightLLM holds it: each request's prefix (b_ready_cache_len tokens) in the
+    layer's buffer through its quantizer, its new tokens' K/V (`kv`, the model dtype) also copied
+    into the buffer (as LightLLM does before attention) at the slots after the prefix."""
+    g = torch.Generator().manual_seed(seed)
+    batch, lens = len(prefix), [p + n for p, n in zip(prefix, new)]
+    size = sum(lens) + 30
+    width = head_dim // 2 if fmt == "int4" else head_dim
+    values = (torch.randn(size, 2 * kv_heads, head_dim, generator=g) * 2).to(dtype)
+    stored, scales = lightllm_quantize(values, fmt, group)
+    kv_buffer = torch.zeros(size, 2 * kv_heads, width, dtype=torch.int8)
+    scale_buffer = torch.full((size, 2 * kv_heads, head_dim // group), float("nan"), dtype=dtype)
+    slots = torch.randperm(size, generator=g).to(torch.int32)
+    max_reqs, max_len = batch + 2, max(lens) + 3
+    req_to_token = torch.full((max_reqs, max_len), 10 ** 6, dtype=torch.int32)  # past the buffer: never read
+    b_req_idx = torch.randperm(max_reqs, generator=g)[:batch].to(torch.int32)
+    kv = (torch.randn(sum(new), 2 * kv_heads, head_dim, generator=g) * 2).to(dtype)
+    at, row = 0, 0
+    for b, (p, n) in enumerate(zip(prefix, new)):
+        own = slots[at:at + p + n].long()
+        req_to_token[b_req_idx[b], :p + n] = own.to(torch.int32)
+        kv_buffer[own[:p]], scale_buffer[own[:p]] = stored[own[:p]], scales[own[:p]]
+        new_stored, new_scales = lightllm_quantize(kv[row:row + n], fmt, group)
+        kv_buffer[own[p:]], scale_buffer[own[p:]] = new_stored, new_scales
+        at, row = at + p + n, row + n
+    state = SimpleNamespace(batch_size=batch, b_req_idx=b_req_idx, b_seq_len=torch.tensor(lens, dtype=torch.int32),
+                            b_ready_cache_len=torch.tensor(prefix, dtype=torch.int32),
+                            b_start_loc=torch.tensor([0] + list(torch.tensor(new).cumsum(0)[:-1]), dtype=torch.int32),
+                            req_manager=SimpleNamespace(req_to_token_indexs=req_to_token))
+    q = torch.randn(sum(new), heads * head_dim, generator=g).to(dtype)  # as the layer passes it
+    return q, kv, state, kv_buffer, scale_buffer
+
+
+def prefill_reference(q, kv, state, kv_buffer, scale_buffer, fmt):
+    """float32: each new token over its request's dequantized prefix and, causally, the new K/V."""
+    kv_heads, head_dim = kv.shape[1] // 2, kv.shape[2]
+    real = lightllm_dequantize(kv_buffer, scale_buffer.nan_to_num(0.0), fmt)
+    q = q.float().view(q.shape[0], -1, head_dim)
+    out = torch.zeros_like(q)
+    row = 0
+    for b in range(len(state.b_seq_len)):
+        p, total = int(state.b_ready_cache_len[b]), int(state.b_seq_len[b])
+        n = total - p
+        own = state.req_manager.req_to_token_indexs[state.b_req_idx[b], :p].long()
+        keys = torch.cat([real[own], kv[row:row + n].float()])  # [p + n, 2 * kv_heads, D]
+        k = keys[:, :kv_heads].repeat_interleave(q.shape[1] // kv_heads, 1)
+        v = keys[:, kv_heads:].repeat_interleave(q.shape[1] // kv_heads, 1)
+        s = torch.einsum("qhd,khd->hqk", q[row:row + n], k) / head_dim ** 0.5
+        allowed = torch.arange(total)[None, :] <= torch.arange(p, total)[:, None]
+        out[row:row + n] = torch.einsum("hqk,khd->qhd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+        row += n
+    return out
+
+
+@pytest.mark.parametrize("fmt,group,head_dim", [("int8", 8, 64), ("int8", 8, 128), ("int4", 8, 64),
+                                                ("int4", 32, 128)])
+def test_prefill_over_a_lightllm_cache(fmt, group, head_dim):
+    # Prefixes 0, 1, 15, 16, 17 and long; new tokens 1, a few and past a 128-row q block.
+    q, kv, state, kv_buffer, scale_buffer = lightllm_prefill([0, 1, 15, 16, 17, 150], [5, 1, 16, 3, 130, 9], fmt,
+                                                             group, head_dim=head_dim)
+    out = torch.full_like(q, float("nan"))
+    got = lightllm.context_attention_fwd_ppl_int8kv(q, kv, state, kv_buffer, scale_buffer, out=out)
+    assert got is out and got.shape == q.shape
+    ref = prefill_reference(q, kv, state, kv_buffer, scale_buffer, fmt)
+    assert_close(out.view(ref.shape), ref, f"lightllm prefill {fmt} g{group} d{head_dim}")
+
+
+def test_prefill_int64_indices_fp16_3d_q_and_allocated_output():
+    q, kv, state, kv_buffer, scale_buffer = lightllm_prefill([40, 0], [7, 20], "int8", 8, dtype=torch.float16, seed=91)
+    for name in ("b_req_idx", "b_seq_len", "b_ready_cache_len"):
+        setattr(state, name, getattr(state, name).long())
+    state.req_manager.req_to_token_indexs = state.req_manager.req_to_token_indexs.long()
+    q3 = q.view(q.shape[0], 8, 64)
+    out = lightllm.context_attention_fwd_ppl_int8kv(q3, kv, state, kv_buffer, scale_buffer)
+    assert out.shape == q3.shape and out.dtype == torch.float16
+    assert_close(out, prefill_reference(q, kv, state, kv_buffer, scale_buffer, "int8"), "lightllm prefill int64")
+
+
+def test_prefill_bad_inputs_are_refused():
+    q, kv, state, kv_buffer, scale_buffer = lightllm_prefill([9, 3], [4, 2], "int8", 8, seed=92)
+    with pytest.raises(TypeError, match="infer_state"):
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, object(), kv_buffer, scale_buffer)
+    with pytest.raises(ValueError, match=r"kv: expected \[tokens, 2 \* kv_heads, head_dim\]"):
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv[:, :3], state, kv_buffer, scale_buffer)
+    with pytest.raises(ValueError, match=r"cache_kv_scale: expected \[slots, 4, ...\]"):
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, state, kv_buffer, scale_buffer[:, :2])
+    with pytest.raises(ValueError, match="k_scale"):  # groups of 4: prefix_prefill's own check
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, state, kv_buffer, scale_buffer.repeat(1, 1, 2))
+    bad = SimpleNamespace(**vars(state))
+    bad.b_req_idx = state.b_req_idx.clone()
+    bad.b_req_idx[1] = 99
+    with pytest.raises(ValueError, match="b_req_idx"):
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, bad, kv_buffer, scale_buffer)

@@ -266,3 +266,26 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
             assert target.entries[f"{key_text}@{ALIGNED}"].sha256 in shas, f"JIT cubin differs for {key_text}"
     finally:
         loader.set_artifacts(None)
+
+
+def test_lightllm_int8kv_prefill_entry_point():
+    # compat.lightllm.context_attention_fwd_ppl_int8kv on a LightLLM-written buffer (its quantizer,
+    # groups of 8, page size 1) at llama's 32/8 heads, d128: prefixes 0, 2048, 777.
+    from types import SimpleNamespace
+
+    from aotc.compat import lightllm
+    from tests.cpu.compat.test_lightllm import lightllm_prefill, prefill_reference
+    from tests.cpu.kernels.decode.cases import assert_close
+
+    for fmt in ("int8", "int4"):
+        q, kv, state, kv_buffer, scale_buffer = lightllm_prefill([0, 2048, 777], [1024, 513, 1], fmt, 8, head_dim=128,
+                                                                 heads=32, kv_heads=8, seed=7)
+        q, kv, kv_buffer, scale_buffer = (t.to(DEV) for t in (q, kv, kv_buffer, scale_buffer))
+        names = ("b_req_idx", "b_seq_len", "b_ready_cache_len")
+        state = SimpleNamespace(**{n: getattr(state, n).to(DEV) for n in names}, req_manager=SimpleNamespace(
+            req_to_token_indexs=state.req_manager.req_to_token_indexs.to(DEV)))
+        out = torch.full_like(q, float("nan"))
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, state, kv_buffer, scale_buffer, out=out)
+        torch.cuda.synchronize()
+        ref = prefill_reference(q, kv, state, kv_buffer, scale_buffer, fmt)
+        assert_close(out.view(ref.shape), ref, f"lightllm prefill {fmt}")

@@ -170,7 +170,7 @@ def prefill_reference(q, kv, state, kv_buffer, scale_buffer, fmt):
         k = keys[:, :kv_heads].repeat_interleave(q.shape[1] // kv_heads, 1)
         v = keys[:, kv_heads:].repeat_interleave(q.shape[1] // kv_heads, 1)
         s = torch.einsum("qhd,khd->hqk", q[row:row + n], k) / head_dim ** 0.5
-        allowed = torch.arange(total)[None, :] <= torch.arange(p, total)[:, None]
+        allowed = torch.arange(total, device=q.device)[None, :] <= torch.arange(p, total, device=q.device)[:, None]
         out[row:row + n] = torch.einsum("hqk,khd->qhd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
         row += n
     return out

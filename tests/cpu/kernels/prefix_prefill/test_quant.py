@@ -122,7 +122,7 @@ def test_review_bug_partial_last_page(fmt, scales, layout):
         assert kw["k_scale"].isnan().any(), "the case must poison the unused slots' scales"
 
 
-@pytest.mark.parametrize("fmt,scales", [("int8", "token"), ("int4", "channel")])
+@pytest.mark.parametrize("fmt,scales", [("int8", "token"), ("int4", "channel"), ("int4", "group")])
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_review_bug_row_whose_window_holds_no_cached_key(fmt, scales, with_sinks):
     # The reviewed kernel had no guard for l == 0. Decided here: a window w >= 1 always holds the
@@ -139,12 +139,13 @@ def test_review_bug_row_whose_window_holds_no_cached_key(fmt, scales, with_sinks
         assert_matches(clean, own_v, torch.float16)
     kw = dict(kw, k_scale=torch.full_like(kw["k_scale"], float("nan")),
               v_scale=torch.full_like(kw["v_scale"], float("nan")))
-    poisoned = prefix_prefill(**case, **kw, window=1, sinks=sinks) if scales == "token" else None
+    poisoned = prefix_prefill(**case, **kw, window=1, sinks=sinks) if scales != "channel" else None
     if poisoned is not None:
         assert torch.equal(poisoned, clean)
 
 
-@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd")])
+@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd"),
+                                               ("int8", "group", "hnd")])
 @pytest.mark.parametrize("window", [5, 70])
 def test_window_and_sinks(fmt, scales, layout, window):
     case, kw = make_case([0, 17, 300], [9, 40, 140], kv_format=fmt, scales=scales, layout=layout,
@@ -161,7 +162,8 @@ def test_scale_dtypes(scale_dtype):
     assert_matches(got, ref, torch.float16)
 
 
-@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd")])
+@pytest.mark.parametrize("fmt,scales,layout", [("int8", "token", "nhd"), ("int4", "channel", "hnd"),
+                                               ("int4", "group", "nhd")])
 def test_unused_pages_do_not_change_results(fmt, scales, layout):
     case, kw = make_case([16, 31], [8, 8], kv_format=fmt, scales=scales, layout=layout, seed=29)
     first = prefix_prefill(**case, **kw)

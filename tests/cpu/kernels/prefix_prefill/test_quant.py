@@ -14,7 +14,7 @@ hold values of different sizes, the comparison is in units of each head's size.
 import pytest
 import torch
 
-from aotc.kernels.prefix_prefill.reference import dequantize_int_cache, prefix_prefill_ref
+from aotc.kernels.prefix_prefill.reference import dequantize_int_cache, prefix_prefill_ref, quantize_fp8_ref
 from aotc.loader.ops.decode import decode
 from aotc.loader.ops.prefix_prefill import prefix_prefill
 
@@ -224,6 +224,25 @@ def test_one_store_kv_cache_serves_decode_and_prefill(fmt):
     # Both references read the cache as the same values.
     assert torch.equal(dequantize_int_cache(c.k_cache, fmt, c.kwargs["k_scale"]), c.k_real)
     assert torch.equal(dequantize_int_cache(c.v_cache, fmt, c.kwargs["v_scale"]), c.v_real)
+
+
+@pytest.mark.parametrize("fmt,scales", [("int8", "token"), ("int4", "group"), ("int8", "channel")])
+def test_fp8_output_and_skip_decode_over_int_caches(fmt, scales):
+    # The existing options over int caches: fp8 output (one e4m3 step, 2^-3 relative, plus the
+    # fp16 tolerance in the scaled domain) and skip_decode (one-token requests' rows untouched).
+    case, kw = make_case([5, 40, 0, 17], [1, 20, 1, 9], kv_format=fmt, scales=scales, seed=63)
+    out_scale = torch.tensor([0.005])
+    out = torch.full(case["q"].shape, float("nan")).to(torch.float8_e4m3fn)
+    prefix_prefill(**case, **kw, out_scale=out_scale, skip_decode=True, out=out)
+    want = quantize_fp8_ref(prefix_prefill_ref(**case, **kw), out_scale).float()
+    starts = case["query_start_loc"].tolist()
+    decode_rows = [starts[0], starts[2]]
+    rows = [r for r in range(case["q"].shape[0]) if r not in decode_rows]
+    got = out.float()
+    assert got[decode_rows].isnan().all()
+    assert not got[rows].isnan().any()
+    tol = TOL[torch.float16] / out_scale.item()
+    assert ((got[rows] - want[rows]).abs() <= 0.125 * want[rows].abs() + tol).all()
 
 
 def test_quantized_result_differs_from_the_float_one():

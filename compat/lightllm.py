@@ -134,11 +134,15 @@ def context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scal
         raise ValueError(f"req_to_token_indexs: expected [max_requests, max_tokens], got {tuple(table.shape)}")
     # New tokens packed in request order: query_start_loc from their counts, on the device.
     query_start_loc = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
-    torch.cumsum(lens - ready, 0, out=query_start_loc[1:])
-    if validate is None:  # as prefix_prefill: a host check, except under torch.compile and graph capture
+    query_start_loc[1:] = torch.cumsum(lens - ready, 0)
+    if validate is None:  # as prefix_prefill: host checks, except under torch.compile and graph capture
         validate = not (torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()))
-    if validate and bool(((req_idx < 0) | (req_idx >= table.shape[0])).any()):
-        raise ValueError(f"b_req_idx: every entry must be a row of req_to_token_indexs [0, {table.shape[0]})")
+    if validate:
+        if bool(((req_idx < 0) | (req_idx >= table.shape[0])).any()):
+            raise ValueError(f"b_req_idx: every entry must be a row of req_to_token_indexs [0, {table.shape[0]})")
+        if bool(((ready < 0) | (ready > lens)).any()):
+            raise ValueError(f"b_ready_cache_len: every entry must be in [0, b_seq_len], got {ready.tolist()} for "
+                             f"b_seq_len {lens.tolist()}")
     block_table = table.index_select(0, req_idx.long())
     page = slice(None), None  # token slots as pages of one token: [slots, 1, kv_heads, ...]
     k_cache, v_cache = cache_kv[:, :kv_heads][page], cache_kv[:, kv_heads:][page]

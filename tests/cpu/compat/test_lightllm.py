@@ -215,3 +215,7 @@ def test_prefill_bad_inputs_are_refused():
     bad.b_req_idx[1] = 99
     with pytest.raises(ValueError, match="b_req_idx"):
         lightllm.context_attention_fwd_ppl_int8kv(q, kv, bad, kv_buffer, scale_buffer)
+    bad = SimpleNamespace(**vars(state))
+    bad.b_ready_cache_len = state.b_seq_len + 1
+    with pytest.raises(ValueError, match="b_ready_cache_len: every entry must be in"):
+        lightllm.context_attention_fwd_ppl_int8kv(q, kv, bad, kv_buffer, scale_buffer)

@@ -2,8 +2,9 @@
 
 int8/int4 words (int16 elements: int8 two channels, int4 four) and fp8 bytes become fp16 tensors
 that tensor-core dots read: scaled values, exact codes, or codes plus a bias the caller removes.
-Under TRITON_INTERPRET each helper takes a plain Triton branch that computes the same bits
-(tests/gpu/test_decode.py compares the two on every byte value).
+Under TRITON_INTERPRET, and with PTX=0 (the kernels' constexpr: 0 on targets other than CUDA),
+each helper takes a plain Triton branch that computes the same bits (tests/gpu/test_decode.py
+compares the two on every byte value).
 """
 import os
 
@@ -20,10 +21,10 @@ _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0
 
 
 @triton.jit
-def _i8x2_dequant(x, s):
+def _i8x2_dequant(x, s, PTX: tl.constexpr = True):
     # int16 elements x, each two int8 channels (even low byte, odd high byte), fp16 scales s ->
     # fp16 (even, odd) * s. lop3 puts (byte ^ 0x80) under a 0x64 high byte: the fp16 1152 + code.
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         sf = s.to(tl.float32)
         ev = (x << 8) >> 8
         od = x >> 8
@@ -45,10 +46,10 @@ def _i8x2_dequant(x, s):
 
 
 @triton.jit
-def _i4x4_dequant(x, s):
+def _i4x4_dequant(x, s, PTX: tl.constexpr = True):
     # int16 elements x, each four int4 channels (nibble i = channel 4j + i, stored as code + 7),
     # fp16 scales s -> four fp16 tensors (channel 4j + i) * s. lop3 puts a nibble under 0x6400: 1024 + n.
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         sf = s.to(tl.float32)
         c0 = (((x & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
         c1 = ((((x >> 4) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
@@ -81,9 +82,9 @@ def _i4x4_dequant(x, s):
 
 
 @triton.jit
-def _i8x2_codes(x):
+def _i8x2_codes(x, PTX: tl.constexpr = True):
     # _i8x2_dequant without the scale: the codes, exact in fp16.
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         return ((x << 8) >> 8).to(tl.float16), (x >> 8).to(tl.float16)
     else:
         return tl.inline_asm_elementwise(
@@ -100,10 +101,10 @@ def _i8x2_codes(x):
 
 
 @triton.jit
-def _i8x2_biased(x):
+def _i8x2_biased(x, PTX: tl.constexpr = True):
     # The codes plus 1152, exact in fp16, for a dot whose bias the caller subtracts: one lop3 a
     # register of two channels (no f16x2 subtraction).
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         return (((x << 8) >> 8) + 1152).to(tl.float16), ((x >> 8) + 1152).to(tl.float16)
     else:
         return tl.inline_asm_elementwise(
@@ -117,11 +118,11 @@ def _i8x2_biased(x):
 
 
 @triton.jit
-def _i4x4_biased(x):
+def _i4x4_biased(x, PTX: tl.constexpr = True):
     # Nibbles of int16 words as fp16 1024 + n (parts 0, 2) and 1024 + 16 n (parts 1, 3: the nibble
     # is masked in place, no shift), exact, for a dot whose bias and 1/16 the caller removes: five
     # instructions a register of eight channels.
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         return ((x & 15) + 1024).to(tl.float16), ((x & 240) + 1024).to(tl.float16), \
             (((x >> 8) & 15) + 1024).to(tl.float16), (((x >> 8) & 240) + 1024).to(tl.float16)
     else:
@@ -138,9 +139,9 @@ def _i4x4_biased(x):
 
 
 @triton.jit
-def _i4x4_codes16(x):
+def _i4x4_codes16(x, PTX: tl.constexpr = True):
     # The codes (nibble - 7), exact in fp16, parts 1 and 3 times 16 (see _i4x4_biased).
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         return ((x & 15) - 7).to(tl.float16), ((x & 240) - 112).to(tl.float16), \
             (((x >> 8) & 15) - 7).to(tl.float16), (((x >> 8) & 240) - 112).to(tl.float16)
     else:
@@ -163,12 +164,12 @@ def _i4x4_codes16(x):
 
 
 @triton.jit
-def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr):
+def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr = True):
     # x: int8 bytes of fp8 values -> fp16 holding the value (e5m2) or the value * 2^-8 (e4m3, whose
     # exponent bias is 7 to fp16's 15), subnormals included. e5m2 is the top byte of an fp16.
     # e4m3: sign-extend to 16 bits and shift exponent and mantissa under fp16's; the extension
     # also set bit 14 (the top exponent bit), cleared with the bits below the mantissa.
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         w = x.to(tl.int16)
         if KV_KIND == 3:
             w = (w << 7) & -16385  # ~0x4000 as int16

@@ -63,7 +63,7 @@ def _pages(table_row, offs_t, hi, page_shift):
 
 
 @triton.jit
-def _pages_nc(table_row, offs_t, hi, page_shift):
+def _pages_nc(table_row, offs_t, hi, page_shift, PTX: tl.constexpr):
     # _pages through inline PTX (ld.global.nc), which Triton's pipeliner does not see: it then
     # pipelines only the K/V copies, and at 3 stages waits for one tile's copies while the next
     # tile's are in flight (its own pipelining of the table load made every iteration wait for
@@ -72,7 +72,7 @@ def _pages_nc(table_row, offs_t, hi, page_shift):
     # (int8 group 64 68.8 -> 59.6%, int4 per-token 57.9 -> 55.2%), so they keep _pages.
     ptr = table_row + (offs_t >> page_shift)
     inside = offs_t < hi
-    if _INTERPRET:
+    if _INTERPRET or not PTX:
         return tl.load(ptr, mask=inside, other=0).to(tl.int64)
     else:
         return tl.inline_asm_elementwise(
@@ -154,14 +154,14 @@ def _softmax_step(qk, m_i, l_i):
 
 
 @triton.jit
-def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr):
+def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr):
     # One [ROWS, COLS] tile of K or V at `base + row[:, None] + cols[None, :]`, as the dot reads it:
     # the query's dtype for fp16/bf16 caches, fp16 for fp8.
     x = tl.load(base + row[:, None] + cols[None, :], mask=mask, other=0)
     if KV_KIND == 0:
         return x
     else:
-        return _fp8_bits_to_fp16(x, KV_KIND)
+        return _fp8_bits_to_fp16(x, KV_KIND, PTX)
 
 
 @triton.jit(
@@ -180,7 +180,7 @@ def decode_split_kernel(
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
-    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr = 1,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
@@ -225,18 +225,18 @@ def decode_split_kernel(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES, PTX)
     elif KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, ROW_SCALES)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, ROW_SCALES, PTX)
     else:
         m_i, l_i = _attend_float(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
             page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PTX)
     # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
     # A NaN sum (a NaN or inf query or cache element) stays NaN here, so the merge returns NaN for
     # that head instead of taking the split for an empty one.
@@ -249,7 +249,7 @@ def _attend_float(
     Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
     page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr,
+    KV_KIND: tl.constexpr, PTX: tl.constexpr,
 ):
     # fp16/bf16 (in the query's dtype) and fp8 (widened to fp16) caches: one dot each for QK and PV.
     DT: tl.constexpr = Q.dtype.element_ty if KV_KIND == 0 else tl.float16
@@ -273,11 +273,11 @@ def _attend_float(
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
-        k = _load_tile(K, k_row, offs_c, mask, KV_KIND)
+        k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX)
         qk = tl.dot(q, tl.trans(k))
         qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
-        v = _load_tile(V, v_row, offs_c, mask, KV_KIND)
+        v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
@@ -306,14 +306,14 @@ def _chunk_scales(S_row, page, offs_t, hi, page_shift, sp, st, quant_shift, CHUN
 
 
 @triton.jit
-def _code_dots(q, x, INT4: tl.constexpr):
+def _code_dots(q, x, INT4: tl.constexpr, PTX: tl.constexpr):
     # Scores of one chunk over biased codes (see k_bias): q a tuple of the chunk's PARTS query slices.
     if INT4:
-        k0, k1, k2, k3 = _i4x4_biased(x)
+        k0, k1, k2, k3 = _i4x4_biased(x, PTX)
         return tl.dot(q[0], tl.trans(k0), tl.dot(q[2], tl.trans(k2))) \
             + tl.dot(q[1], tl.trans(k1), tl.dot(q[3], tl.trans(k3))) * 0.0625
     else:
-        k0, k1 = _i8x2_biased(x)
+        k0, k1 = _i8x2_biased(x, PTX)
         return tl.dot(q[0], tl.trans(k0), tl.dot(q[1], tl.trans(k1)))
 
 
@@ -323,7 +323,7 @@ def _attend_chunked(
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr, PTX: tl.constexpr,
 ):
     # int8/int4 caches whose scale is constant over chunks of words: one scale a token (PER_TOKEN:
     # one chunk, the whole head, int8 or int4), or int8 groups of 64+ channels (CHUNK_WORDS words a
@@ -403,9 +403,9 @@ def _attend_chunked(
             kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
                         cols < HEAD_DIM // PARTS)
             if CHANNEL:
-                term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * qk_scale
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * qk_scale
             else:
-                term = (_code_dots(qs[c], kx, INT4) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
             if c == 0:
                 qk = term
             else:
@@ -422,14 +422,14 @@ def _attend_chunked(
             else:
                 pd = (p * vs[c].to(tl.float32)[None, :]).to(tl.float16)
             if INT4:
-                v0, v1, v2, v3 = _i4x4_codes16(vx)
+                v0, v1, v2, v3 = _i4x4_codes16(vx, PTX)
                 # parts 2, 3 first: the order the int4 per-token binaries were timed in
                 a2 = acc[PARTS * c + 2] * alpha[:, None] + tl.dot(pd, v2)
                 a3 = acc[PARTS * c + 3] * alpha[:, None] + tl.dot(pd, v3)
                 new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
                                      acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1), a2, a3)
             else:
-                v0, v1 = _i8x2_codes(vx)
+                v0, v1 = _i8x2_codes(vx, PTX)
                 new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
                                      acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1))
         acc = new_acc
@@ -459,7 +459,7 @@ def _attend_int(
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, ROW_SCALES: tl.constexpr,
+    KV_KIND: tl.constexpr, ROW_SCALES: tl.constexpr, PTX: tl.constexpr,
 ):
     # int8/int4 caches with per-group scales multiplied into each dequantized element ("group",
     # "small_group"), read as int16 words: PARTS channels a word (int8: 2j, 2j+1; int4: 4j..4j+3).
@@ -510,16 +510,16 @@ def _attend_int(
         # This tile's page ids again, though page_n held them last iteration: with K/V addresses from
         # a loop-carried load, Triton's pipeliner stops turning the K/V loads into cp.async.
         if INT4:
-            page = _pages_nc(table_row, offs_t, hi, page_shift)
+            page = _pages_nc(table_row, offs_t, hi, page_shift, PTX)
         else:
             page = _pages(table_row, offs_t, hi, page_shift)
         kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, offs_c, c_mask)
         if INT4:
-            k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+            k0, k1, k2, k3 = _i4x4_dequant(kx, _expand(ks, BLOCK_N, DCOLS), PTX)
             qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2)) \
                 + tl.dot(q3, tl.trans(k3))
         else:
-            k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS))
+            k0, k1 = _i8x2_dequant(kx, _expand(ks, BLOCK_N, DCOLS), PTX)
             qk = tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1))
         qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
@@ -527,11 +527,11 @@ def _attend_int(
         pd = p.to(tl.float16)
         vse = _expand(vs, BLOCK_N, DCOLS)
         if INT4:
-            v0, v1, v2, v3 = _i4x4_dequant(vx, vse)
+            v0, v1, v2, v3 = _i4x4_dequant(vx, vse, PTX)
             acc2 = acc2 * alpha[:, None] + tl.dot(pd, v2)
             acc3 = acc3 * alpha[:, None] + tl.dot(pd, v3)
         else:
-            v0, v1 = _i8x2_dequant(vx, vse)
+            v0, v1 = _i8x2_dequant(vx, vse, PTX)
         acc0 = acc0 * alpha[:, None] + tl.dot(pd, v0)
         acc1 = acc1 * alpha[:, None] + tl.dot(pd, v1)
         ks = ks_next

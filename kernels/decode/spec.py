@@ -283,8 +283,6 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
     # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
     # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
-    if getattr(arch, "backend", "cuda") != "cuda" and axes["kv"] not in Q_DTYPES:
-        return None  # int8/int4/fp8 caches dequantize through inline PTX (dequant.py): NVIDIA targets only
     pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
         return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)
@@ -317,6 +315,12 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 
+def ptx_constexprs(axes, arch) -> dict:
+    """PTX: 1 on CUDA targets, where int8/int4/fp8 caches dequantize through packed inline PTX
+    (dequant.py); elsewhere 0, the same values computed in plain Triton (its interpreter branch)."""
+    return {"PTX": int(getattr(arch, "backend", "cuda") == "cuda")}
+
+
 SPLIT = KernelSpec(
     name="decode_split",
     module="aotc.kernels.decode.kernel",
@@ -324,10 +328,11 @@ SPLIT = KernelSpec(
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
-                     "CHANNEL_SCALES", "PDL"),
+                     "CHANNEL_SCALES", "PDL", "PTX"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,
+    target_constexprs=ptx_constexprs,
 )
 
 # --- merge kernel ---------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def prefix_prefill_kernel(
     head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr,
+    KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr = 1,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
@@ -241,7 +241,7 @@ def prefix_prefill_kernel(
                                         inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head,
                                         stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                                         K_scale, V_scale, stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale,
-                                        BLOCK_M, BLOCK_D, BLOCK_N, KV_FORMAT, SCALES)
+                                        BLOCK_M, BLOCK_D, BLOCK_N, KV_FORMAT, SCALES, PTX)
         else:  # no context key for this tile (none cached, or all outside the window)
             # Skipping the int path outright, not only its empty loops: H100, B 2, 16/4 heads, d128,
             # 1024 new tokens on no context, int8 0.078 -> 0.066 ms, int4 0.096 -> 0.063 (bf16 0.059);

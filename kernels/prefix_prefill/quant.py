@@ -11,13 +11,13 @@ code * scale. Scales (the SCALES constexpr):
              decode's and store_kv's per-group format), shaped like the cache with last dim
              head_dim // group; the group is runtime (quant_shift = log2(group)).
 Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
-channels go through decode's packed-PTX converters (kernels/decode/dequant.py) into fp16, split by
-channel: part i holds channels NP*j + i. The dots run part by part (the parts' dots sum to the
-full dot), in fp16 whatever the query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new,
-bf16 q: int4 0.342 -> 0.330 ms, per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254, against
-dots in bf16). q is scaled by a power of two a row into fp16's range (exact for bf16 inputs; the
-power goes back on that row's scores through qk_scale) and P is rounded to fp16. The scales go
-where they cost least:
+channels go through decode's packed-PTX converters (kernels/decode/dequant.py; their plain-Triton
+branch where the PTX constexpr is 0, off CUDA) into fp16, split by channel: part i holds channels
+NP*j + i. The dots run part by part (the parts' dots sum to the full dot), in fp16 whatever the
+query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, bf16 q: int4 0.342 -> 0.330 ms,
+per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254, against dots in bf16). q is scaled by
+a power of two a row into fp16's range (exact for bf16 inputs; the power goes back on that row's
+scores through qk_scale) and P is rounded to fp16. The scales go where they cost least:
   token    on the K and V rows as they are dequantized: code * scale, rounded once to fp16, as
            decode does (a scale below fp16's normals, ~6.1e-5, loses precision gradually; values
            past 65504 overflow). The scales share the rows' block-table reads, and a tile loads its
@@ -149,28 +149,28 @@ def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _i8_parts(words, sc, SCALES: tl.constexpr):
+def _i8_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr):
     """fp16 parts (channels 2j, 2j + 1) of int8 words [BLOCK_N, BLOCK_W]: with per-token scales
     sc [BLOCK_N] (per-group: [BLOCK_N, runs of 8 channels]) the values code * scale (rounded once
     to fp16), else the exact codes."""
     if SCALES == 1:
-        return _i8x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+        return _i8x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape), PTX)
     elif SCALES == 3:
-        return _i8x2_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]))
+        return _i8x2_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]), PTX)
     else:
-        return _i8x2_codes(words)
+        return _i8x2_codes(words, PTX)
 
 
 @triton.jit
-def _i4_parts(words, sc, SCALES: tl.constexpr):
+def _i4_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr):
     """fp16 parts (channels 4j + i) of int4 words: with per-token or per-group scales the values
     code * scale, else the codes with parts 1 and 3 times 16 (_i4x4_codes16)."""
     if SCALES == 1:
-        return _i4x4_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape))
+        return _i4x4_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape), PTX)
     elif SCALES == 3:
-        return _i4x4_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]))
+        return _i4x4_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]), PTX)
     else:
-        return _i4x4_codes16(words)
+        return _i4x4_codes16(words, PTX)
 
 
 @triton.jit
@@ -208,18 +208,18 @@ def _v_channel_scale(a, i: tl.constexpr, NP: tl.constexpr, VS, kv_head, s_sh, sc
 def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
              kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs,
              n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
-             MASKED: tl.constexpr):
+             MASKED: tl.constexpr, PTX: tl.constexpr):
     RUNS: tl.constexpr = BLOCK_W // 4  # runs of 8 channels: 4 words of two
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED), ksc,
-                       SCALES)
+                       SCALES, PTX)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED), vsc,
-                       SCALES)
+                       SCALES, PTX)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
     a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])
@@ -230,13 +230,13 @@ def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, 
 def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, key_lo, ctx_len, win, Kw, Vw,
              bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind,
              quant_shift, n_runs, n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
-             SCALES: tl.constexpr, MASKED: tl.constexpr):
+             SCALES: tl.constexpr, MASKED: tl.constexpr, PTX: tl.constexpr):
     RUNS: tl.constexpr = BLOCK_W // 2  # runs of 8 channels: 2 words of four
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     k0, k1, k2, k3 = _i4_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W,
-                                      MASKED), ksc, SCALES)
+                                      MASKED), ksc, SCALES, PTX)
     even = tl.dot(q2, tl.trans(k2), acc=tl.dot(q0, tl.trans(k0)))
     odd = tl.dot(q3, tl.trans(k3), acc=tl.dot(q1, tl.trans(k1)))
     if SCALES == 2:
@@ -246,7 +246,7 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1, v2, v3 = _i4_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
-                                      MASKED), vsc, SCALES)
+                                      MASKED), vsc, SCALES, PTX)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
     a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])  # per channel 16x: undone after the context
@@ -259,7 +259,7 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
 def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
                   scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 2
     RUNS: tl.constexpr = BLOCK_D // 8
     n_words = head_dim // 2
@@ -280,21 +280,21 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
                           scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False, PTX)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                           s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX)
     if SCALES == 2:
         a0 = _v_channel_scale(a0, 0, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a1 = _v_channel_scale(a1, 1, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
@@ -305,7 +305,7 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
 def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
                   scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 4
     RUNS: tl.constexpr = BLOCK_D // 8
     n_words = head_dim // 4
@@ -334,7 +334,7 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
                                                       s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
-                                                      BLOCK_W, BLOCK_N, SCALES, True)
+                                                      BLOCK_W, BLOCK_N, SCALES, True, PTX)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
                           scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
@@ -342,7 +342,7 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
                                                       s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
-                                                      BLOCK_W, BLOCK_N, SCALES, False)
+                                                      BLOCK_W, BLOCK_N, SCALES, False, PTX)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                           s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
@@ -350,7 +350,7 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
                                                       start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
                                                       kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st,
                                                       s_sh, scale_kind, quant_shift, n_runs, n_words, qk_scale,
-                                                      BLOCK_W, BLOCK_N, SCALES, True)
+                                                      BLOCK_W, BLOCK_N, SCALES, True, PTX)
     if SCALES == 2:
         a1 = a1 * 0.0625
         a3 = a3 * 0.0625
@@ -365,7 +365,7 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
 def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                 K_cache, V_cache, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
                 s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr):
+                BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
     """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
     (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py. scale_kind: the scales' dtype
     (_load_scale), with per-group scales log2(group) above it (scale_kind >> 2): packed into one
@@ -382,8 +382,10 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
     if KV_FORMAT == 3:
         return _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
-                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
+                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES,
+                             PTX)
     else:
         return _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
-                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES)
+                             s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES,
+                             PTX)

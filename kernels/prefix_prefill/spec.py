@@ -27,6 +27,7 @@ Caches, scales and output are byte pointers (see kernel.py): the signature names
 from __future__ import annotations
 
 from aotc.kernels.decode.spec import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
+from aotc.kernels.decode.spec import ptx_constexprs
 from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16")
@@ -59,7 +60,7 @@ ARGS = (
     + tuple(Arg(n, "i32", aligned=True) for n in _strides)
 )
 
-CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES")
+CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX")
 
 
 def block_d(head_dim: int, kv: str = "same") -> int:
@@ -109,11 +110,7 @@ def variants():
                         yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout}
 
 
-def launch(axes, arch: int) -> LaunchConfig | None:
-    """None where the variant does not exist: int8/int4 caches dequantize through decode's inline
-    PTX converters (kernels/decode/dequant.py), NVIDIA targets only."""
-    if getattr(arch, "backend", "cuda") != "cuda" and axes["kv"] in INT_FORMATS:
-        return None
+def launch(axes, arch: int) -> LaunchConfig:
     bd = int(axes["block_d"])
     # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
     warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
@@ -140,6 +137,7 @@ PREFIX_PREFILL = KernelSpec(
     constexprs=constexprs,
     variants=variants,
     launch=launch,
+    target_constexprs=ptx_constexprs,
 )
 
 KERNELS = (PREFIX_PREFILL,)

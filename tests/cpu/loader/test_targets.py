@@ -220,13 +220,21 @@ def test_an_iluvatar_gpu_with_only_nvidia_artifacts_never_loads_them(tiny_artifa
 
 def test_a_variant_a_spec_leaves_out_on_a_target_raises_naming_it():
     from aotc.kernels.decode import spec as decode_spec
+    from aotc.kernels.variants import KernelSpec
     from aotc.loader import fallback
 
+    split = decode_spec.SPLIT
+    cuda_int8_only = KernelSpec(  # decode's split kernel with int8 caches left out off CUDA
+        name=split.name, module=split.module, function=split.function, args=split.args,
+        constexpr_names=split.constexpr_names, constexprs=split.constexprs, variants=split.variants,
+        launch=lambda axes, arch: None if axes["kv"] == "int8" and arch.backend != "cuda" else split.launch(axes, arch),
+        folder=str(split.folder), target_constexprs=split.target_constexprs)
     axes = next(a for a in decode_spec.split_variants() if a["kv"] == "int8")
     arch = targets.get("gfx942").spec_arch()
     with pytest.raises(NotImplementedError, match=r"does not exist on target gfx942 \(hip\)"):
-        fallback.launch_config(decode_spec.SPLIT, axes, arch)
-    assert fallback.launch_config(decode_spec.SPLIT, axes, targets.get("sm90").spec_arch()) is not None
+        fallback.launch_config(cuda_int8_only, axes, arch)
+    assert fallback.launch_config(cuda_int8_only, axes, targets.get("sm90").spec_arch()) is not None
+    assert fallback.launch_config(split, axes, arch) is not None  # the real spec declares it everywhere
 
 
 @pytest.mark.parametrize("maps, expected", [

@@ -53,14 +53,20 @@ def test_decorator_matches_declared_alignment():
 
 @pytest.mark.parametrize("axes", list(spec.variants())[::7])
 def test_constexprs_and_launch(axes):
+    from aotc.loader import targets
+
     cx = spec.constexprs(axes)
-    assert set(cx) == set(spec.CONSTEXPRS)
+    assert set(cx) | {"PTX"} == set(spec.CONSTEXPRS)  # PTX follows the target
     assert cx["BLOCK_D"] in spec.BLOCK_DS and cx["BLOCK_M"] % cx["BLOCK_N"] == 0
     if axes["kv"] == "int4":
         assert cx["BLOCK_D"] >= 64  # a 16-wide dot for each of the four channel parts
     for arch in (80, 90):
         cfg = spec.launch(axes, arch)
         assert cfg.num_warps in (4, 8) and cfg.num_stages in (2, 3)
+    for name, ptx in (("sm80", 1), ("sm90", 1), ("gfx942", 0), ("gfx90a", 0)):
+        arch = targets.get(name).spec_arch()
+        assert spec.PREFIX_PREFILL.compile_constexprs(axes, arch) == dict(cx, PTX=ptx)
+        assert spec.PREFIX_PREFILL.launch_config(axes, arch) is not None  # every format on every target
 
 
 @triton.jit

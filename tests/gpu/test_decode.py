@@ -17,39 +17,41 @@ FORMATS = ["bf16", "fp16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 
 @triton.jit
-def _dequant_probe(X, S, O0, O1, O2, O3, BLOCK: tl.constexpr, KIND: tl.constexpr):
+def _dequant_probe(X, S, O0, O1, O2, O3, BLOCK: tl.constexpr, KIND: tl.constexpr, PTX: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + offs)
     s = tl.load(S + offs)
     if KIND == 1:
-        c0, c1 = kernel._i8x2_dequant(x, s)
+        c0, c1 = kernel._i8x2_dequant(x, s, PTX)
         tl.store(O0 + offs, c0)
         tl.store(O1 + offs, c1)
     elif KIND == 2:
-        c0, c1, c2, c3 = kernel._i4x4_dequant(x, s)
+        c0, c1, c2, c3 = kernel._i4x4_dequant(x, s, PTX)
         tl.store(O0 + offs, c0)
         tl.store(O1 + offs, c1)
         tl.store(O2 + offs, c2)
         tl.store(O3 + offs, c3)
     elif KIND <= 4:
-        tl.store(O0 + offs, kernel._fp8_bits_to_fp16(x, KIND))
+        tl.store(O0 + offs, kernel._fp8_bits_to_fp16(x, KIND, PTX))
     elif KIND == 5 or KIND == 8:
-        c0, c1 = kernel._i8x2_biased(x) if KIND == 5 else kernel._i8x2_codes(x)
+        c0, c1 = kernel._i8x2_biased(x, PTX) if KIND == 5 else kernel._i8x2_codes(x, PTX)
         tl.store(O0 + offs, c0)
         tl.store(O1 + offs, c1)
     else:
-        c0, c1, c2, c3 = kernel._i4x4_biased(x) if KIND == 6 else kernel._i4x4_codes16(x)
+        c0, c1, c2, c3 = kernel._i4x4_biased(x, PTX) if KIND == 6 else kernel._i4x4_codes16(x, PTX)
         tl.store(O0 + offs, c0)
         tl.store(O1 + offs, c1)
         tl.store(O2 + offs, c2)
         tl.store(O3 + offs, c3)
 
 
+@pytest.mark.parametrize("ptx", [True, False], ids=["ptx", "plain"])
 @pytest.mark.parametrize("kind", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
-    """The PTX dequantizers against the formulas the interpreter runs: int8/int4 on every int16
-    word (each byte and nibble value in each position), fp8 on every byte; 5-8 are the unscaled
-    forms (biased codes for the per-token K dot, exact codes for V)."""
+def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind, ptx):
+    """The PTX dequantizers, and their plain-Triton branch (what non-CUDA targets compile: the PTX
+    constexpr 0), against the formulas the interpreter runs: int8/int4 on every int16 word (each
+    byte and nibble value in each position), fp8 on every byte; 5-8 are the unscaled forms
+    (biased codes for the per-token K dot, exact codes for V)."""
     words16 = kind <= 2 or kind >= 5
     n = 65536 if words16 else 2048
     words = torch.arange(n, device="cuda", dtype=torch.int32)
@@ -57,7 +59,7 @@ def test_packed_dequant_matches_plain_arithmetic_bit_for_bit(kind):
     # Scales from fp16 subnormals (2^-20) to 2^9, so products round, underflow and stay exact in turn.
     s = (torch.exp2(torch.randint(-20, 9, (n,), device="cuda").float()) * (1 + torch.rand(n, device="cuda"))).half()
     outs = [torch.full((n,), float("nan"), dtype=torch.float16, device="cuda") for _ in range(4)]
-    _dequant_probe[(n // 1024,)](x, s, *outs, BLOCK=1024, KIND=kind)
+    _dequant_probe[(n // 1024,)](x, s, *outs, BLOCK=1024, KIND=kind, PTX=ptx)
     if kind == 1:  # int16 word = (even channel: low byte, odd channel: high byte), two's complement
         lo, hi = words & 0xFF, (words >> 8) & 0xFF
         want = [((c - 256 * (c >= 128)).float() * s.float()).half() for c in (lo, hi)]

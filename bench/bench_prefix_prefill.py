@@ -172,7 +172,7 @@ def sweep(rows, arch, only):
         plan = (kw.get("kv_format", "auto"), kw.get("k_scale"), kw.get("v_scale"), HEAD_DIM ** -0.5, window, None,
                 None, False)
         axes, _grid, args = pp_op.launch_plan(*paged, out, layout, *plan)
-        cx = pp_spec.constexprs(axes)
+        cx = pp_spec.PREFIX_PREFILL.compile_constexprs(axes, arch)
         cfg = pp_spec.launch(axes, arch)
         default = (cx["BLOCK_M"], cx["BLOCK_N"], cfg.num_warps, cfg.num_stages, cfg.maxnreg)
         fn, _why = sdpa_flash(dense, window, q_heads, kv_heads)
@@ -242,7 +242,7 @@ def main():
         t_aot = device_time(lambda: pp_op.prefix_prefill(*paged, **call))
 
         cfg = pp_spec.launch(axes, arch)
-        cx = pp_spec.constexprs(axes)
+        cx = pp_spec.PREFIX_PREFILL.compile_constexprs(axes, arch)
 
         def jit():
             prefix_prefill_kernel[grid](*args, **cx, **cfg.triton_options())

@@ -21,7 +21,7 @@ _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0
 
 
 @triton.jit
-def _i8x2_dequant(x, s, PTX: tl.constexpr = True):
+def _i8x2_dequant(x, s, PTX: tl.constexpr):
     # int16 elements x, each two int8 channels (even low byte, odd high byte), fp16 scales s ->
     # fp16 (even, odd) * s. lop3 puts (byte ^ 0x80) under a 0x64 high byte: the fp16 1152 + code.
     if _INTERPRET or not PTX:
@@ -46,7 +46,7 @@ def _i8x2_dequant(x, s, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _i4x4_dequant(x, s, PTX: tl.constexpr = True):
+def _i4x4_dequant(x, s, PTX: tl.constexpr):
     # int16 elements x, each four int4 channels (nibble i = channel 4j + i, stored as code + 7),
     # fp16 scales s -> four fp16 tensors (channel 4j + i) * s. lop3 puts a nibble under 0x6400: 1024 + n.
     if _INTERPRET or not PTX:
@@ -82,7 +82,7 @@ def _i4x4_dequant(x, s, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _i8x2_codes(x, PTX: tl.constexpr = True):
+def _i8x2_codes(x, PTX: tl.constexpr):
     # _i8x2_dequant without the scale: the codes, exact in fp16.
     if _INTERPRET or not PTX:
         return ((x << 8) >> 8).to(tl.float16), (x >> 8).to(tl.float16)
@@ -101,7 +101,7 @@ def _i8x2_codes(x, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _i8x2_biased(x, PTX: tl.constexpr = True):
+def _i8x2_biased(x, PTX: tl.constexpr):
     # The codes plus 1152, exact in fp16, for a dot whose bias the caller subtracts: one lop3 a
     # register of two channels (no f16x2 subtraction).
     if _INTERPRET or not PTX:
@@ -118,7 +118,7 @@ def _i8x2_biased(x, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _i4x4_biased(x, PTX: tl.constexpr = True):
+def _i4x4_biased(x, PTX: tl.constexpr):
     # Nibbles of int16 words as fp16 1024 + n (parts 0, 2) and 1024 + 16 n (parts 1, 3: the nibble
     # is masked in place, no shift), exact, for a dot whose bias and 1/16 the caller removes: five
     # instructions a register of eight channels.
@@ -139,7 +139,7 @@ def _i4x4_biased(x, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _i4x4_codes16(x, PTX: tl.constexpr = True):
+def _i4x4_codes16(x, PTX: tl.constexpr):
     # The codes (nibble - 7), exact in fp16, parts 1 and 3 times 16 (see _i4x4_biased).
     if _INTERPRET or not PTX:
         return ((x & 15) - 7).to(tl.float16), ((x & 240) - 112).to(tl.float16), \
@@ -164,7 +164,7 @@ def _i4x4_codes16(x, PTX: tl.constexpr = True):
 
 
 @triton.jit
-def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr = True):
+def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr):
     # x: int8 bytes of fp8 values -> fp16 holding the value (e5m2) or the value * 2^-8 (e4m3, whose
     # exponent bias is 7 to fp16's 15), subnormals included. e5m2 is the top byte of an fp16.
     # e4m3: sign-extend to 16 bits and shift exponent and mantissa under fp16's; the extension
@@ -195,3 +195,10 @@ def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr = True):
             prmt.b32 $1, $2, 0, 0x3424;
             }""",
             "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # Per-run scales [ROWS, R] to per-column [ROWS, COLS], each repeated over its COLS // R columns.
+    RUN: tl.constexpr = COLS // s.shape[1]
+    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, s.shape[1], RUN]), [ROWS, COLS])

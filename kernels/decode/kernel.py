@@ -44,7 +44,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from aotc.kernels.decode.dequant import (
-    _INTERPRET, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
+    _INTERPRET, _expand, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
     _i8x2_dequant,
 )
 from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
@@ -116,13 +116,6 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
 
 
 @triton.jit
-def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
-    # Per-run scales [ROWS, R] to per-column [ROWS, COLS], each repeated over its COLS // R columns.
-    RUN: tl.constexpr = COLS // s.shape[1]
-    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, s.shape[1], RUN]), [ROWS, COLS])
-
-
-@triton.jit
 def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask):
     # One [len(offs_t), len(offs_c)] tile of int16 words of an int8/int4 cache (byte offsets halved:
     # the op checks that those caches' strides are even). Loaded in the tile's own iteration, which
@@ -180,7 +173,7 @@ def decode_split_kernel(
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
-    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr = 1,
+    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has

@@ -179,7 +179,7 @@ def prefix_prefill_kernel(
     head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr = 1,
+    KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of

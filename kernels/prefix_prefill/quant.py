@@ -43,7 +43,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
+from aotc.kernels.decode.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
 
 
 @triton.jit
@@ -129,23 +129,16 @@ def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb
     16/4 heads, d128, 2048 cached + 1024 new, page 32): int8 0.254 -> 0.227 ms, int4 0.305 -> 0.258
     (B 8, 32/8 heads, 2048 + 512, page 16: int8 0.978 -> 0.816, int4 1.117 -> 0.919). Always
     masked (block-table reads only for keys < ctx_len): safe past the context."""
-    if SCALES == 1:
-        n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
-        return _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
-    elif SCALES == 3:
-        n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
-        return _group_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind, quant_shift, n_runs,
-                             RUNS)
-    else:
+    if SCALES == 2:
         z = tl.zeros([BLOCK_N], tl.float32)
         return z, z
-
-
-@triton.jit
-def _expand(s, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Per-run scales [ROWS, R] to per-word [ROWS, COLS], each repeated over its COLS // R words."""
-    RUN: tl.constexpr = COLS // s.shape[1]
-    return tl.reshape(tl.broadcast_to(s[:, :, None], [ROWS, s.shape[1], RUN]), [ROWS, COLS])
+    else:
+        n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
+        if SCALES == 1:
+            return _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
+        else:
+            return _group_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind, quant_shift,
+                                 n_runs, RUNS)
 
 
 @triton.jit

@@ -102,7 +102,7 @@ _COMPILE = textwrap.dedent("""
     s = spec.PREFIX_PREFILL
     sig = s.signature(axes)
     src = ASTSource(fn, {n: sig[n] for n in fn.arg_names},
-                    constexprs={(fn.arg_names.index(k),): v for k, v in s.constexprs(axes).items()},
+                    constexprs={(fn.arg_names.index(k),): v for k, v in s.compile_constexprs(axes, arch).items()},
                     attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in s.divisible_args("aligned")})
     cfg = s.launch(axes, arch)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),

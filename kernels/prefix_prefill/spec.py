@@ -114,11 +114,12 @@ def launch(axes, arch: int) -> LaunchConfig:
     bd = int(axes["block_d"])
     # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
     warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
-    if arch >= 90 and bd <= 128 and axes["kv"] == "same" and axes["layout"] == "nhd":
+    if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
         # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
-        # (b1 ctx16K+2K). fp8 and vllm-layout caches convert or gather through registers: there
-        # 2 stages win (223 vs 211, 177 vs 164 TF/s). int8/int4 convert through registers too:
-        # 2 stages, not measured against 3.
+        # (b1 ctx16K+2K). fp8 since its context rows are loaded a tile ahead in registers (kernel.py):
+        # 0.665 ms at 3 stages vs 0.711 at 2 (b8 ctx2048+512, e4m3). vllm-layout caches gather through
+        # registers: 2 stages (0.775 ms vs 0.814 at 3, bf16, same shape). int8/int4 convert through
+        # registers too: 2 stages, not measured against 3.
         return LaunchConfig(num_warps=warps, num_stages=3)
     return LaunchConfig(num_warps=warps, num_stages=2)
 

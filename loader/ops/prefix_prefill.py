@@ -22,6 +22,7 @@ _FORMATS = {  # kv_format -> the cache dtypes that may hold it (fp8 also as its 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8)
 _SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the kernel's scale_kind
 _LAYOUTS = ("nhd", "hnd", "vllm")
+_GRID_Y_MAX = 65535  # CUDA's limit on a launch grid's second axis
 _I32_MAX = 2 ** 31 - 1
 _MIN_GROUP, _MAX_GROUP = _spec.MIN_QUANT_GROUP, _spec.MAX_QUANT_GROUP  # decode's per-group sizes
 _dummies: dict[torch.device, torch.Tensor] = {}
@@ -286,8 +287,15 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd")
     block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
-    # covers them all without reading query_start_loc on the host (see kernel.py).
-    grid = (tokens // block_m + batch, q_heads, 1)
+    # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8
+    # caches put the heads on the grid's first axis, int caches the q blocks.
+    q_blocks = tokens // block_m + batch
+    if axes["kv"] in _spec.INT_FORMATS:
+        grid = (q_blocks, q_heads, 1)
+    else:
+        _need(q_blocks <= _GRID_Y_MAX, "q", f"at most {_GRID_Y_MAX} q blocks in one call: tokens // {block_m} + requests "
+              f"(the launch grid's second axis)", f"{tokens} tokens in {batch} requests")
+        grid = (q_heads, q_blocks, 1)
     dummy = _dummy_f32(q.device)
     quant = c.fmt != "same"
     args = (

@@ -179,3 +179,23 @@ def test_uint8_fp8_cache_needs_an_explicit_format(no_launch):
     case = dict(case, k_cache=case["k_cache"].view(torch.uint8), v_cache=case["v_cache"].view(torch.uint8))
     with pytest.raises(TypeError, match="fp8 stored as bytes needs kv_format"):
         op.prefix_prefill(**case, **kw)
+
+
+def test_more_q_blocks_than_the_grid_holds_are_refused(good, no_launch, monkeypatch):
+    """Float caches put the q blocks on the grid's second axis (65535 at most on CUDA): a call with
+    more tokens than that holds is refused naming q; int caches (q blocks on the first axis) are not
+    limited by it."""
+    case, kw = good
+    monkeypatch.setattr(op, "_GRID_Y_MAX", 2)  # the case has 3 requests: 3 q blocks
+    with pytest.raises(ValueError, match=r"prefix_prefill: q must be at most 2 q blocks in one call: tokens // 128 \+ requests.*got 18 tokens in 3 requests"):
+        op.prefix_prefill(**case, **kw)
+    axes, grid, _ = op.launch_plan(*_int8_plan(case), None, None, False)
+    assert axes["kv"] == "int8" and grid[0] == 3
+
+
+def _int8_plan(case):
+    kc = torch.randint(-127, 128, case["k_cache"].shape, dtype=torch.int8)
+    vc = torch.randint(-127, 128, case["v_cache"].shape, dtype=torch.int8)
+    ks = torch.rand(*kc.shape[:-1], 1) + 0.5
+    return (case["q"], case["k"], case["v"], kc, vc, case["block_table"], case["query_start_loc"], case["seq_lens"],
+            torch.empty_like(case["q"]), "nhd", "int8", ks, ks.clone(), 0.125, None)

@@ -186,10 +186,11 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
         # Rows that go through registers anyway (fp8 bits converted, the vllm layout gathered):
         # tile i + 1 loaded while tile i computes, its blocks read a tile earlier still. Triton
         # pipelines these loads one tile ahead only (issued after the tile's dots, waited at the top
-        # of the next: the block-table read feeds their addresses). H100, b8 32/8 heads, 2048 cached
-        # + 512 new, page 16: fp8 e4m3 0.759 -> 0.665 ms, vllm layout 0.996 -> 0.775. Plain fp16/bf16
-        # rows keep Triton's pipelining into shared memory: this way they lost (0.181 -> 0.203 ms,
-        # b2 16/4 heads, 2048 + 1024, page 32).
+        # of the next: the block-table read feeds their addresses). H100, AOT, b8 32/8 heads, 2048
+        # cached + 512 new, page 16 (bench at d24fe9a vs 865292e): fp8 e4m3 0.694 -> 0.667 ms (with 3
+        # stages: spec.launch), vllm layout 0.944 -> 0.779. Plain fp16/bf16 rows keep Triton's
+        # pipelining into shared memory: this way they lost (JIT 0.181 -> 0.203 ms, b2 16/4 heads,
+        # 2048 + 1024, page 32), as did the int formats (kernels/prefix_prefill/quant.py).
         blk = _ctx_blocks(inner_lo, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         k_n, v_n = _ctx_fetch(inner_lo, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct,
                               stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,

@@ -123,13 +123,14 @@ def _ctx_blocks(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N: tl.constexp
 @triton.jit
 def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
                stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr):
-    """K and V rows of the context tile at `start` into registers, masked (0 past the context)."""
+               BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, MASKED: tl.constexpr):
+    """(K rows, V rows, key positions, which keys count) of the context tile at `start`, whose keys
+    lie in blocks `blk`; MASKED: keys outside [key_lo, ctx_len) read as 0."""
     k_off, v_off, n, n_valid = _ctx_offsets(start, key_lo, ctx_len, blk, block_size, kv_head, stride_kcb,
                                             stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch,
                                             stride_vcd, kv_xg, BLOCK_D, BLOCK_N, KV_VLLM)
     d_valid = tl.arange(0, BLOCK_D) < head_dim
-    return _load_kv(Kc + k_off, n_valid, d_valid, True), _load_kv(Vc + v_off, n_valid, d_valid, True)
+    return _load_kv(Kc + k_off, n_valid, d_valid, MASKED), _load_kv(Vc + v_off, n_valid, d_valid, MASKED), n, n_valid
 
 
 @triton.jit
@@ -140,12 +141,9 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
     """Keys start..start+BLOCK_N of a float or fp8 context. Unmasked tiles lie wholly inside the
     context and inside every row's window, so they skip all key masks."""
     blk = _ctx_blocks(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
-    k_off, v_off, n, n_valid = _ctx_offsets(start, key_lo, ctx_len, blk, block_size, kv_head, stride_kcb,
-                                            stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch,
-                                            stride_vcd, kv_xg, BLOCK_D, BLOCK_N, KV_VLLM)
-    d_valid = tl.arange(0, BLOCK_D) < head_dim
-    k = _load_kv(Kc + k_off, n_valid, d_valid, MASKED)
-    v = _load_kv(Vc + v_off, n_valid, d_valid, MASKED)
+    k, v, n, n_valid = _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct,
+                                  stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg,
+                                  head_dim, BLOCK_D, BLOCK_N, KV_VLLM, MASKED)
     if KV_FORMAT != 0:
         k = _fp8_bits_to_half(k, KV_FORMAT).to(q.dtype)
         v = _fp8_bits_to_half(v, KV_FORMAT).to(q.dtype)
@@ -192,16 +190,16 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
         # pipelining into shared memory: this way they lost (JIT 0.181 -> 0.203 ms, b2 16/4 heads,
         # 2048 + 1024, page 32), as did the int formats (kernels/prefix_prefill/quant.py).
         blk = _ctx_blocks(inner_lo, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
-        k_n, v_n = _ctx_fetch(inner_lo, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct,
-                              stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,
-                              BLOCK_D, BLOCK_N, KV_VLLM)
+        k_n, v_n, _, _ = _ctx_fetch(inner_lo, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb,
+                                    stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
+                                    kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM, True)
         blk = _ctx_blocks(inner_lo + BLOCK_N, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         for start in range(inner_lo, inner_hi, BLOCK_N):
             k = k_n
             v = v_n
-            k_n, v_n = _ctx_fetch(start + BLOCK_N, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb,
-                                  stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-                                  kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM)
+            k_n, v_n, _, _ = _ctx_fetch(start + BLOCK_N, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head,
+                                        stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct,
+                                        stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM, True)
             blk = _ctx_blocks(start + 2 * BLOCK_N, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
             if KV_FORMAT != 0:
                 k = _fp8_bits_to_half(k, KV_FORMAT).to(q.dtype)

@@ -98,6 +98,7 @@ def context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scal
     prefix_prefill's.
     """
     from aotc import loader
+    from aotc.loader.ops.value_checks import skip_value_checks
 
     for name, t in (("q", q), ("kv", kv), ("cache_kv", cache_kv), ("cache_kv_scale", cache_kv_scale)):
         if not isinstance(t, torch.Tensor):
@@ -136,7 +137,7 @@ def context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scal
     query_start_loc = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
     query_start_loc[1:] = torch.cumsum(lens - ready, 0)
     if validate is None:  # as prefix_prefill: host checks, except under torch.compile and graph capture
-        validate = not (torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+        validate = not skip_value_checks(q)
     if validate:
         if bool(((req_idx < 0) | (req_idx >= table.shape[0])).any()):
             raise ValueError(f"b_req_idx: every entry must be a row of req_to_token_indexs [0, {table.shape[0]})")

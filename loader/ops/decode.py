@@ -18,6 +18,7 @@ from .. import workspace
 from . import library
 from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
 from ..sm_count import cuda_sm_count
+from .value_checks import skip_value_checks
 
 _FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -260,11 +261,6 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse)
 
 
-def _skip_value_checks(t) -> bool:
-    # Reading values back syncs the device: never while tracing or capturing a CUDA graph.
-    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
 def _check_decode_values(d: _Decode) -> None:
     """Lengths within the table, req_idx within its rows, used page ids within the cache.
 
@@ -273,7 +269,7 @@ def _check_decode_values(d: _Decode) -> None:
     in a fresh process loads no extra device code.
     """
     batch = d.q.shape[0]
-    if batch == 0 or _skip_value_checks(d.q):
+    if batch == 0 or skip_value_checks(d.q):
         return
     rows_n, max_pages = d.table.shape
     pages_n, page_size = d.kv.k.shape[:2]

@@ -17,6 +17,7 @@ from aotc.kernels.gated_delta import spec as S
 
 from . import library
 from ..dispatch import prepare, register_plan_cache, run_kernel
+from .value_checks import skip_value_checks
 
 OP = "gated_delta_decode"
 QKV_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -194,11 +195,6 @@ def check_scale(scale, K, op) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"{op}: scale must be a finite float or None (1/sqrt(K)), got {scale!r}")
     return float(scale)
-
-
-def skip_value_checks(t) -> bool:
-    # Reading values back syncs the device: never while tracing or capturing a CUDA graph.
-    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 # ---- the decode op --------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from ..sm_count import cuda_sm_count
 from . import library
 
 from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
-                          check_state_index_values, check_state_indices, check_tensor, skip_value_checks)
+                          check_state_index_values, check_state_indices, check_tensor)
+from .value_checks import skip_value_checks
 
 OP = "gated_delta_prefill"
 _INDEX_DTYPES = (torch.int32, torch.int64)

@@ -9,6 +9,7 @@ from aotc.kernels.prefix_prefill import spec as _spec
 
 from . import library
 from .overlap import check_disjoint
+from .value_checks import skip_value_checks
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
@@ -397,8 +398,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,
                           device=q.device)
     if validate is None:
-        validate = not (torch.compiler.is_compiling()
-                        or (query_start_loc.is_cuda and torch.cuda.is_current_stream_capturing()))
+        validate = not skip_value_checks(query_start_loc)
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     # Through the dispatcher (fake tensors get the Meta implementation); a prefill kernel runs for
     # milliseconds, so its few microseconds do not matter here as they do for decode.

@@ -12,7 +12,8 @@ import torch
 
 from . import library
 from .overlap import check_disjoint
-from .decode import _FP8_DTYPES, _KV, _check_cache, _skip_value_checks, _tensor
+from .value_checks import skip_value_checks
+from .decode import _FP8_DTYPES, _KV, _check_cache, _tensor
 
 _QMAX = {"int8": 127.0, "int4": 7.0}
 _FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -81,7 +82,7 @@ def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
 
 
 def _check_slots(slots, kv: _KV) -> None:
-    if slots.numel() == 0 or _skip_value_checks(slots):
+    if slots.numel() == 0 or skip_value_checks(slots):
         return
     n = kv.k.shape[0] * kv.k.shape[1]
     bad = (slots < 0) | (slots >= n)

@@ -388,7 +388,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     Returns out `[T, q_heads, D]`.
     Raises TypeError for a wrong type or dtype and ValueError for a wrong shape, stride, device,
     option or (when validated) length, naming the argument, before anything is launched.
-    `out` may not share memory with any input (ValueError naming it). NaN and inf in the inputs are
+    `out` may not share memory with any input (ValueError naming it). Float and fp8 caches take at
+    most 65535 q blocks a call (T // BLOCK_M + B, BLOCK_M 128: about 8M tokens); more raise
+    ValueError naming q. NaN and inf in the inputs are
     not checked: NaN in, NaN out (a non-finite q row, or k/v row it attends to, gives that row
     non-finite values; other rows are unaffected).
     """

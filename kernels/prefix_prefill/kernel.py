@@ -121,6 +121,19 @@ def _ctx_blocks(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N: tl.constexp
 
 
 @triton.jit
+def _chunk_blocks(keys, ctx_len, bt_row, block_size):
+    """Cache blocks [CHUNK, BLOCK_N] of a chunk of context tiles' keys (row t: tile t's): only the
+    blocks holding keys < ctx_len are read (never past the request's row)."""
+    return tl.load(bt_row + keys // block_size, mask=keys < ctx_len, other=0)
+
+
+@triton.jit
+def _chunk_row(blkc, t, CHUNK: tl.constexpr):
+    """Row t of a chunk's blocks (tile t's), picked in registers: no memory read."""
+    return tl.sum(tl.where(tl.arange(0, CHUNK)[:, None] == t, blkc, 0), 0).to(tl.int64)
+
+
+@triton.jit
 def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
                stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D: tl.constexpr,
                BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, MASKED: tl.constexpr):
@@ -186,9 +199,9 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
         # pipelines these loads one tile ahead only (issued after the tile's dots, waited at the top
         # of the next: the block-table read feeds their addresses). H100, AOT, b8 32/8 heads, 2048
         # cached + 512 new, page 16 (bench at d24fe9a vs 865292e): fp8 e4m3 0.694 -> 0.667 ms (with 3
-        # stages: spec.launch), vllm layout 0.944 -> 0.779. Plain fp16/bf16 rows keep Triton's
-        # pipelining into shared memory: this way they lost (JIT 0.181 -> 0.203 ms, b2 16/4 heads,
-        # 2048 + 1024, page 32), as did the int formats (kernels/prefix_prefill/quant.py).
+        # stages: spec.launch), vllm layout 0.944 -> 0.779. Plain fp16/bf16 rows lost this way (JIT
+        # 0.181 -> 0.203 ms, b2 16/4 heads, 2048 + 1024, page 32; they go by chunks below), as did
+        # the int formats (kernels/prefix_prefill/quant.py).
         blk = _ctx_blocks(inner_lo, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         k_n, v_n, _, _ = _ctx_fetch(inner_lo, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb,
                                     stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
@@ -205,6 +218,29 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                 k = _fp8_bits_to_half(k, KV_FORMAT).to(q.dtype)
                 v = _fp8_bits_to_half(v, KV_FORMAT).to(q.dtype)
             acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, False)
+    elif BLOCK_D <= 128:
+        # Plain fp16/bf16 rows: the mask-free tiles go by chunks of CHUNK, the chunk's block ids read
+        # at once (one a key, the next chunk's while this one computes) and each tile's picked in
+        # registers, so inside the chunk the K/V addresses depend on no load and Triton pipelines
+        # the tiles num_stages deep (TTGIR: async_wait num = 2 instead of 0). H100, JIT, d128, b2
+        # 16/4 heads, 2048 cached + 1024 new, page 32: 0.1794 -> 0.1626 ms; b8 32/8 heads, 2048 +
+        # 512, page 16: 0.607 -> 0.560; b1 16384 + 2048, window 4096: 0.490 -> 0.474 (chunks of 8:
+        # 0.1632, 0.567, 0.478); d64 (4 warps) b2 0.0997 -> 0.0967, b1 16384 + 2048 1.078 -> 1.042.
+        # Not for d256 (0.350 -> 0.356 ms, b2), fp8 or the vllm layout (b8: 0.663 -> 0.689 ms,
+        # 0.777 -> 0.953, against their register prefetch above).
+        CHUNK: tl.constexpr = 16
+        keys = inner_lo + tl.arange(0, CHUNK)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        blkc = _chunk_blocks(keys, ctx_len, bt_row, block_size)
+        for c0 in range(inner_lo, inner_hi, CHUNK * BLOCK_N):
+            keys += CHUNK * BLOCK_N
+            blkc_next = _chunk_blocks(keys, ctx_len, bt_row, block_size)
+            for t in range(0, tl.minimum(CHUNK, (inner_hi - c0) // BLOCK_N)):
+                k, v, _, _ = _ctx_fetch(c0 + t * BLOCK_N, _chunk_row(blkc, t, CHUNK), key_lo, ctx_len, Kc, Vc,
+                                        block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb,
+                                        stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM,
+                                        False)
+                acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, False)
+            blkc = blkc_next
     else:
         for start in range(inner_lo, inner_hi, BLOCK_N):
             acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,

@@ -55,6 +55,17 @@ def test_long_context():
     assert_matches(got, ref, torch.float16)
 
 
+@pytest.mark.parametrize("window", [None, 1500])
+def test_context_over_several_block_id_chunks(window):
+    # fp16/bf16 rows up to d128 read the mask-free tiles' block ids 16 tiles of 64 keys at a time
+    # (kernel.py): contexts of exactly one chunk, two chunks and a tile, and two chunks and a part;
+    # the window starts the mask-free tiles inside a chunk.
+    case, kw = make_case([1024, 2112, 2900], [5, 130, 20], head_dim=128, q_heads=2, kv_heads=1, block_size=16,
+                         dtype=torch.bfloat16, seed=91)
+    got, ref = run(case, kw, window=window)
+    assert_matches(got, ref, torch.bfloat16)
+
+
 @pytest.mark.parametrize("window", [1, 5, 40, 200])
 @pytest.mark.parametrize("layout", ["nhd", "vllm"])
 def test_sliding_window(window, layout):

@@ -70,7 +70,7 @@ def block_d(head_dim: int, kv: str = "same") -> int:
 
 def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
-    BLOCK_M (the kernel asserts it)."""
+    BLOCK_M (the kernel asserts it); target_constexprs narrows it on sm90 for fp16/bf16 d128."""
     if kv in ("int8", "int4") and block_d <= 128:
         # H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, page 32 (JIT sweep at a4ec7ff): int8
         # per token 4 warps x 32-key tiles 0.248 ms vs 0.312 at 8 warps x 64 (the earlier config,
@@ -110,8 +110,32 @@ def variants():
                         yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout}
 
 
+def _two_programs_an_sm(axes, arch) -> bool:
+    """fp16/bf16 caches at block_d 128 (head dims 72..128), nhd, on sm90+: 128 x 32 tiles over 8
+    warps capped at 128 registers (no spills in the loops; 80 KiB of shared memory at 3 stages), so
+    two programs share an SM, against 128 x 64 at 230 registers, one an SM. H100, JIT, side by side
+    (bf16, ms): b8 ctx2048+512 page 16 0.566 -> 0.513, page 32 0.562 -> 0.500; b1 ctx16K+2K 1.891 ->
+    1.741, window 4096 0.478 -> 0.440; b2 16/4 heads ctx2048+1024 0.1634 -> 0.1581; no context
+    0.0520 -> 0.0543. Uncapped (204 registers, one an SM) 128 x 32 ran 0.656 / 2.295 / 0.186; 2 or 4
+    stages lost to 3. fp8 caches (0.661 -> 0.663), the vllm layout, sm80 and AMD keep 128 x 64: not
+    faster, or not measured."""
+    return (getattr(arch, "backend", "cuda") == "cuda" and arch >= 90 and axes["kv"] == "same"
+            and int(axes["block_d"]) == 128 and axes["layout"] == "nhd")
+
+
+def target_constexprs(axes, arch) -> dict:
+    """PTX (decode's: the packed dequantizers on CUDA), and BLOCK_N 32 where two programs share an
+    SM (_two_programs_an_sm): the tile follows the target there, BLOCK_M does not (the op's grid)."""
+    values = ptx_constexprs(axes, arch)
+    if _two_programs_an_sm(axes, arch):
+        values["BLOCK_N"] = 32
+    return values
+
+
 def launch(axes, arch: int) -> LaunchConfig:
     bd = int(axes["block_d"])
+    if _two_programs_an_sm(axes, arch):
+        return LaunchConfig(num_warps=8, num_stages=3, maxnreg=128)
     # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
     warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
     if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
@@ -138,7 +162,7 @@ PREFIX_PREFILL = KernelSpec(
     constexprs=constexprs,
     variants=variants,
     launch=launch,
-    target_constexprs=ptx_constexprs,
+    target_constexprs=target_constexprs,
 )
 
 KERNELS = (PREFIX_PREFILL,)

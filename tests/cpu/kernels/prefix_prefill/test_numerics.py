@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from aotc.kernels.prefix_prefill.reference import FP8_E4M3_MAX, prefix_prefill_ref, quantize_fp8_ref
+from aotc.loader import fallback
 from aotc.loader.ops.prefix_prefill import prefix_prefill
 
 from .cases import FP8, TOL, assert_matches, make_case
@@ -55,11 +56,19 @@ def test_long_context():
     assert_matches(got, ref, torch.float16)
 
 
+@pytest.mark.parametrize("sm", [80, 90])
 @pytest.mark.parametrize("window", [None, 1500])
-def test_context_over_several_block_id_chunks(window):
-    # fp16/bf16 rows up to d128 read the mask-free tiles' block ids 16 tiles of 64 keys at a time
-    # (kernel.py): contexts of exactly one chunk, two chunks and a tile, and two chunks and a part;
-    # the window starts the mask-free tiles inside a chunk.
+def test_context_over_several_block_id_chunks(window, sm, monkeypatch):
+    # fp16/bf16 rows up to d128 read the mask-free tiles' block ids 16 tiles at a time (kernel.py),
+    # tiles of 64 keys (sm80's constexprs: chunks of 1024) or 32 (sm90's, spec._two_programs_an_sm:
+    # chunks of 512): contexts of exactly one or two chunks, chunks and a tile or two, and chunks and
+    # a part; the window starts the mask-free tiles inside a chunk.
+    run_jit = fallback.run_jit
+
+    def run_as_sm(spec, axes, grid, args, arch):  # the interpreter runs sm90's constexprs otherwise
+        run_jit(spec, axes, grid, args, arch=sm)
+
+    monkeypatch.setattr(fallback, "run_jit", run_as_sm)
     case, kw = make_case([1024, 2112, 2900], [5, 130, 20], head_dim=128, q_heads=2, kv_heads=1, block_size=16,
                          dtype=torch.bfloat16, seed=91)
     got, ref = run(case, kw, window=window)

@@ -63,10 +63,30 @@ def test_constexprs_and_launch(axes):
     for arch in (80, 90):
         cfg = spec.launch(axes, arch)
         assert cfg.num_warps in (4, 8) and cfg.num_stages in (2, 3)
+    two_an_sm = axes["kv"] == "same" and axes["block_d"] == 128 and axes["layout"] == "nhd"
     for name, ptx in (("sm80", 1), ("sm90", 1), ("gfx942", 0), ("gfx90a", 0)):
         arch = targets.get(name).spec_arch()
-        assert spec.PREFIX_PREFILL.compile_constexprs(axes, arch) == dict(cx, PTX=ptx)
+        want = dict(cx, PTX=ptx, **({"BLOCK_N": 32} if two_an_sm and name == "sm90" else {}))
+        assert spec.PREFIX_PREFILL.compile_constexprs(axes, arch) == want
         assert spec.PREFIX_PREFILL.launch_config(axes, arch) is not None  # every format on every target
+
+
+@pytest.mark.parametrize("dtype", spec.DTYPES)
+def test_fp16_bf16_d128_on_sm90_runs_128_x_32_tiles_two_programs_an_sm(dtype):
+    from aotc.loader import targets
+
+    def config(axes, name):
+        arch = targets.get(name).spec_arch()
+        cfg = spec.PREFIX_PREFILL.launch_config(axes, arch)
+        return spec.PREFIX_PREFILL.compile_constexprs(axes, arch)["BLOCK_N"], cfg.num_warps, cfg.num_stages, cfg.maxnreg
+
+    axes = {"dtype": dtype, "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd"}
+    assert config(axes, "sm90") == (32, 8, 3, 128)
+    assert config(axes, "sm80") == (64, 8, 2, 0)  # sm80 keeps 128 x 64 (not measured on an A100)
+    assert config(axes, "gfx942")[:2] == (64, 8)
+    for other in ({"kv": "fp8_e4m3"}, {"layout": "vllm"}, {"block_d": 64}, {"block_d": 256}):
+        a = dict(axes, **other)
+        assert config(a, "sm90")[0] == spec.tile(a["block_d"], a["kv"])[1] and config(a, "sm90")[3] == 0, other
 
 
 @triton.jit

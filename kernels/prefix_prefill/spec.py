@@ -116,7 +116,7 @@ def _two_programs_an_sm(axes, arch) -> bool:
     two programs share an SM, against 128 x 64 at 230 registers, one an SM. H100, JIT, side by side
     (bf16, ms): b8 ctx2048+512 page 16 0.566 -> 0.513, page 32 0.562 -> 0.500; b1 ctx16K+2K 1.891 ->
     1.741, window 4096 0.478 -> 0.440; b2 16/4 heads ctx2048+1024 0.1634 -> 0.1581; no context
-    0.0520 -> 0.0543. Uncapped (204 registers, one an SM) 128 x 32 ran 0.656 / 2.295 / 0.186; 2 or 4
+    0.0520 -> 0.0543. Uncapped (195 registers, one an SM) 128 x 32 ran 0.656 / 2.295 / 0.186; 2 or 4
     stages lost to 3. fp8 caches (0.661 -> 0.663), the vllm layout, sm80 and AMD keep 128 x 64: not
     faster, or not measured."""
     return (getattr(arch, "backend", "cuda") == "cuda" and arch >= 90 and axes["kv"] == "same"

@@ -19,7 +19,8 @@ masks: on an H100 (bf16, d128) that took the kernel from 222 to 263 TF/s.
 
 Caches, their scales and the output are passed as byte (uint8) pointers and reinterpreted here
 by the constexpr KV_FORMAT / the runtime out_fp8 and scale_kind flags: Triton refuses the fp8e4nv type on sm80 at
-all, so fp8 is decoded with integer bit operations, which every target compiles.
+all, so fp8 is decoded with bit operations (packed PTX on CUDA, plain Triton elsewhere), which every
+target compiles.
 
 Cache strides (in elements of the cache dtype), per layout:
   nhd   K, V [blocks, block_size, kv_heads, D]: addr = blk*s_b + tok*s_t + head*s_h + d

@@ -140,7 +140,8 @@ def launch(axes, arch: int) -> LaunchConfig:
     warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
     if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
         # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
-        # (b1 ctx16K+2K). fp8 since its context rows are loaded a tile ahead in registers (kernel.py):
+        # (b1 ctx16K+2K), measured at 128 x 64, before fp16/bf16 d128 moved to
+        # _two_programs_an_sm (returned above): this rule now sets fp16/bf16 d32/d64. fp8 since its context rows are loaded a tile ahead in registers (kernel.py):
         # JIT 0.665 ms at 3 stages vs 0.711 at 2 (b8 ctx2048+512, e4m3; 0.694 before, at 2). vllm-layout
         # caches gather through registers: 2 stages (0.775 ms vs 0.814 at 3, bf16, same shape).
         # int8/int4 convert through registers too: 2 stages (3 measured slower, BENCHMARKS.md).

@@ -141,9 +141,10 @@ def launch(axes, arch: int) -> LaunchConfig:
     if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
         # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
         # (b1 ctx16K+2K), measured at 128 x 64, before fp16/bf16 d128 moved to
-        # _two_programs_an_sm (returned above): this rule now sets fp16/bf16 d32/d64. fp8 since its context rows are loaded a tile ahead in registers (kernel.py):
-        # JIT 0.665 ms at 3 stages vs 0.711 at 2 (b8 ctx2048+512, e4m3; 0.694 before, at 2). vllm-layout
-        # caches gather through registers: 2 stages (0.775 ms vs 0.814 at 3, bf16, same shape).
+        # _two_programs_an_sm (returned above): this rule now sets fp16/bf16 d32/d64. fp8 since its
+        # context rows are loaded a tile ahead in registers (kernel.py): JIT 0.665 ms at 3 stages
+        # vs 0.711 at 2 (b8 ctx2048+512, e4m3; 0.694 before, at 2). vllm-layout caches gather
+        # through registers: 2 stages (0.775 ms vs 0.814 at 3, bf16, same shape).
         # int8/int4 convert through registers too: 2 stages (3 measured slower, BENCHMARKS.md).
         return LaunchConfig(num_warps=warps, num_stages=3)
     return LaunchConfig(num_warps=warps, num_stages=2)

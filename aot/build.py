@@ -24,7 +24,7 @@ from typing import Iterable
 from filelock import FileLock
 
 from aotc.kernels.registry import all_specs
-from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey
+from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 
@@ -126,7 +126,7 @@ def plan_keys(kernels: Iterable[str] | None, misses: list[tuple[VariantKey, str 
             raise ValueError(f"miss log names unknown kernel {key.kernel!r}")
         if specs[key.kernel].launch_config(key.axis_dict, arch) is None:
             continue  # declared absent on this target: a JIT call for it raises, it never misses
-        for level in ("aligned", GENERIC):
+        for level in specs[key.kernel].levels:
             k = key.with_level(level)
             out[str(k)] = (specs[key.kernel], k)
     return list(out.values())

@@ -86,7 +86,21 @@ def jit_function(spec: KernelSpec):
     if not hasattr(fn, "params") or not hasattr(fn, "arg_names"):
         raise TypeError(f"{spec.module}.{spec.function} is not a @triton.jit function "
                         "(is TRITON_INTERPRET set in the build process?)")
+    if fn.is_gluon() != (spec.kind == "gluon"):
+        raise TypeError(f"{spec.name}: the spec says kind={spec.kind!r} but {spec.module}.{spec.function} is "
+                        f"{'a @gluon.jit' if fn.is_gluon() else 'a @triton.jit'} function")
     return fn
+
+
+def ast_source(spec: KernelSpec, fn, signature, constexprs, attrs):
+    """The source Triton's JIT builds for the function: Gluon's for a @gluon.jit kernel."""
+    if spec.kind == "gluon":
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    from triton.compiler import ASTSource
+
+    return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
 
 
 def check_backend(info: TargetInfo) -> None:
@@ -114,7 +128,6 @@ def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | Targe
     """Compile one variant for a target (a name from loader/targets.py, its row, or an int SM)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     if isinstance(target, int):
         target = f"sm{target}"
@@ -139,8 +152,7 @@ def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | Targe
         raise ValueError(f"{key}: spec.constexprs gave no value for {sorted(missing)}")
     divisible = spec.divisible_args(key.level)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-                    attrs=attrs)
+    src = ast_source(spec, fn, signature, {(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs)
     kernel = triton.compile(src, target=GPUTarget(info.backend, info.arch, info.warp_size),
                             options=cfg.triton_options())
     md = kernel.metadata

@@ -1,6 +1,8 @@
 """Prefix-prefill throughput: TFLOP/s of aotc (the public op: AOT binary, or its JIT fallback when
 not built), the same kernel through Triton's JIT, and torch SDPA's flash backend on the same
-attention made contiguous (lower-right causal), side by side.
+attention made contiguous (lower-right causal), side by side. Where the op runs the Gluon kernel
+(kernel_ws.py: sm90, int8/int4 per token), the Triton kernel's JIT time for the same call is
+printed beside it (column "triton": its t/sdpa).
 
 FLOPs count only allowed (query, key) pairs, 4 * head_dim each (QK^T and PV). Times are medians
 of CUDA-event timings, the L2 emptied before each call (harness.device_time). Rows: JSON lines at --out.
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from aotc.kernels.prefix_prefill import spec as pp_spec
 from aotc.kernels.prefix_prefill.kernel import prefix_prefill_kernel
 from aotc.kernels.decode.reference import pack_int4, quantize_reference
+from aotc.loader.fallback import jit_function
 from aotc.loader.ops import prefix_prefill as pp_op
 from harness import Rows, device_time
 
@@ -221,7 +224,7 @@ def main():
         return
     fallback = set()  # variants whose first call warned that no binary was built
     print(f"{'shape':42s} {'aot TF/s':>9s} {'jit TF/s':>9s} {'sdpa TF/s':>10s} {'t/sdpa':>7s} {'cache MB':>9s} "
-          f"{'vs bf16':>8s}")
+          f"{'vs bf16':>8s} {'triton':>7s}")
     for name, batch, ctx, new, page, window, cache_dtype, layout, q_heads, kv_heads in SHAPES:
         if a.only and a.only not in name:
             continue
@@ -241,26 +244,34 @@ def main():
         provider = "aot_jit_fallback" if str(axes) in fallback else "aot"
         t_aot = device_time(lambda: pp_op.prefix_prefill(*paged, **call))
 
-        cfg = pp_spec.launch(axes, arch)
-        cx = pp_spec.PREFIX_PREFILL.compile_constexprs(axes, arch)
+        kernel = pp_op.kernel_for(axes, args)  # the kernel the op ran
 
-        def jit():
-            prefix_prefill_kernel[grid](*args, **cx, **cfg.triton_options())
-        t_jit = device_time(jit)
+        def jit_of(k):
+            fn, cx = jit_function(k), k.compile_constexprs(axes, arch)
+            opts = k.launch_config(axes, arch).triton_options()
+            return lambda: fn[grid](*args, **cx, **opts)
+        t_jit = device_time(jit_of(kernel))
+        t_triton = device_time(jit_of(pp_spec.PREFIX_PREFILL)) if kernel is not pp_spec.PREFIX_PREFILL else None
 
         fn, why = sdpa_flash(dense, window, q_heads, kv_heads)
         t_sdpa = device_time(fn) if fn else float("nan")
         variant = f"{axes['dtype']},{axes['kv']},{axes['scales']},d{HEAD_DIM},{layout}"
         shape = f"{name} h{q_heads}/{kv_heads}"
-        for prov, t in ((provider, t_aot), ("jit", t_jit), ("sdpa_flash", t_sdpa)):
+        timed = ((provider, t_aot), ("jit", t_jit), ("sdpa_flash", t_sdpa))
+        if t_triton is not None:
+            variant += ",gluon"
+            timed += (("jit_triton_kernel", t_triton),)
+        for prov, t in timed:
             if t == t:
                 rows.add("prefix_prefill", variant, prov, shape, "tflops", flops / t / 1e12)
                 rows.add("prefix_prefill", variant, prov, shape, "ms", t * 1e3)
         rows.add("prefix_prefill", variant, provider, shape, "cache_bytes", nbytes)
         ratio = t_aot / t_sdpa if fn else float("nan")
         saved = f"{nbytes / bf16_bytes:8.3f}" if ctx else f"{'-':>8s}"
+        triton_ratio = f"{t_triton / t_sdpa:7.2f}" if t_triton is not None and fn else f"{'-':>7s}"
         print(f"{name:42s} {flops / t_aot / 1e12:9.1f} {flops / t_jit / 1e12:9.1f} "
-              f"{flops / t_sdpa / 1e12 if fn else float('nan'):10.1f} {ratio:7.2f} {nbytes / 2**20:9.1f} {saved}"
+              f"{flops / t_sdpa / 1e12 if fn else float('nan'):10.1f} {ratio:7.2f} {nbytes / 2**20:9.1f} {saved} "
+              f"{triton_ratio}"
               + (f"  [{provider}]" if provider != "aot" else "") + (f"  sdpa: {why}" if why else ""))
         del paged, dense, out, args
         torch.cuda.empty_cache()

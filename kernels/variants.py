@@ -206,11 +206,17 @@ class KernelSpec(_Record):
     those: a build is incremental on that hash).
     `target_constexprs(axes, arch)`, where given, adds constexpr values that follow the target
     (an instruction one backend lacks), merged by `compile_constexprs`.
+    `levels`: the specialization levels built (both by default). A kernel that cannot compile
+    without ALIGNED's assumptions declares (ALIGNED,) and its op routes only calls that meet them
+    to it: a call missing them has no binary and would take the JIT fallback.
+    `kind`: "triton" (`@triton.jit`) or "gluon" (`@gluon.jit`, built through Gluon's AST source;
+    its `launch` num_warps is the default partition's, the binary's total is in its metadata).
     """
 
     __slots__ = ("name", "module", "function", "args", "constexpr_names", "constexprs", "variants", "launch",
-                 "sources", "folder", "target_constexprs", "arg_index", "first_ptr", "leading_ptrs")
-    _compared = __slots__[:11]
+                 "sources", "folder", "target_constexprs", "levels", "kind", "arg_index", "first_ptr",
+                 "leading_ptrs")
+    _compared = __slots__[:13]
 
     def __init__(self, name: str, module: str, function: str, args: tuple[Arg, ...],
                  constexpr_names: tuple[str, ...],
@@ -218,10 +224,16 @@ class KernelSpec(_Record):
                  variants: Callable[[], Iterable[Mapping[str, int | str]]],
                  launch: Callable[[Mapping[str, int | str], int], LaunchConfig],
                  sources: tuple[str, ...] = ("kernel.py",), folder: str = "",
-                 target_constexprs: Callable[[Mapping[str, int | str], "TargetArch"], dict] | None = None):
+                 target_constexprs: Callable[[Mapping[str, int | str], "TargetArch"], dict] | None = None,
+                 levels: tuple[str, ...] = LEVELS, kind: str = "triton"):
         self._init(name=name, module=module, function=function, args=tuple(args),
                    constexpr_names=tuple(constexpr_names), constexprs=constexprs, variants=variants, launch=launch,
-                   sources=tuple(sources), folder=folder, target_constexprs=target_constexprs)
+                   sources=tuple(sources), folder=folder, target_constexprs=target_constexprs,
+                   levels=tuple(levels), kind=kind)
+        if not self.levels or any(level not in LEVELS for level in self.levels):
+            raise ValueError(f"{self.name}: levels must be a non-empty subset of {LEVELS}, got {self.levels}")
+        if self.kind not in ("triton", "gluon"):
+            raise ValueError(f"{self.name}: kind must be 'triton' or 'gluon', got {self.kind!r}")
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: duplicate argument names")
@@ -256,13 +268,13 @@ class KernelSpec(_Record):
         return LaunchConfig(num_warps=cfg.num_warps, num_stages=cfg.num_stages, num_ctas=cfg.num_ctas)
 
     def keys(self, arch=None) -> list[VariantKey]:
-        """Every declared binary: each variant at both specialization levels; with `arch`, only
-        the variants the spec declares for that target (launch not None)."""
+        """Every declared binary: each variant at each of the spec's specialization levels; with
+        `arch`, only the variants the spec declares for that target (launch not None)."""
         out = []
         for axes in self.variants():
             if arch is not None and self.launch_config(axes, arch) is None:
                 continue
-            for level in LEVELS:
+            for level in self.levels:
                 out.append(VariantKey.make(self.name, axes, level))
         return out
 

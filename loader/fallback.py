@@ -206,4 +206,6 @@ def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch, d
         kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.compile_constexprs(axes, arch), **cfg.triton_options())
     kernel._init_handles()
     driver = driver or cuda_driver.driver()
-    return driver.occupancy(device.index, kernel.function, arch.warp_size * cfg.num_warps, kernel.metadata.shared)
+    # the binary's warps: a Gluon kernel's partitions add up to more than the launch's num_warps
+    return driver.occupancy(device.index, kernel.function, arch.warp_size * kernel.metadata.num_warps,
+                            kernel.metadata.shared)

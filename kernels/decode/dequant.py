@@ -20,18 +20,10 @@ import triton.language as tl
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 
-@triton.jit
-def _i8x2_dequant(x, s, PTX: tl.constexpr):
-    # int16 elements x, each two int8 channels (even low byte, odd high byte), fp16 scales s ->
-    # fp16 (even, odd) * s. lop3 puts (byte ^ 0x80) under a 0x64 high byte: the fp16 1152 + code.
-    if _INTERPRET or not PTX:
-        sf = s.to(tl.float32)
-        ev = (x << 8) >> 8
-        od = x >> 8
-        return (ev.to(tl.float32) * sf).to(tl.float16), (od.to(tl.float32) * sf).to(tl.float16)
-    else:
-        return tl.inline_asm_elementwise(
-            """{
+# The packed dequantizers' PTX (also the Gluon prefix-prefill kernel's, kernels/prefix_prefill/
+# kernel_ws.py): int16 elements, two a 32-bit register (pack=2), and fp16 scales.
+# Two int8 channels an element (even low byte, odd high byte) -> fp16 (even, odd) * s.
+I8X2_DEQUANT_PTX = tl.constexpr("""{
             .reg .b32 e, o, m;
             mov.b32 m, 0x64806480;
             lop3.b32 e, $2, 0x00FF00FF, 0x64806480, 0x6A;
@@ -41,24 +33,9 @@ def _i8x2_dequant(x, s, PTX: tl.constexpr):
             sub.rn.f16x2 o, o, m;
             mul.rn.f16x2 $0, e, $3;
             mul.rn.f16x2 $1, o, $3;
-            }""",
-            "=r,=r,r,r", [x, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
-
-
-@triton.jit
-def _i4x4_dequant(x, s, PTX: tl.constexpr):
-    # int16 elements x, each four int4 channels (nibble i = channel 4j + i, stored as code + 7),
-    # fp16 scales s -> four fp16 tensors (channel 4j + i) * s. lop3 puts a nibble under 0x6400: 1024 + n.
-    if _INTERPRET or not PTX:
-        sf = s.to(tl.float32)
-        c0 = (((x & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
-        c1 = ((((x >> 4) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
-        c2 = ((((x >> 8) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
-        c3 = ((((x >> 12) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
-        return c0, c1, c2, c3
-    else:
-        return tl.inline_asm_elementwise(
-            """{
+            }""")
+# Four int4 channels an element (nibble i = channel 4j + i, stored as code + 7) -> four fp16 * s.
+I4X4_DEQUANT_PTX = tl.constexpr("""{
             .reg .b32 a, b, c, d, t, m;
             mov.b32 m, 0x64076407;
             lop3.b32 a, $4, 0x000F000F, 0x64006400, 0xEA;
@@ -76,7 +53,38 @@ def _i4x4_dequant(x, s, PTX: tl.constexpr):
             mul.rn.f16x2 $1, b, $5;
             mul.rn.f16x2 $2, c, $5;
             mul.rn.f16x2 $3, d, $5;
-            }""",
+            }""")
+
+
+@triton.jit
+def _i8x2_dequant(x, s, PTX: tl.constexpr):
+    # int16 elements x, each two int8 channels (even low byte, odd high byte), fp16 scales s ->
+    # fp16 (even, odd) * s. lop3 puts (byte ^ 0x80) under a 0x64 high byte: the fp16 1152 + code.
+    if _INTERPRET or not PTX:
+        sf = s.to(tl.float32)
+        ev = (x << 8) >> 8
+        od = x >> 8
+        return (ev.to(tl.float32) * sf).to(tl.float16), (od.to(tl.float32) * sf).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            I8X2_DEQUANT_PTX,
+            "=r,=r,r,r", [x, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _i4x4_dequant(x, s, PTX: tl.constexpr):
+    # int16 elements x, each four int4 channels (nibble i = channel 4j + i, stored as code + 7),
+    # fp16 scales s -> four fp16 tensors (channel 4j + i) * s. lop3 puts a nibble under 0x6400: 1024 + n.
+    if _INTERPRET or not PTX:
+        sf = s.to(tl.float32)
+        c0 = (((x & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        c1 = ((((x >> 4) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        c2 = ((((x >> 8) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        c3 = ((((x >> 12) & 15).to(tl.float32) - 7.0) * sf).to(tl.float16)
+        return c0, c1, c2, c3
+    else:
+        return tl.inline_asm_elementwise(
+            I4X4_DEQUANT_PTX,
             "=r,=r,=r,=r,r,r", [x, s], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
             is_pure=True, pack=2)
 

@@ -23,12 +23,17 @@ With per-group scales (2026-11-25, `aotc build --arch sm90 --kernel prefix_prefi
 builds side by side on that machine): 180 keys in 683 s (565 CPU-s) against 152 in 537 s (421).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
+
+PREFIX_PREFILL_WS, the warp-specialized Gluon kernel (kernel_ws.py), serves on sm90 what it was
+written for: int8/int4 with per-token scales at block_d 128, fp16/bf16, nhd (head-major caches
+too): 2 dtypes x 2 formats = 4 variants, ALIGNED only (8 keys with PREFIX_PREFILL's 180: 188 on
+sm90; sm80 and AMD unchanged). The op routes a call there when `ws_serves` says so.
 """
 from __future__ import annotations
 
 from aotc.kernels.decode.spec import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
 from aotc.kernels.decode.spec import ptx_constexprs
-from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
+from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16")
 KV_FORMATS = ("same", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
@@ -167,4 +172,54 @@ PREFIX_PREFILL = KernelSpec(
     target_constexprs=target_constexprs,
 )
 
-KERNELS = (PREFIX_PREFILL,)
+
+
+def ws_variant(axes) -> bool:
+    """The axes kernel_ws.py implements: int8/int4, one scale a token and head, 128-wide tiles
+    (head dims 72..128), nhd-family caches."""
+    return (axes["kv"] in INT_FORMATS and axes["scales"] == "token" and int(axes["block_d"]) == 128
+            and axes["layout"] == "nhd")
+
+
+def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -> bool:
+    """Whether a call runs kernel_ws.py: its variant on an sm90 GPU (capability 9.0: wgmma and
+    setmaxnreg; not sm100's tensor cores), bf16/fp16 output, and arguments that meet the ALIGNED
+    specialization (its only binary: cp.async copies 16 bytes). Everything else runs kernel.py."""
+    return ws_variant(axes) and tuple(capability) == (9, 0) and not out_fp8 and aligned
+
+
+def ws_constexprs(axes) -> dict:
+    bd = int(axes["block_d"])
+    return {"BLOCK_D": bd, "BLOCK_M": tile(bd, axes["kv"])[0], "BLOCK_N": 128,
+            "KV_FORMAT": KV_FORMATS.index(axes["kv"])}
+
+
+def ws_variants():
+    for dtype in DTYPES:
+        for kv in INT_FORMATS:
+            yield {"dtype": dtype, "kv": kv, "scales": "token", "block_d": 128, "layout": "nhd"}
+
+
+def ws_launch(axes, arch) -> LaunchConfig | None:
+    """num_warps 4 is the default partition (a consumer warpgroup); the binary launches 16
+    warps (two consumers and an 8-warp producer), as its metadata says. sm90 only."""
+    if getattr(arch, "backend", "cuda") != "cuda" or int(arch) != 90 or not ws_variant(axes):
+        return None
+    return LaunchConfig(num_warps=4, num_stages=1)
+
+
+PREFIX_PREFILL_WS = KernelSpec(
+    name="prefix_prefill_ws",
+    module="aotc.kernels.prefix_prefill.kernel_ws",
+    function="prefix_prefill_ws_kernel",
+    args=ARGS,
+    constexpr_names=("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_FORMAT"),
+    constexprs=ws_constexprs,
+    variants=ws_variants,
+    launch=ws_launch,
+    sources=("kernel_ws.py",),
+    levels=(ALIGNED,),
+    kind="gluon",
+)
+
+KERNELS = (PREFIX_PREFILL, PREFIX_PREFILL_WS)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -314,6 +315,28 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     return axes, grid, args
 
 
+# "0" sends every call to kernel.py (the Triton kernel), e.g. to compare the two.
+ENV_WS = "AOTC_PREFIX_PREFILL_WS"
+_OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
+_ALIGNED_ARGS = tuple((i, a.kind == "ptr") for i, a in enumerate(_spec.ARGS) if a.aligned)
+
+
+def kernel_for(axes, args):
+    """The kernel spec a launch of launch_plan's (axes, args) runs: the warp-specialized Gluon
+    kernel where spec.ws_serves says so (sm90 int8/int4 per token at 128-wide tiles, ALIGNED
+    arguments), else the Triton kernel."""
+    q = args[0]
+    if not (q.is_cuda and _spec.ws_variant(axes)) or os.environ.get(ENV_WS, "1") == "0":
+        return _spec.PREFIX_PREFILL
+    from aotc.loader.dispatch import device_of
+
+    gpu = device_of(q.get_device())
+    aligned = all((args[i].data_ptr() if ptr else args[i]) % 16 == 0 for i, ptr in _ALIGNED_ARGS)
+    if gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned):
+        return _spec.PREFIX_PREFILL_WS
+    return _spec.PREFIX_PREFILL
+
+
 def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
                        k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
     from aotc.loader.dispatch import run_kernel
@@ -330,7 +353,7 @@ def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs)
     if block_table.shape[0] == 0 or q.shape[1] == 0:
         return
-    run_kernel(_spec.PREFIX_PREFILL, axes, grid, args)
+    run_kernel(kernel_for(axes, args), axes, grid, args)
 
 
 def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
@@ -370,7 +393,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             Dequantization happens on the tiles inside the attention loop: nothing is allocated.
             With per-token and per-group scales the values are code * scale rounded to fp16 (as
             decode): scales below fp16's normals (~6.1e-5) lose precision gradually, and values
-            past 65504 overflow.
+            past 65504 overflow. On sm90 (H100/H200), per-token scales with D 80..128 (multiples
+            of 16, 16-byte aligned tensors) run a warp-specialized kernel (kernel_ws.py) that
+            overlaps the dequantization with the tensor cores; AOTC_PREFIX_PREFILL_WS=0 turns it off.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position

@@ -1,8 +1,8 @@
-"""Variant keys round-trip and reject what they cannot hold; specs declare both levels per variant."""
+"""Variant keys round-trip and reject what they cannot hold; specs declare each of their levels per variant."""
 import pytest
 
 from aotc.kernels.registry import all_specs, get_spec
-from aotc.kernels.variants import ALIGNED, GENERIC, Arg, VariantKey
+from aotc.kernels.variants import ALIGNED, GENERIC, Arg, KernelSpec, VariantKey
 
 
 def test_keys_round_trip_and_sort_their_axes():
@@ -27,11 +27,26 @@ def test_values_a_key_cannot_hold_are_refused():
         Arg("p", "ptr")  # a pointer needs its dtype
 
 
-def test_every_declared_variant_comes_at_both_levels():
+def test_every_declared_variant_comes_at_each_of_its_levels():
     for spec in all_specs().values():
         keys = spec.keys()
-        assert len(keys) == 2 * len({k.axes for k in keys}), spec.name
-        assert all(spec.divisible_args(GENERIC) == () for _ in keys)
+        assert len(keys) == len(spec.levels) * len({k.axes for k in keys}), spec.name
+        assert {k.level for k in keys} == set(spec.levels), spec.name
+        assert spec.divisible_args(GENERIC) == ()
+    # Only the Gluon prefix-prefill kernel cannot compile without ALIGNED's assumptions.
+    assert {s.name for s in all_specs().values() if s.levels != (ALIGNED, GENERIC)} == {"prefix_prefill_ws"}
+
+
+def test_levels_and_kind_are_checked():
+    tiny = get_spec("tiny_axpy")
+    fields = {f: getattr(tiny, f) for f in ("name", "module", "function", "args", "constexpr_names", "constexprs",
+                                              "variants", "launch")}
+    assert KernelSpec(**fields, levels=(ALIGNED,)).keys() == [k for k in tiny.keys() if k.level == ALIGNED]
+    for bad in ((), ("aligned", "loose")):
+        with pytest.raises(ValueError, match="levels"):
+            KernelSpec(**fields, levels=bad)
+    with pytest.raises(ValueError, match="kind"):
+        KernelSpec(**fields, kind="cuda")
 
 
 def test_tiny_signature():

@@ -196,6 +196,40 @@ def test_int_cache_review_bugs(fmt, scales, layout):
     assert_matches(got.float() / unit, case["v"].float().repeat_interleave(4, dim=1) / unit, torch.float16)
 
 
+def _kernels_run(case, kw, **extra):
+    """Names of the kernels a call launched (the dispatcher's selections made during the call)."""
+    from aotc.loader import dispatch
+
+    dispatch.reset()
+    got, ref = run(case, kw, **extra)
+    return {name for name, _axes, _dev in dispatch._selections}, got, ref
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon kernel (kernel_ws.py) is sm90's")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sm90_per_token_int_caches_run_the_gluon_kernel(fmt, dtype, monkeypatch):
+    # The op's routing: per-token int8/int4 at 128-wide tiles -> kernel_ws.py; the Triton kernel
+    # for the same call under AOTC_PREFIX_PREFILL_WS=0, for fp8 output, and for head dims that miss
+    # the ALIGNED specialization (72..120 not divisible by 16). Both within tolerance.
+    case, kw = make_case([0, 300, 1025, 4], [129, 1, 257, 384], q_heads=16, kv_heads=4, head_dim=128, block_size=48,
+                         dtype=dtype, kv_format=fmt, scales="token", device=DEV, seed=11)
+    names, got, ref = _kernels_run(case, kw, window=700)
+    assert names == {"prefix_prefill_ws"}
+    assert_matches(got, ref, dtype)
+    monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "0")
+    names, got_triton, _ = _kernels_run(case, kw, window=700)
+    assert names == {"prefix_prefill"}
+    assert_matches(got_triton, ref, dtype)
+    monkeypatch.delenv("AOTC_PREFIX_PREFILL_WS")
+    odd, okw = make_case([300, 64], [200, 77], q_heads=8, kv_heads=2, head_dim=120, block_size=32, dtype=dtype,
+                         kv_format=fmt, scales="token", device=DEV, seed=12)
+    names, got, ref = _kernels_run(odd, okw)
+    assert names == {"prefix_prefill"}
+    assert_matches(got, ref, dtype)
+
+
 @pytest.mark.parametrize("head_dim", [24, 40, 72, 112, 192])
 @pytest.mark.parametrize("layout,cache_dtype,x", [("vllm", None, None), ("vllm", torch.float8_e4m3fn, 8),
                                                   ("nhd", None, None)])
@@ -208,12 +242,14 @@ def test_padded_head_sizes_and_vllm_x(head_dim, layout, cache_dtype, x):
 
 
 def _built_prefix_prefill_variants():
+    """Built variant names of both prefix-prefill kernels (the Triton one and, on sm90, the Gluon one)."""
     from aotc.loader import artifacts
 
     tgt = artifacts.load_target(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
     if tgt is None:
         return []
-    return sorted({e.key.rsplit("@", 1)[0] for e in tgt.manifest.entries if e.kernel == "prefix_prefill"})
+    return sorted({e.key.rsplit("@", 1)[0] for e in tgt.manifest.entries
+                   if e.kernel in ("prefix_prefill", "prefix_prefill_ws")})
 
 
 def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
@@ -228,6 +264,9 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
 
     variants = _built_prefix_prefill_variants()
     assert variants, "no prefix_prefill artifacts: run aotc build --arch sm90 first"
+    ws_built = [v for v in variants if v.startswith("prefix_prefill_ws(")]
+    assert ws_built or torch.cuda.get_device_capability() != (9, 0), "sm90 artifacts without the Gluon kernel"
+    variants = [v for v in variants if v not in ws_built]
     if os.environ.get("AOTC_PP_PARITY") != "all":
         # Each JIT compile takes ~10-20 s: by default the variants new with issue 20/21 at one
         # dtype each (int8/int4 x token/channel at their smallest and at 128-wide tiles, and the
@@ -236,6 +275,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                             and ("block_d=128" in v or "block_d=32" in v or
                                                  ("block_d=64" in v and "kv=int4" in v)))
                     or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
+    variants += ws_built  # every Gluon variant (4)
     target = artifacts.load_target(torch.cuda.get_device_capability())
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
     torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -251,6 +291,9 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                  kv_format=axes["kv"] if quant else None, scales=axes["scales"],
                                  layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
             sinks = torch.randn(8, device=DEV)
+            kernel = spec.PREFIX_PREFILL_WS if key_text.startswith("prefix_prefill_ws(") else spec.PREFIX_PREFILL
+            # a Triton variant the op would route to the Gluon kernel here: the switch sends it back
+            monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "1" if kernel is spec.PREFIX_PREFILL_WS else "0")
             with warnings.catch_warnings():
                 warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
                 aot = prefix_prefill(**case, **kw, window=200, sinks=sinks)
@@ -262,7 +305,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
             torch.cuda.synchronize()
             assert torch.equal(aot, jit), key_text
             shas = {hashlib.sha256(k.asm["cubin"]).hexdigest()
-                    for cache in jit_function(spec.PREFIX_PREFILL).device_caches.values() for k in cache[0].values()}
+                    for cache in jit_function(kernel).device_caches.values() for k in cache[0].values()}
             assert target.entries[f"{key_text}@{ALIGNED}"].sha256 in shas, f"JIT cubin differs for {key_text}"
     finally:
         loader.set_artifacts(None)

@@ -1,0 +1,108 @@
+"""The warp-specialized Gluon kernel's variant table, the rule that routes calls to it, its
+agreement with the Triton kernel's parameters, and what its sm90 binary contains (compiled in a
+subprocess on this CPU). Its numerics run on the GPU only (Gluon has no interpreter):
+tests/gpu/test_prefix_prefill.py."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from aotc.aot.triton_compat import check_consistency, jit_function
+from aotc.kernels.prefix_prefill import spec
+from aotc.kernels.registry import get_spec
+from aotc.kernels.variants import ALIGNED
+from aotc.loader import targets
+from aotc.loader.ops import prefix_prefill as pp_op
+
+WS = spec.PREFIX_PREFILL_WS
+INT8_D128 = {"dtype": "bf16", "kv": "int8", "scales": "token", "block_d": 128, "layout": "nhd"}
+
+
+def test_variants_keys_and_targets():
+    assert get_spec("prefix_prefill_ws") is WS and WS.kind == "gluon"
+    assert list(WS.variants()) == [dict(INT8_D128, dtype=d, kv=kv) for d in spec.DTYPES for kv in spec.INT_FORMATS]
+    assert all(spec.PREFIX_PREFILL.launch_config(a, 90) is not None for a in WS.variants())  # same axes, both kernels
+    keys = WS.keys(targets.get("sm90").spec_arch())
+    assert len(keys) == 4 and {k.level for k in keys} == {ALIGNED}
+    for name in ("sm80", "gfx942", "gfx90a"):  # wgmma and setmaxnreg: sm90 only
+        assert WS.keys(targets.get(name).spec_arch()) == [], name
+    assert WS.launch_config(INT8_D128, 100) is None  # nor sm100's tensor cores
+    cfg = WS.launch_config(INT8_D128, 90)
+    assert (cfg.num_warps, cfg.maxnreg) == (4, 0)  # the default partition; the binary says 16 warps
+    assert WS.compile_constexprs(INT8_D128, 90) == {"BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "KV_FORMAT": 3}
+    # the op's grid depends on BLOCK_M: both kernels must agree on it
+    assert spec.PREFIX_PREFILL.compile_constexprs(INT8_D128, 90)["BLOCK_M"] == 128
+
+
+@pytest.mark.parametrize("change,served", [
+    ({}, True), ({"kv": "int4", "dtype": "fp16"}, True),
+    ({"scales": "channel"}, False), ({"scales": "group"}, False), ({"block_d": 64}, False),
+    ({"block_d": 256}, False), ({"kv": "same"}, False), ({"kv": "fp8_e4m3"}, False),
+])
+def test_routing_rule(change, served):
+    axes = dict(INT8_D128, **change)
+    assert spec.ws_serves(axes, (9, 0), out_fp8=False, aligned=True) is served
+    # never another GPU, fp8 output, or a call the ALIGNED binary cannot take
+    for cap, fp8, aligned in (((8, 0), False, True), ((10, 0), False, True), ((9, 0), True, True),
+                              ((9, 0), False, False)):
+        assert not spec.ws_serves(axes, cap, out_fp8=fp8, aligned=aligned)
+
+
+def test_cpu_calls_take_the_triton_kernel():
+    # The interpreter runs @triton.jit kernels only: CPU tensors never route to the Gluon kernel.
+    from tests.cpu.kernels.prefix_prefill.cases import make_case
+
+    case, kw = make_case([40], [20], q_heads=4, kv_heads=2, head_dim=128, kv_format="int8", scales="token", seed=0)
+    out = torch.empty_like(case["q"])
+    axes, _grid, args = pp_op.launch_plan(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"],
+                                          case["block_table"], case["query_start_loc"], case["seq_lens"], out,
+                                          kw.get("kv_layout", "nhd"), kw["kv_format"], kw["k_scale"], kw["v_scale"],
+                                          0.1, None, None, None, False)
+    assert spec.ws_variant(axes)
+    assert pp_op.kernel_for(axes, args) is spec.PREFIX_PREFILL
+
+
+def test_kernel_takes_the_triton_kernels_arguments():
+    from triton.runtime.jit import JITFunction
+
+    from aotc.kernels.prefix_prefill.kernel import prefix_prefill_kernel
+
+    fn = jit_function(WS)  # refuses a spec whose kind is not the function's
+    check_consistency(WS, fn)  # the build's own check: names, order, specialization switches
+    triton_fn = prefix_prefill_kernel if hasattr(prefix_prefill_kernel, "params") else \
+        JITFunction(prefix_prefill_kernel.fn, **prefix_prefill_kernel.kwargs)  # as built, not interpreted
+    flags = [(p.name, p.do_not_specialize, p.do_not_specialize_on_alignment) for p in fn.params if not p.is_constexpr]
+    assert flags == [(p.name, p.do_not_specialize, p.do_not_specialize_on_alignment)
+                     for p in triton_fn.params if not p.is_constexpr]
+
+
+_COMPILE = textwrap.dedent("""
+    import json, re, sys
+    from aotc.aot.triton_compat import compile_variant
+    from aotc.kernels.prefix_prefill import spec
+    c = compile_variant(spec.PREFIX_PREFILL_WS, spec.PREFIX_PREFILL_WS.keys(90)[int(sys.argv[1])], 90)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    print(json.dumps({"num_warps": c.metadata["num_warps"], "shared": c.metadata["shared"],
+                      "global_scratch": c.metadata["global_scratch_size"], "symbol": c.symbol,
+                      "e_machine": int.from_bytes(c.cubin[18:20], "little"), "sm": c.cubin[48] & 0xff}))
+""")
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_sm90_binary(index):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DISABLE_LINE_INFO"] = "1"
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(index)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    # two 4-warp consumers and an 8-warp producer: the launch needs 512 threads, as the manifest says
+    assert got["num_warps"] == 16, got
+    assert 190 * 1024 < got["shared"] <= 227 * 1024, got  # q twice + the 2-stage ring: one program an SM
+    assert got["global_scratch"] == 0 and got["symbol"] == "prefix_prefill_ws_kernel"
+    assert got["e_machine"] == 190 and got["sm"] == 90

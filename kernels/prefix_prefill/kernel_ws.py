@@ -1,4 +1,4 @@
-"""Paged prefix-prefill over int8/int4 caches with one scale a token and head, for sm90 (Gluon).
+"""Paged prefix-prefill over int8/int4 caches (scales per token, group or channel), for sm90 (Gluon).
 
 The same attention as kernel.py's prefix_prefill_kernel (same arguments, same grid: one program
 for BLOCK_M = 128 new tokens of one request and one query head), written in Gluon
@@ -6,18 +6,21 @@ for BLOCK_M = 128 new tokens of one request and one query head), written in Gluo
 tl.dot cannot express: a warp-specialized program of 16 warps.
 
   producer (8 warps, 72 registers): context tiles of 128 keys, K and V words loaded together,
-      converted in registers (decode's packed PTX: code * scale in fp16, channel order), stored in
-      a 2-stage ring of shared-memory tiles; then the request's new keys/values (query dtype),
-      copied with cp.async straight into the same ring. mbarriers full/empty a stage.
+      converted in registers (decode's packed PTX: code * scale in fp16, channel order; per group
+      a scale a run of 8 channels; per channel the codes, see below), stored in a 2-stage ring of
+      shared-memory tiles; then the request's new keys/values (query dtype), copied with cp.async
+      straight into the same ring. mbarriers full/empty a stage.
   two consumers (4 warps each, 184 registers): 64 query rows each, wgmma Q.K^T, online softmax
       (base 2, sinks, window, causal), wgmma P.V; the context against q in fp16 (each row scaled by
       a power of two so bf16 queries fit fp16), the new tokens against q in its own dtype.
+      Per-channel scales as kernel.py's: K's on q once, V's on the context's accumulator once
+      after the context (the online-softmax rescaling after it is linear).
 
 Shared memory: q twice (fp16 and the query dtype, 64 KiB) and the ring (2 stages of 128 x 128 K
 and V tiles, 128 KiB): one program an SM.
 
-Where it runs (the op decides, loader/ops/prefix_prefill.py): sm90, int8/int4 caches with
-per-token scales, head_dim 80..128 in 128-wide tiles, nhd or head-major caches, fp16/bf16 output,
+Where it runs (the op decides, loader/ops/prefix_prefill.py): sm90, int8/int4 caches with any
+of their scales, head_dim 80..128 in 128-wide tiles, nhd or head-major caches, fp16/bf16 output,
 and calls that meet the ALIGNED specialization (16-byte aligned q/k/v/caches/out, strides and
 head_dim divisible by 16): cp.async moves 16 bytes at a time, so there is no GENERIC binary.
 Everything else (and the CPU interpreter: Gluon has none) runs kernel.py.
@@ -26,8 +29,7 @@ page 32: int8 1.08 (kernel.py 1.33), int4 0.97 (1.40); no context: 1.12 (1.03), 
 32/8 heads 2048 + 512, page 16: int8 1.13 (1.52), int4 1.02 (1.60). BENCHMARKS.md has the op's.
 
 Arguments the Triton kernel takes and this one ignores (the op never routes those cases here):
-Out_scale / out_fp8, kv_xg (vLLM layout), the per-channel / per-group parts of scale_kind, the
-last-dim cache strides.
+Out_scale / out_fp8, kv_xg (vLLM layout), the last-dim cache strides.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -45,10 +47,11 @@ CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup: the launch's num_warps (the def
 
 
 @gluon.jit
-def _load_scale(S, off, mask, scale_kind):
-    if scale_kind == 0:
+def _load_scale(S, off, mask, kind):
+    """fp32 values of scales stored as fp32 (kind 0), fp16 (1) or bf16 (2); 0 where masked."""
+    if kind == 0:
         s = gl.load(S.to(gl.pointer_type(gl.float32), bitcast=True) + off, mask=mask, other=0.0)
-    elif scale_kind == 1:
+    elif kind == 1:
         s = gl.load(S.to(gl.pointer_type(gl.float16), bitcast=True) + off, mask=mask, other=0.0).to(gl.float32)
     else:
         s = gl.load(S.to(gl.pointer_type(gl.bfloat16), bitcast=True) + off, mask=mask, other=0.0).to(gl.float32)
@@ -57,36 +60,66 @@ def _load_scale(S, off, mask, scale_kind):
 
 @gluon.jit
 def _ctx_load(Cw, CS, start, key_lo, ctx_len, bt_row, block_size, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh,
-              scale_kind, n_words, BLOCK_N: gl.constexpr, WORDS: gl.constexpr):
-    """int16 words and fp16 scales of a context tile's keys [start, start + BLOCK_N); keys outside
-    [key_lo, ctx_len) and words past the head are 0 (never read)."""
+              kind, quant_shift, n_words, BLOCK_N: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
+              SCALES: gl.constexpr):
+    """int16 words of a context tile's keys [start, start + BLOCK_N) and the fp16 scale of each
+    word (per token; per group: a scale a run of 8 channels, the smallest group; per channel: 1,
+    the scales are applied on q and on the output). Keys outside [key_lo, ctx_len) and words past
+    the head are 0 (never read). Per group the tile is [BLOCK_N, runs, words a run]."""
+    CPW: gl.constexpr = 2 if KV_FORMAT == 3 else 4  # channels a word
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // WORDS, WORDS // 8],
                                         warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0])
-    n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
-    n_valid = (n >= key_lo) & (n < ctx_len)
-    blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
-    slot = (n % block_size).to(gl.int64)
-    row = blk * s_b + slot * s_t + kv_head * s_h
-    w = gl.arange(0, WORDS, layout=gl.SliceLayout(0, ld))
-    x = gl.load(Cw + gl.expand_dims(row, 1) + gl.expand_dims(w, 0),
-                mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(w < n_words, 0), other=0)
-    sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, scale_kind).to(gl.float16)
-    return x, sc
+    if SCALES == 3:
+        RUN: gl.constexpr = 8 // CPW  # words a run of 8 channels
+        l3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8 // RUN, RUN],
+                                            threads_per_warp=[32 * 8 // WORDS, WORDS // 8, 1],
+                                            warps_per_cta=[PRODUCER_WARPS, 1, 1], order=[2, 1, 0])
+        l2: gl.constexpr = gl.SliceLayout(2, l3)
+        n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, l2))
+        n_valid = (n >= key_lo) & (n < ctx_len)
+        blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
+        slot = (n % block_size).to(gl.int64)
+        r = gl.arange(0, WORDS // RUN, layout=gl.SliceLayout(0, l2))
+        j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))
+        w = gl.expand_dims(gl.expand_dims(r * RUN, 0), 2) + gl.expand_dims(gl.expand_dims(j, 0), 1)
+        row = gl.expand_dims(gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1), 2)
+        x = gl.load(Cw + row + w, mask=gl.expand_dims(gl.expand_dims(n_valid, 1), 2) & (w < n_words), other=0)
+        srow = gl.expand_dims(blk * s_sb + slot * s_st + kv_head * s_sh, 1)
+        smask = gl.expand_dims(n_valid, 1) & gl.expand_dims(r * RUN < n_words, 0)
+        sc = _load_scale(CS, srow + gl.expand_dims((r * 8) >> quant_shift, 0), smask, kind).to(gl.float16)
+        s2 = gl.broadcast(gl.expand_dims(sc, 2), x)[0]
+    else:
+        n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+        n_valid = (n >= key_lo) & (n < ctx_len)
+        blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
+        slot = (n % block_size).to(gl.int64)
+        row = blk * s_b + slot * s_t + kv_head * s_h
+        w = gl.arange(0, WORDS, layout=gl.SliceLayout(0, ld))
+        x = gl.load(Cw + gl.expand_dims(row, 1) + gl.expand_dims(w, 0),
+                    mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(w < n_words, 0), other=0)
+        if SCALES == 1:
+            sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
+            s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
+        else:
+            s2 = gl.full([BLOCK_N, WORDS], 1.0, gl.float16, layout=ld)
+    return x, s2
 
 
 @gluon.jit
-def _ctx_store(x, sc, buf, st, BLOCK_N: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr):
-    """code * scale in fp16, in channel order, into buf[st]."""
-    s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
+def _ctx_store(x, s2, buf, st, CS, col0, kind, head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+               KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
+    """code * scale in fp16 (x and s2 from _ctx_load), in channel order, into buf[st]; per
+    channel, the codes times the head's channel scales at CS + col0 (one fp16 rounding, as per token)."""
     if KV_FORMAT == 3:  # int8: word w = channels 2w (low byte) and 2w + 1
         a, b = gl.inline_asm_elementwise(I8X2_DEQUANT_PTX, "=r,=r,r,r", [x, s2], dtype=(gl.float16, gl.float16),
                                          is_pure=True, pack=2)
-        buf.index(st).store(gl.reshape(gl.join(a, b), [BLOCK_N, 2 * WORDS]))
+        y = gl.reshape(gl.join(a, b), [BLOCK_N, BLOCK_D])
     else:  # int4: word w = channels 4w + i in nibble i -> a, b, c, d; [w, j, s] = channel 4w + 2j + s
         a, b, c, d = gl.inline_asm_elementwise(I4X4_DEQUANT_PTX, "=r,=r,=r,=r,r,r", [x, s2],
                                                dtype=(gl.float16, gl.float16, gl.float16, gl.float16),
                                                is_pure=True, pack=2)
-        buf.index(st).store(gl.reshape(gl.join(gl.join(a, c), gl.join(b, d)), [BLOCK_N, 4 * WORDS]))
+        y = gl.reshape(gl.join(gl.join(a, c), gl.join(b, d)), [BLOCK_N, BLOCK_D])
+    buf.index(st).store(y)
 
 
 @gluon.jit
@@ -108,23 +141,24 @@ def _new_tile(X, bufd, bar, st, start, new_lo, new_hi, q_start, kv_head, s_t, s_
 
 @gluon.jit
 def _producer(K, V, Kw, Vw, KS, VS, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head,
-              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, scale_kind, n_words, key_lo, ctx_len, first_ctx,
-              n_ctx, new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh, head_dim,
-              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr):
+              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len,
+              first_ctx, n_ctx, new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh,
+              head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
+              SCALES: gl.constexpr):
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1
         # both tiles' loads in flight before either is converted
         xk, sk = _ctx_load(Kw, KS, first_ctx + t * BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, s_kb,
-                           s_kt, s_kh, s_sb, s_st, s_sh, scale_kind, n_words, BLOCK_N, WORDS)
+                           s_kt, s_kh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES)
         xv, sv = _ctx_load(Vw, VS, first_ctx + t * BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, s_vb,
-                           s_vt, s_vh, s_sb, s_st, s_sh, scale_kind, n_words, BLOCK_N, WORDS)
+                           s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _ctx_store(xk, sk, kb, st, BLOCK_N, WORDS, KV_FORMAT)
+        _ctx_store(xk, sk, kb, st, KS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(kfull.index(st))
         mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _ctx_store(xv, sv, vb, st, BLOCK_N, WORDS, KV_FORMAT)
+        _ctx_store(xv, sv, vb, st, VS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
     for t in range(n_ctx, n_ctx + n_new):
@@ -148,23 +182,33 @@ def _qk(q, kbuf, st, s_zero, ROW0: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _pv(p, vbuf, st, o):
-    o = warpgroup_mma(p, vbuf.index(st), o, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, PDTYPE: gl.constexpr, mma_o: gl.constexpr):
+    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st."""
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
+    mbarrier.wait(vfull.index(st), ph)
+    fence_async_shared()  # a new-token tile came by cp.async (generic proxy); wgmma reads it (async proxy)
+    o = warpgroup_mma(gl.convert_layout(p.to(PDTYPE), p_l), vbuf.index(st), o, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    mbarrier.arrive(vempty.index(st))
+    return m_new, l_i, o
 
 
 @gluon.jit
-def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, qk_scale,
-              qblk, q_len, q_start, active, ctx_len, key_lo, inner_lo, inner_hi, first_ctx, n_ctx, new_lo,
-              first_new, new_inner_lo, n_new, win, stride_ot, stride_oh, head_dim, ROW0: gl.constexpr,
-              HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, qk_scale,
+              qblk, q_len, q_start, active, ctx_len, key_lo, inner_lo, inner_hi, first_ctx, n_ctx, new_lo, first_new,
+              new_inner_lo, n_new, win, stride_ot, stride_oh, head_dim, ROW0: gl.constexpr, HALF: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
     """Rows [ROW0, ROW0 + HALF) of the q block: context tiles, then new-token tiles, then the store."""
-    DTYPE = qr.dtype
+    DTYPE: gl.constexpr = qr.dtype
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                     instr_shape=[16, BLOCK_D, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
     col_l: gl.constexpr = gl.SliceLayout(0, mma_s)
     rsc = rs.slice(ROW0, HALF).load(row_l)  # the context's logit scale a row (its q scaling undone)
@@ -175,46 +219,39 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, kb, vb, kbd, vbd, kfull, 
     l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
     o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
-    for t in range(n_ctx + n_new):
+    for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1
-        is_ctx = t < n_ctx
         mbarrier.wait(kfull.index(st), ph)
-        if is_ctx:
-            s = _qk(qc, kb, st, s_zero, ROW0, HALF)
-            start = first_ctx + t * BLOCK_N
-            nc = start + gl.arange(0, BLOCK_N, layout=col_l)
-            s = s * gl.expand_dims(rsc, 1)
-            # tiles wholly inside the context and every row's window need no mask
-            if (start < inner_lo) | (start + BLOCK_N > inner_hi):
-                okc = (gl.expand_dims((nc >= key_lo) & (nc < ctx_len), 0)
-                       & (gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0) < win))
-                s = gl.where(okc, s, float("-inf"))
-        else:
-            fence_async_shared()  # cp.async wrote the tile (generic proxy); wgmma reads it (async proxy)
-            s = _qk(qr, kbd, st, s_zero, ROW0, HALF)
-            nstart = first_new + (t - n_ctx) * BLOCK_N
-            n = nstart + gl.arange(0, BLOCK_N, layout=col_l)
-            s = s * qk_scale
-            # tiles below the diagonal and inside every row's window need no mask
-            if (nstart + BLOCK_N > qblk * BLOCK_M) | (nstart < new_inner_lo):
-                ok = (gl.expand_dims(n >= new_lo, 0) & (gl.expand_dims(n, 0) <= gl.expand_dims(offs_m, 1))
-                      & (gl.expand_dims(offs_m, 1) - gl.expand_dims(n, 0) < win))
-                s = gl.where(ok, s, float("-inf"))
+        s = _qk(qc, kb, st, s_zero, ROW0, HALF)
         mbarrier.arrive(kempty.index(st))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
-        mbarrier.wait(vfull.index(st), ph)
-        if is_ctx:
-            o = _pv(gl.convert_layout(p.to(gl.float16), p_l), vb, st, o)
-        else:
-            fence_async_shared()
-            o = _pv(gl.convert_layout(p.to(DTYPE), p_l), vbd, st, o)
-        mbarrier.arrive(vempty.index(st))
+        start = first_ctx + t * BLOCK_N
+        nc = start + gl.arange(0, BLOCK_N, layout=col_l)
+        s = s * gl.expand_dims(rsc, 1)
+        # tiles wholly inside the context and every row's window need no mask
+        if (start < inner_lo) | (start + BLOCK_N > inner_hi):
+            okc = (gl.expand_dims((nc >= key_lo) & (nc < ctx_len), 0)
+                   & (gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0) < win))
+            s = gl.where(okc, s, float("-inf"))
+        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, gl.float16, mma_o)
+    if SCALES == 2:  # per channel: the context's values were codes (later softmax rescaling is linear)
+        o = o * gl.expand_dims(vs.load(gl.SliceLayout(0, mma_o)), 0)
+    for t in range(n_ctx, n_ctx + n_new):
+        st = t % STAGES
+        ph = (t // STAGES) & 1
+        mbarrier.wait(kfull.index(st), ph)
+        fence_async_shared()
+        s = _qk(qr, kbd, st, s_zero, ROW0, HALF)
+        mbarrier.arrive(kempty.index(st))
+        nstart = first_new + (t - n_ctx) * BLOCK_N
+        n = nstart + gl.arange(0, BLOCK_N, layout=col_l)
+        s = s * qk_scale
+        # tiles below the diagonal and inside every row's window need no mask
+        if (nstart + BLOCK_N > qblk * BLOCK_M) | (nstart < new_inner_lo):
+            ok = (gl.expand_dims(n >= new_lo, 0) & (gl.expand_dims(n, 0) <= gl.expand_dims(offs_m, 1))
+                  & (gl.expand_dims(offs_m, 1) - gl.expand_dims(n, 0) < win))
+            s = gl.where(ok, s, float("-inf"))
+        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vbd, vfull, vempty, st, ph, DTYPE, mma_o)
     # a row with nothing to attend (window, or no keys at all) keeps l == 0: written as 0
     inv = gl.expand_dims(gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
     rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))
@@ -241,6 +278,7 @@ def prefix_prefill_ws_kernel(
     head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
     BLOCK_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FORMAT: gl.constexpr,
+    SCALES: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 2 * 64, "two consumer warpgroups of 64 rows")
     WORDS: gl.constexpr = BLOCK_D // 2 if KV_FORMAT == 3 else BLOCK_D // 4  # int16 words a cache row
@@ -292,7 +330,11 @@ def prefix_prefill_ws_kernel(
     dq = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ldq))
     q = gl.load(Q + gl.expand_dims(q_row, 1) + gl.expand_dims(dq, 0),
                 mask=gl.expand_dims(m_valid, 1) & gl.expand_dims(dq < head_dim, 0), other=0.0)
+    kind = scale_kind & 3  # the scales' dtype; per group, log2(group) above it
+    quant_shift = scale_kind >> 2
     qf = q.to(gl.float32)
+    if SCALES == 2:  # per channel: K's scales go on q (the context tiles hold the codes)
+        qf = qf * gl.expand_dims(_load_scale(K_scale, kv_head * stride_ksh + dq, dq < head_dim, kind), 0)
     amax = gl.max(gl.abs(qf), 1)
     unit = gl.where(amax > 0.0, gl.exp2(gl.floor(gl.log2(gl.maximum(amax, 1e-30))) - 14.0), 1.0)
     qh = (qf / gl.expand_dims(unit, 1)).to(gl.float16)
@@ -304,6 +346,10 @@ def prefix_prefill_ws_kernel(
     qc = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_D], q_sl, qh)
     qr = gl.allocate_shared_memory(DTYPE, [BLOCK_M, BLOCK_D], qd_sl, q)
     rs = gl.allocate_shared_memory(gl.float32, [BLOCK_M], r_sl, unit * qk_scale)
+    # per channel: V's scales, applied to the context's accumulator (the tiles hold the codes)
+    vs = gl.allocate_shared_memory(gl.float32, [BLOCK_D], r_sl,
+                                   _load_scale(V_scale, kv_head * stride_ksh + dq, (dq < head_dim) & (SCALES == 2),
+                                               kind))
     # the ring: fp16 context tiles, or the same bytes as query-dtype new-token tiles
     kb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
     vb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
@@ -325,17 +371,17 @@ def prefix_prefill_ws_kernel(
     bt_row = Block_table + req.to(gl.int64) * stride_bt
     n_words = head_dim // 2 if KV_FORMAT == 3 else head_dim // 4
     gl.warp_specialize([
-        (_consumer, (Out, Sinks, has_sinks, head, qc, qr, rs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty,
+        (_consumer, (Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty,
                      qk_scale, qblk, q_len, q_start, active, ctx_len, key_lo, inner_lo, inner_hi, first_ctx, n_ctx,
                      new_lo, first_new, new_inner_lo, n_new, win, stride_ot, stride_oh, head_dim, 0, HALF, BLOCK_M,
-                     BLOCK_N, BLOCK_D)),
-        (_consumer, (Out, Sinks, has_sinks, head, qc, qr, rs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty,
+                     BLOCK_N, BLOCK_D, SCALES)),
+        (_consumer, (Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty,
                      qk_scale, qblk, q_len, q_start, active, ctx_len, key_lo, inner_lo, inner_hi, first_ctx, n_ctx,
                      new_lo, first_new, new_inner_lo, n_new, win, stride_ot, stride_oh, head_dim, HALF, HALF,
-                     BLOCK_M, BLOCK_N, BLOCK_D)),
+                     BLOCK_M, BLOCK_N, BLOCK_D, SCALES)),
         (_producer, (K, V, Kw, Vw, K_scale, V_scale, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, bt_row,
                      block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
-                     stride_ksb, stride_kst, stride_ksh, scale_kind, n_words, key_lo, ctx_len, first_ctx, n_ctx,
-                     new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh, head_dim,
-                     BLOCK_N, BLOCK_D, WORDS, KV_FORMAT)),
+                     stride_ksb, stride_kst, stride_ksh, kind, quant_shift, n_words, key_lo, ctx_len, first_ctx,
+                     n_ctx, new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh,
+                     head_dim, BLOCK_N, BLOCK_D, WORDS, KV_FORMAT, SCALES)),
     ], [CONSUMER_WARPS, PRODUCER_WARPS], [184, 72])

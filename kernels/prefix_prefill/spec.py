@@ -25,9 +25,10 @@ builds side by side on that machine): 180 keys in 683 s (565 CPU-s) against 152 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
 
 PREFIX_PREFILL_WS, the warp-specialized Gluon kernel (kernel_ws.py), serves on sm90 what it was
-written for: int8/int4 with per-token scales at block_d 128, fp16/bf16, nhd (head-major caches
-too): 2 dtypes x 2 formats = 4 variants, ALIGNED only (8 keys with PREFIX_PREFILL's 180: 188 on
-sm90; sm80 and AMD unchanged). The op routes a call there when `ws_serves` says so.
+written for: int8/int4 (scales per token, channel or group) at block_d 128, fp16/bf16, nhd
+(head-major caches too): 2 dtypes x 2 formats x 3 scales = 12 variants, ALIGNED only (12 keys
+beside PREFIX_PREFILL's 180: 192 on sm90; sm80 and AMD unchanged). The op routes a call there
+when `ws_serves` says so.
 """
 from __future__ import annotations
 
@@ -175,14 +176,13 @@ PREFIX_PREFILL = KernelSpec(
 
 
 def ws_variant(axes) -> bool:
-    """The axes kernel_ws.py implements: int8/int4, one scale a token and head, 128-wide tiles
-    (head dims 72..128), nhd-family caches."""
-    return (axes["kv"] in INT_FORMATS and axes["scales"] == "token" and int(axes["block_d"]) == 128
-            and axes["layout"] == "nhd")
+    """The axes kernel_ws.py implements: int8/int4 with any of their scales (per token, group or
+    channel), 128-wide tiles (head dims 72..128), nhd-family caches."""
+    return axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
 
 
 def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -> bool:
-    """Whether a call runs kernel_ws.py: its variant on an sm90 GPU (capability 9.0: wgmma and
+    """Whether a call runs kernel_ws.py: one of its variants on an sm90 GPU (capability 9.0: wgmma and
     setmaxnreg; not sm100's tensor cores), bf16/fp16 output, and arguments that meet the ALIGNED
     specialization (its only binary: cp.async copies 16 bytes). Everything else runs kernel.py."""
     return ws_variant(axes) and tuple(capability) == (9, 0) and not out_fp8 and aligned
@@ -191,13 +191,14 @@ def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -
 def ws_constexprs(axes) -> dict:
     bd = int(axes["block_d"])
     return {"BLOCK_D": bd, "BLOCK_M": tile(bd, axes["kv"])[0], "BLOCK_N": 128,
-            "KV_FORMAT": KV_FORMATS.index(axes["kv"])}
+            "KV_FORMAT": KV_FORMATS.index(axes["kv"]), "SCALES": SCALES.index(axes["scales"])}
 
 
 def ws_variants():
     for dtype in DTYPES:
         for kv in INT_FORMATS:
-            yield {"dtype": dtype, "kv": kv, "scales": "token", "block_d": 128, "layout": "nhd"}
+            for scales in ("token", "channel", "group"):
+                yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": 128, "layout": "nhd"}
 
 
 def ws_launch(axes, arch) -> LaunchConfig | None:
@@ -213,7 +214,7 @@ PREFIX_PREFILL_WS = KernelSpec(
     module="aotc.kernels.prefix_prefill.kernel_ws",
     function="prefix_prefill_ws_kernel",
     args=ARGS,
-    constexpr_names=("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_FORMAT"),
+    constexpr_names=("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_FORMAT", "SCALES"),
     constexprs=ws_constexprs,
     variants=ws_variants,
     launch=ws_launch,

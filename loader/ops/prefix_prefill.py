@@ -323,8 +323,8 @@ _ALIGNED_ARGS = tuple((i, a.kind == "ptr") for i, a in enumerate(_spec.ARGS) if 
 
 def kernel_for(axes, args):
     """The kernel spec a launch of launch_plan's (axes, args) runs: the warp-specialized Gluon
-    kernel where spec.ws_serves says so (sm90 int8/int4 per token at 128-wide tiles, ALIGNED
-    arguments), else the Triton kernel."""
+    kernel where spec.ws_serves says so (sm90, int8/int4 at 128-wide tiles, ALIGNED arguments),
+    else the Triton kernel."""
     q = args[0]
     if not (q.is_cuda and _spec.ws_variant(axes)) or os.environ.get(ENV_WS, "1") == "0":
         return _spec.PREFIX_PREFILL
@@ -393,9 +393,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             Dequantization happens on the tiles inside the attention loop: nothing is allocated.
             With per-token and per-group scales the values are code * scale rounded to fp16 (as
             decode): scales below fp16's normals (~6.1e-5) lose precision gradually, and values
-            past 65504 overflow. On sm90 (H100/H200), per-token scales with D 80..128 (multiples
-            of 16, 16-byte aligned tensors) run a warp-specialized kernel (kernel_ws.py) that
-            overlaps the dequantization with the tensor cores; AOTC_PREFIX_PREFILL_WS=0 turns it off.
+            past 65504 overflow. On sm90 (H100/H200), D 80..128 (multiples of 16, 16-byte
+            aligned tensors) runs a warp-specialized kernel (kernel_ws.py) that overlaps the
+            dequantization with the tensor cores; AOTC_PREFIX_PREFILL_WS=0 turns it off.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position

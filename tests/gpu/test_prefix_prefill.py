@@ -209,12 +209,14 @@ def _kernels_run(case, kw, **extra):
                     reason="the Gluon kernel (kernel_ws.py) is sm90's")
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_sm90_per_token_int_caches_run_the_gluon_kernel(fmt, dtype, monkeypatch):
-    # The op's routing: per-token int8/int4 at 128-wide tiles -> kernel_ws.py; the Triton kernel
-    # for the same call under AOTC_PREFIX_PREFILL_WS=0, for fp8 output, and for head dims that miss
-    # the ALIGNED specialization (72..120 not divisible by 16). Both within tolerance.
+@pytest.mark.parametrize("scales,layout,group", [("token", "nhd", 16), ("channel", "hnd", 16), ("group", "nhd", 8),
+                                                 ("group", "hnd", 64)])
+def test_sm90_int_caches_run_the_gluon_kernel(fmt, dtype, scales, layout, group, monkeypatch):
+    # The op's routing: int8/int4 at 128-wide tiles -> kernel_ws.py; the Triton kernel for the
+    # same call under AOTC_PREFIX_PREFILL_WS=0, and for head dims that miss the ALIGNED
+    # specialization (72..120 not divisible by 16). Both within tolerance of the reference.
     case, kw = make_case([0, 300, 1025, 4], [129, 1, 257, 384], q_heads=16, kv_heads=4, head_dim=128, block_size=48,
-                         dtype=dtype, kv_format=fmt, scales="token", device=DEV, seed=11)
+                         dtype=dtype, kv_format=fmt, scales=scales, layout=layout, group=group, device=DEV, seed=11)
     names, got, ref = _kernels_run(case, kw, window=700)
     assert names == {"prefix_prefill_ws"}
     assert_matches(got, ref, dtype)
@@ -224,7 +226,7 @@ def test_sm90_per_token_int_caches_run_the_gluon_kernel(fmt, dtype, monkeypatch)
     assert_matches(got_triton, ref, dtype)
     monkeypatch.delenv("AOTC_PREFIX_PREFILL_WS")
     odd, okw = make_case([300, 64], [200, 77], q_heads=8, kv_heads=2, head_dim=120, block_size=32, dtype=dtype,
-                         kv_format=fmt, scales="token", device=DEV, seed=12)
+                         kv_format=fmt, scales=scales, layout=layout, group=8, device=DEV, seed=12)
     names, got, ref = _kernels_run(odd, okw)
     assert names == {"prefix_prefill"}
     assert_matches(got, ref, dtype)
@@ -275,7 +277,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                             and ("block_d=128" in v or "block_d=32" in v or
                                                  ("block_d=64" in v and "kv=int4" in v)))
                     or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
-    variants += ws_built  # every Gluon variant (4)
+    variants += ws_built  # every Gluon variant (12)
     target = artifacts.load_target(torch.cuda.get_device_capability())
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
     torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}

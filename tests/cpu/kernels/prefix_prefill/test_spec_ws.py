@@ -24,23 +24,26 @@ INT8_D128 = {"dtype": "bf16", "kv": "int8", "scales": "token", "block_d": 128, "
 
 def test_variants_keys_and_targets():
     assert get_spec("prefix_prefill_ws") is WS and WS.kind == "gluon"
-    assert list(WS.variants()) == [dict(INT8_D128, dtype=d, kv=kv) for d in spec.DTYPES for kv in spec.INT_FORMATS]
+    assert list(WS.variants()) == [dict(INT8_D128, dtype=d, kv=kv, scales=sc) for d in spec.DTYPES
+                                   for kv in spec.INT_FORMATS for sc in ("token", "channel", "group")]
     assert all(spec.PREFIX_PREFILL.launch_config(a, 90) is not None for a in WS.variants())  # same axes, both kernels
     keys = WS.keys(targets.get("sm90").spec_arch())
-    assert len(keys) == 4 and {k.level for k in keys} == {ALIGNED}
+    assert len(keys) == 12 and {k.level for k in keys} == {ALIGNED}
     for name in ("sm80", "gfx942", "gfx90a"):  # wgmma and setmaxnreg: sm90 only
         assert WS.keys(targets.get(name).spec_arch()) == [], name
     assert WS.launch_config(INT8_D128, 100) is None  # nor sm100's tensor cores
     cfg = WS.launch_config(INT8_D128, 90)
     assert (cfg.num_warps, cfg.maxnreg) == (4, 0)  # the default partition; the binary says 16 warps
-    assert WS.compile_constexprs(INT8_D128, 90) == {"BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "KV_FORMAT": 3}
+    assert WS.compile_constexprs(INT8_D128, 90) == {"BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "KV_FORMAT": 3,
+                                                    "SCALES": 1}
+    assert WS.compile_constexprs(dict(INT8_D128, kv="int4", scales="group"), 90)["SCALES"] == 3
     # the op's grid depends on BLOCK_M: both kernels must agree on it
     assert spec.PREFIX_PREFILL.compile_constexprs(INT8_D128, 90)["BLOCK_M"] == 128
 
 
 @pytest.mark.parametrize("change,served", [
-    ({}, True), ({"kv": "int4", "dtype": "fp16"}, True),
-    ({"scales": "channel"}, False), ({"scales": "group"}, False), ({"block_d": 64}, False),
+    ({}, True), ({"kv": "int4", "dtype": "fp16"}, True), ({"scales": "channel"}, True), ({"scales": "group"}, True),
+    ({"block_d": 64}, False),
     ({"block_d": 256}, False), ({"kv": "same"}, False), ({"kv": "fp8_e4m3"}, False),
 ])
 def test_routing_rule(change, served):
@@ -93,7 +96,7 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("index", [0, 3])
+@pytest.mark.parametrize("index", [0, 4, 11])
 def test_sm90_binary(index):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DISABLE_LINE_INFO"] = "1"

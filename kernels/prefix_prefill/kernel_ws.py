@@ -61,47 +61,40 @@ def _load_scale(S, off, mask, kind):
 @gluon.jit
 def _ctx_load(Cw, CS, start, key_lo, ctx_len, bt_row, block_size, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh,
               kind, quant_shift, n_words, BLOCK_N: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
-              SCALES: gl.constexpr):
+              SCALES: gl.constexpr, RUN: gl.constexpr):
     """int16 words of a context tile's keys [start, start + BLOCK_N) and the fp16 scale of each
-    word (per token; per group: a scale a run of 8 channels, the smallest group; per channel: 1,
-    the scales are applied on q and on the output). Keys outside [key_lo, ctx_len) and words past
-    the head are 0 (never read). Per group the tile is [BLOCK_N, runs, words a run]."""
+    word: per token; per group one a run of RUN words (the caller picks RUN so that a group holds
+    whole runs); per channel 1 (the codes: the scales go on q and on the output). Keys outside
+    [key_lo, ctx_len) and words past the head are 0 (never read). Per group both come as
+    [BLOCK_N, runs, RUN]."""
     CPW: gl.constexpr = 2 if KV_FORMAT == 3 else 4  # channels a word
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // WORDS, WORDS // 8],
                                         warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0])
+    n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+    n_valid = (n >= key_lo) & (n < ctx_len)
+    blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
+    slot = (n % block_size).to(gl.int64)
+    w = gl.arange(0, WORDS, layout=gl.SliceLayout(0, ld))
+    x = gl.load(Cw + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(w, 0),
+                mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(w < n_words, 0), other=0)  # 16-byte loads
+    srow = blk * s_sb + slot * s_st + kv_head * s_sh
     if SCALES == 3:
-        RUN: gl.constexpr = 8 // CPW  # words a run of 8 channels
         l3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8 // RUN, RUN],
                                             threads_per_warp=[32 * 8 // WORDS, WORDS // 8, 1],
                                             warps_per_cta=[PRODUCER_WARPS, 1, 1], order=[2, 1, 0])
         l2: gl.constexpr = gl.SliceLayout(2, l3)
-        n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, l2))
-        n_valid = (n >= key_lo) & (n < ctx_len)
-        blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
-        slot = (n % block_size).to(gl.int64)
+        x = gl.convert_layout(gl.reshape(x, [BLOCK_N, WORDS // RUN, RUN]), l3)  # the same registers, as runs
         r = gl.arange(0, WORDS // RUN, layout=gl.SliceLayout(0, l2))
-        j = gl.arange(0, RUN, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))
-        w = gl.expand_dims(gl.expand_dims(r * RUN, 0), 2) + gl.expand_dims(gl.expand_dims(j, 0), 1)
-        row = gl.expand_dims(gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1), 2)
-        x = gl.load(Cw + row + w, mask=gl.expand_dims(gl.expand_dims(n_valid, 1), 2) & (w < n_words), other=0)
-        srow = gl.expand_dims(blk * s_sb + slot * s_st + kv_head * s_sh, 1)
-        smask = gl.expand_dims(n_valid, 1) & gl.expand_dims(r * RUN < n_words, 0)
-        sc = _load_scale(CS, srow + gl.expand_dims((r * 8) >> quant_shift, 0), smask, kind).to(gl.float16)
+        srow = gl.convert_layout(srow, gl.SliceLayout(1, l2))
+        smask = gl.expand_dims(gl.convert_layout(n_valid, gl.SliceLayout(1, l2)), 1) & gl.expand_dims(r * RUN < n_words, 0)
+        sc = _load_scale(CS, gl.expand_dims(srow, 1) + gl.expand_dims((r * (RUN * CPW)) >> quant_shift, 0), smask,
+                         kind).to(gl.float16)
         s2 = gl.broadcast(gl.expand_dims(sc, 2), x)[0]
+    elif SCALES == 1:
+        sc = _load_scale(CS, srow, n_valid, kind).to(gl.float16)
+        s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
     else:
-        n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
-        n_valid = (n >= key_lo) & (n < ctx_len)
-        blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
-        slot = (n % block_size).to(gl.int64)
-        row = blk * s_b + slot * s_t + kv_head * s_h
-        w = gl.arange(0, WORDS, layout=gl.SliceLayout(0, ld))
-        x = gl.load(Cw + gl.expand_dims(row, 1) + gl.expand_dims(w, 0),
-                    mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(w < n_words, 0), other=0)
-        if SCALES == 1:
-            sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
-            s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
-        else:
-            s2 = gl.full([BLOCK_N, WORDS], 1.0, gl.float16, layout=ld)
+        s2 = gl.full([BLOCK_N, WORDS], 1.0, gl.float16, layout=ld)
     return x, s2
 
 
@@ -140,19 +133,21 @@ def _new_tile(X, bufd, bar, st, start, new_lo, new_hi, q_start, kv_head, s_t, s_
 
 
 @gluon.jit
-def _producer(K, V, Kw, Vw, KS, VS, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head,
-              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len,
-              first_ctx, n_ctx, new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh,
-              head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
-              SCALES: gl.constexpr):
+def _ctx_tiles(Kw, Vw, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt, s_kh,
+               s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len, first_ctx, n_ctx,
+               head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
+               SCALES: gl.constexpr, RUN: gl.constexpr):
+    """The producer's context tiles: ring stages 0 .. n_ctx - 1."""
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1
         # both tiles' loads in flight before either is converted
         xk, sk = _ctx_load(Kw, KS, first_ctx + t * BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, s_kb,
-                           s_kt, s_kh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES)
+                           s_kt, s_kh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES,
+                           RUN)
         xv, sv = _ctx_load(Vw, VS, first_ctx + t * BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, s_vb,
-                           s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES)
+                           s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES,
+                           RUN)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _ctx_store(xk, sk, kb, st, KS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
@@ -161,6 +156,25 @@ def _producer(K, V, Kw, Vw, KS, VS, kb, vb, kbd, vbd, kfull, kempty, vfull, vemp
         _ctx_store(xv, sv, vb, st, VS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
+
+
+@gluon.jit
+def _producer(K, V, Kw, Vw, KS, VS, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head,
+              s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len,
+              first_ctx, n_ctx, new_lo, new_hi, first_new, n_new, q_start, stride_kt, stride_kh, stride_vt, stride_vh,
+              head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WORDS: gl.constexpr, KV_FORMAT: gl.constexpr,
+              SCALES: gl.constexpr):
+    CPW: gl.constexpr = 2 if KV_FORMAT == 3 else 4  # channels a word
+    # Per group: a scale for a thread's 8 words when the group covers them (int8 groups of 16+
+    # channels, int4 of 32+), else one a run of 8 channels (the smallest group); a runtime choice.
+    if SCALES == 3 and quant_shift < (3 + CPW // 2):
+        _ctx_tiles(Kw, Vw, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt,
+                   s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len, first_ctx,
+                   n_ctx, head_dim, BLOCK_N, BLOCK_D, WORDS, KV_FORMAT, SCALES, 8 // CPW)
+    else:
+        _ctx_tiles(Kw, Vw, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt,
+                   s_kh, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, key_lo, ctx_len, first_ctx,
+                   n_ctx, head_dim, BLOCK_N, BLOCK_D, WORDS, KV_FORMAT, SCALES, 8)
     for t in range(n_ctx, n_ctx + n_new):
         st = t % STAGES
         ph = (t // STAGES) & 1

@@ -47,6 +47,8 @@ SHAPES = [
     ("b8 ctx2048+512 page16 vllm-layout", 8, 2048, 512, 16, None, None, "vllm", 32, 8),
     ("b8 ctx2048+512 page16 int8", 8, 2048, 512, 16, None, "int8", "nhd", 32, 8),
     ("b8 ctx2048+512 page16 int4", 8, 2048, 512, 16, None, "int4", "nhd", 32, 8),
+    ("b1 ctx16384+2048 page16 int8", 1, 16384, 2048, 16, None, "int8", "nhd", 32, 8),
+    ("b1 ctx16384+2048 page16 int4", 1, 16384, 2048, 16, None, "int4", "nhd", 32, 8),
 ]
 for _ctx in (0, 2048):  # issue 20
     for _fmt, _layout in ((None, "nhd"), ("int8", "nhd"), ("int4", "nhd"), ("int8-channel", "hnd"),

@@ -41,23 +41,12 @@ flattened schedule of prefix_prefill); a prep program finds its sequence by bina
 import triton
 import triton.language as tl
 
+from aotc.kernels.schedule import owner_of_block
+
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
-
-
-@triton.jit
-def _sequence_of_slot(Cu, pid, num_seqs):
-    """The sequence owning chunk slot `pid`: the last n with cu[n] // 64 + n <= pid."""
-    lo = pid * 0
-    hi = lo + num_seqs - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        first = tl.load(Cu + mid) // CHUNK + mid
-        lo = tl.where(first <= pid, mid, lo)
-        hi = tl.where(first <= pid, hi, mid - 1)
-    return lo
 
 
 @triton.jit
@@ -350,7 +339,7 @@ def gdn_chunk_prep(
     Fq = 1. Grid (chunk slots, HV)."""
     pid = tl.program_id(0)
     hv = tl.program_id(1)
-    n = _sequence_of_slot(Cu_seqlens, pid, num_seqs)
+    n = owner_of_block(Cu_seqlens, pid, num_seqs, CHUNK)  # the sequence owning chunk slot pid
     start = tl.load(Cu_seqlens + n)
     end = tl.load(Cu_seqlens + n + 1)
     t0 = start + (pid - (start // CHUNK + n)) * CHUNK

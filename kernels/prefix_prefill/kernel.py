@@ -36,8 +36,10 @@ import triton
 import triton.language as tl
 
 from aotc.kernels.decode.dequant import _fp8_bits_to_fp16
+from aotc.kernels.schedule import owner_of_block
 
 from .quant import int_context, softmax_step
+from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # Finite "minus infinity" for the running max: exp2(m_old - m_new) stays 0 or 1, never NaN,
@@ -259,13 +261,7 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
     return acc, m_i, l_i
 
 
-@triton.jit(
-    do_not_specialize=["batch", "num_queries_per_kv", "block_size", "stride_bt", "window",
-                       "has_sinks", "out_fp8", "skip_decode", "kv_xg", "scale_kind",
-                       "stride_ksb", "stride_kst", "stride_ksh"],
-    do_not_specialize_on_alignment=["Block_table", "Query_start_loc", "Seq_lens", "K_scale",
-                                    "V_scale", "Out_scale", "Sinks"],
-)
+@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=DO_NOT_SPECIALIZE_ON_ALIGNMENT)
 def prefix_prefill_kernel(
     Q, K, V, K_cache, V_cache, Out,
     Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
@@ -287,14 +283,7 @@ def prefix_prefill_kernel(
     else:
         pid = tl.program_id(0)
         head = tl.program_id(1)
-    lo = pid * 0
-    hi = lo + batch - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        owner_first = tl.load(Query_start_loc + mid) // BLOCK_M + mid
-        lo = tl.where(owner_first <= pid, mid, lo)
-        hi = tl.where(owner_first <= pid, hi, mid - 1)
-    req = lo
+    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
     q_start = tl.load(Query_start_loc + req)
     q_len = tl.load(Query_start_loc + req + 1) - q_start
     if KV_FORMAT < 3:

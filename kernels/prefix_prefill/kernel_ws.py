@@ -38,24 +38,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from aotc.kernels.decode.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
+from aotc.kernels.schedule import owner_of_block
+
+from .quant import _load_scale
+from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 LOG2E = gl.constexpr(1.4426950408889634)
 NEG_BIG = gl.constexpr(-1.0e30)
 STAGES = gl.constexpr(2)  # ring depth: 3 does not fit shared memory beside q
 PRODUCER_WARPS = gl.constexpr(8)
 CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup: the launch's num_warps (the default partition)
-
-
-@gluon.jit
-def _load_scale(S, off, mask, kind):
-    """fp32 values of scales stored as fp32 (kind 0), fp16 (1) or bf16 (2); 0 where masked."""
-    if kind == 0:
-        s = gl.load(S.to(gl.pointer_type(gl.float32), bitcast=True) + off, mask=mask, other=0.0)
-    elif kind == 1:
-        s = gl.load(S.to(gl.pointer_type(gl.float16), bitcast=True) + off, mask=mask, other=0.0).to(gl.float32)
-    else:
-        s = gl.load(S.to(gl.pointer_type(gl.bfloat16), bitcast=True) + off, mask=mask, other=0.0).to(gl.float32)
-    return s
 
 
 @gluon.jit
@@ -277,13 +269,7 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfu
              mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(d < head_dim, 0))
 
 
-@gluon.jit(
-    do_not_specialize=["batch", "num_queries_per_kv", "block_size", "stride_bt", "window",
-                       "has_sinks", "out_fp8", "skip_decode", "kv_xg", "scale_kind",
-                       "stride_ksb", "stride_kst", "stride_ksh"],
-    do_not_specialize_on_alignment=["Block_table", "Query_start_loc", "Seq_lens", "K_scale",
-                                    "V_scale", "Out_scale", "Sinks"],
-)
+@gluon.jit(do_not_specialize=DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=DO_NOT_SPECIALIZE_ON_ALIGNMENT)
 def prefix_prefill_ws_kernel(
     Q, K, V, K_cache, V_cache, Out,
     Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
@@ -300,15 +286,7 @@ def prefix_prefill_ws_kernel(
     DTYPE: gl.constexpr = Q.dtype.element_ty
     pid = gl.program_id(0)
     head = gl.program_id(1)
-    # the request owning q block `pid` (the op's flattened schedule, as kernel.py)
-    lo = pid * 0
-    hi = lo + batch - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        owner_first = gl.load(Query_start_loc + mid) // BLOCK_M + mid
-        lo = gl.where(owner_first <= pid, mid, lo)
-        hi = gl.where(owner_first <= pid, hi, mid - 1)
-    req = lo
+    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
     q_start = gl.load(Query_start_loc + req)
     q_len = gl.load(Query_start_loc + req + 1) - q_start
     # A request's q blocks run last first: the causal part grows down the request, so the longest

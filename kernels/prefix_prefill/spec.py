@@ -67,6 +67,10 @@ ARGS = (
 )
 
 CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX")
+# Both kernels' decorator switches, read off ARGS (the build's check_consistency holds them to it):
+# ints that never specialize, and pointers whose alignment is never assumed.
+DO_NOT_SPECIALIZE = [a.name for a in ARGS if a.kind == "i32" and not a.aligned]
+DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in ARGS if a.kind == "ptr" and not a.aligned]
 
 
 def block_d(head_dim: int, kv: str = "same") -> int:

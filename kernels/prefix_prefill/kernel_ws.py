@@ -24,9 +24,11 @@ of their scales, head_dim 80..128 in 128-wide tiles, nhd or head-major caches, f
 and calls that meet the ALIGNED specialization (16-byte aligned q/k/v/caches/out, strides and
 head_dim divisible by 16): cp.async moves 16 bytes at a time, so there is no GENERIC binary.
 Everything else (and the CPU interpreter: Gluon has none) runs kernel.py.
-H100 (JIT, t / SDPA-flash on the same bf16 attention, d128): b2 16/4 heads 2048 cached + 1024 new,
-page 32: int8 1.08 (kernel.py 1.33), int4 0.97 (1.40); no context: 1.12 (1.03), 1.09 (1.04); b8
-32/8 heads 2048 + 512, page 16: int8 1.13 (1.52), int4 1.02 (1.60). BENCHMARKS.md has the op's.
+H100 (the op's AOT binaries, t / SDPA-flash on the same bf16 attention, d128; kernel.py's JIT in
+brackets, same run): b2 16/4 heads 2048 cached + 1024 new, page 32: int8 a token 1.03 (1.34), int4
+0.96 (1.42), int8 per channel 0.97 (1.29), int8 groups of 64 1.10 (1.53), int4 groups of 32 1.00
+(1.83); no context 1.03-1.12 (1.03-1.05); b8 32/8 heads 2048 + 512, page 16: int8 1.09 (1.52),
+int4 1.03 (1.64). BENCHMARKS.md, session 23.
 
 Arguments the Triton kernel takes and this one ignores (the op never routes those cases here):
 Out_scale / out_fp8, kv_xg (vLLM layout), the last-dim cache strides.
@@ -78,7 +80,8 @@ def _ctx_load(Cw, CS, start, key_lo, ctx_len, bt_row, block_size, kv_head, s_b, 
         x = gl.convert_layout(gl.reshape(x, [BLOCK_N, WORDS // RUN, RUN]), l3)  # the same registers, as runs
         r = gl.arange(0, WORDS // RUN, layout=gl.SliceLayout(0, l2))
         srow = gl.convert_layout(srow, gl.SliceLayout(1, l2))
-        smask = gl.expand_dims(gl.convert_layout(n_valid, gl.SliceLayout(1, l2)), 1) & gl.expand_dims(r * RUN < n_words, 0)
+        smask = (gl.expand_dims(gl.convert_layout(n_valid, gl.SliceLayout(1, l2)), 1)
+                 & gl.expand_dims(r * RUN < n_words, 0))
         sc = _load_scale(CS, gl.expand_dims(srow, 1) + gl.expand_dims((r * (RUN * CPW)) >> quant_shift, 0), smask,
                          kind).to(gl.float16)
         s2 = gl.broadcast(gl.expand_dims(sc, 2), x)[0]
@@ -91,10 +94,8 @@ def _ctx_load(Cw, CS, start, key_lo, ctx_len, bt_row, block_size, kv_head, s_b, 
 
 
 @gluon.jit
-def _ctx_store(x, s2, buf, st, CS, col0, kind, head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
-    """code * scale in fp16 (x and s2 from _ctx_load), in channel order, into buf[st]; per
-    channel, the codes times the head's channel scales at CS + col0 (one fp16 rounding, as per token)."""
+def _ctx_store(x, s2, buf, st, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """code * scale in fp16 (x and s2 from _ctx_load), in channel order, into buf[st]."""
     if KV_FORMAT == 3:  # int8: word w = channels 2w (low byte) and 2w + 1
         a, b = gl.inline_asm_elementwise(I8X2_DEQUANT_PTX, "=r,=r,r,r", [x, s2], dtype=(gl.float16, gl.float16),
                                          is_pure=True, pack=2)
@@ -141,11 +142,11 @@ def _ctx_tiles(Kw, Vw, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, blo
                            s_vt, s_vh, s_sb, s_st, s_sh, kind, quant_shift, n_words, BLOCK_N, WORDS, KV_FORMAT, SCALES,
                            RUN)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _ctx_store(xk, sk, kb, st, KS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
+        _ctx_store(xk, sk, kb, st, BLOCK_N, BLOCK_D, KV_FORMAT)
         fence_async_shared()
         mbarrier.arrive(kfull.index(st))
         mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _ctx_store(xv, sv, vb, st, VS, kv_head * s_sh, kind, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
+        _ctx_store(xv, sv, vb, st, BLOCK_N, BLOCK_D, KV_FORMAT)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
 

@@ -18,12 +18,16 @@ def names(spec):
 
 
 def test_builtin_kernels_hash_every_file_they_import():
-    assert names(get_spec("prefix_prefill")) == ["decode/dequant.py", "prefix_prefill/kernel.py",
-                                                 "prefix_prefill/quant.py"]
+    # prefix_prefill's kernels read their decorator switches from their spec module (which imports
+    # decode's spec and the variant types) and share the block schedule's helper.
+    shared = ["decode/dequant.py", "decode/spec.py", "prefix_prefill/quant.py", "prefix_prefill/spec.py", "schedule.py",
+              "variants.py"]
+    assert names(get_spec("prefix_prefill")) == sorted(shared + ["prefix_prefill/kernel.py"])
+    assert names(get_spec("prefix_prefill_ws")) == sorted(shared + ["prefix_prefill/kernel_ws.py"])
     # decode's kernel reads constants from its spec module, which imports the variant types.
     assert names(get_spec("decode_split")) == ["decode/dequant.py", "decode/kernel.py", "decode/spec.py",
                                                "variants.py"]
-    assert names(get_spec("gdn_chunk_prep")) == ["gated_delta/chunk.py"]
+    assert names(get_spec("gdn_chunk_prep")) == ["gated_delta/chunk.py", "schedule.py"]
 
 
 def _family(root, package):

@@ -231,6 +231,14 @@ def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, dev
         return None
 
 
+def is_built(spec: KernelSpec, axes: Mapping, device: int) -> bool:
+    """Whether the artifacts loaded for CUDA device `device` hold a binary of `spec`'s variant
+    `axes` (at any level): an op with two kernels for a call prefers the one that is built over
+    the JIT fallback (which needs Triton)."""
+    sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
+    return any(e is not None for e in sel.entries.values())
+
+
 def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int) -> int | None:
     """How many programs of the binary that `args` (CUDA tensors and ints, in `spec.args` order)
     would launch fit one SM at once: the driver's occupancy of the built binary (ALIGNED when the

@@ -23,7 +23,8 @@ Where it runs (the op decides, loader/ops/prefix_prefill.py): sm90, int8/int4 ca
 of their scales, head_dim 80..128 in 128-wide tiles, nhd or head-major caches, fp16/bf16 output,
 and calls that meet the ALIGNED specialization (16-byte aligned q/k/v/caches/out, strides and
 head_dim divisible by 16): cp.async moves 16 bytes at a time, so there is no GENERIC binary.
-Everything else (and the CPU interpreter: Gluon has none) runs kernel.py.
+Everything else (and the CPU interpreter: Gluon has none) runs kernel.py, as do calls whose
+artifacts hold kernel.py's binary but not this kernel's.
 H100 (the op's AOT binaries, t / SDPA-flash on the same bf16 attention, d128; kernel.py's JIT in
 brackets, same run): b2 16/4 heads 2048 cached + 1024 new, page 32: int8 a token 1.03 (1.34), int4
 0.96 (1.42), int8 per channel 0.97 (1.29), int8 groups of 64 1.10 (1.53), int4 groups of 32 1.00

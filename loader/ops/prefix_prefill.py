@@ -324,17 +324,23 @@ _ALIGNED_ARGS = tuple((i, a.kind == "ptr") for i, a in enumerate(_spec.ARGS) if 
 def kernel_for(axes, args):
     """The kernel spec a launch of launch_plan's (axes, args) runs: the warp-specialized Gluon
     kernel where spec.ws_serves says so (sm90, int8/int4 at 128-wide tiles, ALIGNED arguments),
-    else the Triton kernel."""
+    else the Triton kernel. Artifacts built or published without the Gluon kernel's binaries
+    (`aotc build --kernel prefix_prefill`, an older hub revision) keep the Triton kernel's built
+    binary rather than a JIT fallback of the Gluon one."""
     q = args[0]
     if not (q.is_cuda and _spec.ws_variant(axes)) or os.environ.get(ENV_WS, "1") == "0":
         return _spec.PREFIX_PREFILL
-    from aotc.loader.dispatch import device_of
+    from aotc.loader import dispatch
 
-    gpu = device_of(q.get_device())
+    device = q.get_device()
+    gpu = dispatch.device_of(device)
     aligned = all((args[i].data_ptr() if ptr else args[i]) % 16 == 0 for i, ptr in _ALIGNED_ARGS)
-    if gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned):
-        return _spec.PREFIX_PREFILL_WS
-    return _spec.PREFIX_PREFILL
+    if not (gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned)):
+        return _spec.PREFIX_PREFILL
+    if not dispatch.is_built(_spec.PREFIX_PREFILL_WS, axes, device) and \
+            dispatch.is_built(_spec.PREFIX_PREFILL, axes, device):
+        return _spec.PREFIX_PREFILL
+    return _spec.PREFIX_PREFILL_WS
 
 
 def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,

@@ -69,6 +69,56 @@ def test_cpu_calls_take_the_triton_kernel():
     assert pp_op.kernel_for(axes, args) is spec.PREFIX_PREFILL
 
 
+class _CudaPointer:
+    """Stands in for a CUDA tensor where kernel_for reads one (is_cuda, get_device, data_ptr)."""
+    is_cuda = True
+
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+    def get_device(self):
+        return 0
+
+
+def _int8_d128_plan():
+    from tests.cpu.kernels.prefix_prefill.cases import make_case
+
+    case, kw = make_case([40], [20], q_heads=4, kv_heads=2, head_dim=128, kv_format="int8", scales="token", seed=0)
+    out = torch.empty_like(case["q"])
+    return pp_op.launch_plan(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["block_table"],
+                             case["query_start_loc"], case["seq_lens"], out, "nhd", "int8", kw["k_scale"],
+                             kw["v_scale"], 0.1, None, None, None, False)
+
+
+@pytest.mark.parametrize("built,capability,change,want", [
+    ({"prefix_prefill_ws", "prefix_prefill"}, (9, 0), None, "prefix_prefill_ws"),
+    ({"prefix_prefill"}, (9, 0), None, "prefix_prefill"),  # artifacts from before the Gluon kernel
+    (set(), (9, 0), None, "prefix_prefill_ws"),  # nothing built: the JIT falls back to the faster one
+    ({"prefix_prefill_ws", "prefix_prefill"}, (8, 0), None, "prefix_prefill"),
+    ({"prefix_prefill_ws", "prefix_prefill"}, (10, 0), None, "prefix_prefill"),
+    ({"prefix_prefill_ws", "prefix_prefill"}, (9, 0), "misaligned q", "prefix_prefill"),
+    ({"prefix_prefill_ws", "prefix_prefill"}, (9, 0), "fp8 out", "prefix_prefill"),
+    ({"prefix_prefill_ws", "prefix_prefill"}, (9, 0), "switched off", "prefix_prefill"),
+])
+def test_op_routing(built, capability, change, want, monkeypatch):
+    from aotc.loader import dispatch
+    from aotc.loader.targets import Device
+
+    axes, _grid, args = _int8_d128_plan()
+    args = [(_CudaPointer(4096 * (i + 1) + (2 if change == "misaligned q" and i == 0 else 0))
+             if a.kind == "ptr" else v) for i, (a, v) in enumerate(zip(spec.ARGS, args))]
+    if change == "fp8 out":
+        args[spec.PREFIX_PREFILL.arg_index["out_fp8"]] = 1
+    if change == "switched off":
+        monkeypatch.setenv(pp_op.ENV_WS, "0")
+    monkeypatch.setattr(dispatch, "device_of", lambda index: Device(name="NVIDIA GPU", capability=capability))
+    monkeypatch.setattr(dispatch, "is_built", lambda kernel, axes_, device: kernel.name in built)
+    assert pp_op.kernel_for(axes, args).name == want
+
+
 def test_kernel_takes_the_triton_kernels_arguments():
     from triton.runtime.jit import JITFunction
 

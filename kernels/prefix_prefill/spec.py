@@ -178,10 +178,10 @@ PREFIX_PREFILL = KernelSpec(
 )
 
 
-
 def ws_variant(axes) -> bool:
     """The axes kernel_ws.py implements: int8/int4 with any of their scales (per token, group or
-    channel), 128-wide tiles (head dims 72..128), nhd-family caches."""
+    channel), 128-wide tiles (head dims 72..128; ws_serves keeps the multiples of 16), nhd-family
+    caches."""
     return axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
 
 

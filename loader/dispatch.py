@@ -35,9 +35,11 @@ class Resolution:
         self.level, self.entry, self.rejected = level, entry, rejected if rejected is not None else {}
 
 
-def check_assumptions(spec: KernelSpec, entry: Entry, values: Sequence) -> str | None:
-    """Why `values` (pointers as ints) break the binary's specialization, or None if they fit."""
-    for name in entry.divisible:
+def check_assumptions(spec: KernelSpec, divisible: Sequence[str], values: Sequence) -> str | None:
+    """Why `values` (pointers as ints) break a specialization whose `divisible` arguments (a
+    binary's `entry.divisible`, or `spec.divisible_args(level)`) must be divisible by 16, or None
+    if they fit."""
+    for name in divisible:
         v = values[spec.arg_index[name]]
         if v % 16:
             what = "data_ptr" if spec.args[spec.arg_index[name]].kind == "ptr" else "value"
@@ -57,7 +59,7 @@ def resolve(spec: KernelSpec, axes: Mapping, entries: Mapping[str, Entry], value
         if entry is None:
             res.rejected[level] = f"{key} is not built"
             continue
-        why = check_assumptions(spec, entry, values)
+        why = check_assumptions(spec, entry.divisible, values)
         if why is None:
             res.level, res.entry = level, entry
             return res
@@ -167,13 +169,13 @@ class Prepared:
                              f"expected {len(spec.args) - n_ptr}")
         generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
         values = [0] * n_ptr + list(scalars)
-        why = check_assumptions(spec, generic, values)
+        why = check_assumptions(spec, generic.divisible, values)
         if why is not None:
             raise ValueError(f"{spec.name}: {why}")
         if aligned is not None and aligned.params != generic.params:
             raise ValueError(f"{spec.name}: the ALIGNED and GENERIC binaries take different parameters")
         # Pointers are 0 here, so only the ints decide; pointers are checked per call.
-        self.use_aligned = aligned is not None and check_assumptions(spec, aligned, values) is None
+        self.use_aligned = aligned is not None and check_assumptions(spec, aligned.divisible, values) is None
         ptr_idx = tuple(i for i in sel.aligned_idx if i < n_ptr) if self.use_aligned else ()
         self.misaligned = _misaligned_function(ptr_idx)
         self.sel = sel
@@ -253,7 +255,7 @@ def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int
     if any(_needs_general_launch(e) for e in sel.entries.values() if e):
         return None
     values = [0] * spec.leading_ptrs + list(args[spec.leading_ptrs:])
-    level = ALIGNED if aligned is not None and check_assumptions(spec, aligned, values) is None else GENERIC
+    level = ALIGNED if aligned is not None and check_assumptions(spec, aligned.divisible, values) is None else GENERIC
     la = sel.l_aligned if level == ALIGNED else sel.l_generic
     la = la or sel._launchable(level)
     if la.occupancy is None:

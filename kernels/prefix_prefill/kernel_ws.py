@@ -43,11 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from aotc.kernels.decode.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
 from aotc.kernels.schedule import owner_of_block
 
+from .kernel import LOG2E, NEG_BIG
 from .quant import _load_scale
 from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
-
-LOG2E = gl.constexpr(1.4426950408889634)
-NEG_BIG = gl.constexpr(-1.0e30)
 STAGES = gl.constexpr(2)  # ring depth: 3 does not fit shared memory beside q
 PRODUCER_WARPS = gl.constexpr(8)
 CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup: the launch's num_warps (the default partition)

@@ -318,7 +318,6 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 # "0" sends every call to kernel.py (the Triton kernel), e.g. to compare the two.
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
-_ALIGNED_ARGS = tuple((i, a.kind == "ptr") for i, a in enumerate(_spec.ARGS) if a.aligned)
 
 
 def kernel_for(axes, args):
@@ -330,17 +329,19 @@ def kernel_for(axes, args):
     q = args[0]
     if not (q.is_cuda and _spec.ws_variant(axes)) or os.environ.get(ENV_WS, "1") == "0":
         return _spec.PREFIX_PREFILL
+    from aotc.kernels.variants import ALIGNED
     from aotc.loader import dispatch
 
     device = q.get_device()
     gpu = dispatch.device_of(device)
-    aligned = all((args[i].data_ptr() if ptr else args[i]) % 16 == 0 for i, ptr in _ALIGNED_ARGS)
+    ws = _spec.PREFIX_PREFILL_WS
+    values = [a.data_ptr() if arg.kind == "ptr" else a for arg, a in zip(ws.args, args)]
+    aligned = dispatch.check_assumptions(ws, ws.divisible_args(ALIGNED), values) is None  # its only binary's
     if not (gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned)):
         return _spec.PREFIX_PREFILL
-    if not dispatch.is_built(_spec.PREFIX_PREFILL_WS, axes, device) and \
-            dispatch.is_built(_spec.PREFIX_PREFILL, axes, device):
+    if not dispatch.is_built(ws, axes, device) and dispatch.is_built(_spec.PREFIX_PREFILL, axes, device):
         return _spec.PREFIX_PREFILL
-    return _spec.PREFIX_PREFILL_WS
+    return ws
 
 
 def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,

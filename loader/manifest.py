@@ -21,6 +21,9 @@ SCHEMA_VERSION = 2  # 2: one table per kernel, fields shared by its entries stor
 # Triton 3.6: declared runtime args, then the global and profile scratch pointers.
 LAUNCH_ABI = 1
 MANIFEST_NAME = "manifest.json"
+# Everything a schema-2 document holds; anything else is refused, not ignored.
+TOP_LEVEL = frozenset({"schema_version", "launch_abi", "target", "aotc_version", "triton_version", "defaults",
+                       "signatures", "divisible_sets", "kernels"})
 # A full two-target build's manifest is about 100 KB a target; a file 160x that is not ours, and
 # parsing it would cost the loader's first call seconds and hundreds of MB.
 MAX_MANIFEST_BYTES = 16 << 20
@@ -183,19 +186,28 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
                             f"{e}") from None
     if not isinstance(doc, dict):
         raise ManifestError(f"{path}: expected a JSON object")
-    built_by = f"aotc {doc.get('aotc_version', '?')} with Triton {doc.get('triton_version', '?')}"
-    if doc.get("schema_version") != SCHEMA_VERSION:
+    built_by = f"aotc {_shown(doc.get('aotc_version'))} with Triton {_shown(doc.get('triton_version'))}"
+    # type() is: 2.0 == 2 and True == 1, and neither is what a writer of this schema writes
+    if type(doc.get("schema_version")) is not int or doc["schema_version"] != SCHEMA_VERSION:
         raise ManifestError(
             f"{path}: manifest schema {doc.get('schema_version')!r} (written by {built_by}); "
             f"this loader reads schema {SCHEMA_VERSION}. Rebuild or pull artifacts for this aotc version."
         )
-    if doc.get("launch_abi") != LAUNCH_ABI:
+    if type(doc.get("launch_abi")) is not int or doc["launch_abi"] != LAUNCH_ABI:
         raise ManifestError(
             f"{path}: launch ABI {doc.get('launch_abi')!r} (built by {built_by}); this loader "
             f"launches ABI {LAUNCH_ABI}. Rebuild with this aotc version."
         )
+    unknown = doc.keys() - TOP_LEVEL
+    if unknown:
+        raise ManifestError(f"{path}: malformed manifest (unknown top-level fields {sorted(map(repr, unknown))}; "
+                            f"schema {SCHEMA_VERSION} has {sorted(TOP_LEVEL)})")
+    for name in ("aotc_version", "triton_version"):
+        why = manifest_schema.text_problem(doc.get(name, "?"), 64)
+        if why:
+            raise ManifestError(f"{path}: malformed manifest ({name} {why})")
     try:
-        target = Target(**doc["target"])
+        target = _target(doc["target"])
         tables = manifest_schema.KernelTables(doc)
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError(f"{path}: malformed manifest ({e})") from None
@@ -207,6 +219,25 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
         raise ManifestError(f"{path}: refusing this manifest: {why}")
     return Manifest(target, doc.get("aotc_version", "?"), doc.get("triton_version", "?"), None,
                     doc["schema_version"], doc["launch_abi"], tables=tables)
+
+
+def _shown(version) -> str:
+    """A version for an error message: a printable string as it is, anything else as its repr."""
+    return version if manifest_schema.text_problem(version, 64) is None else "?" if version is None else repr(version)
+
+
+def _target(record) -> Target:
+    """The manifest's target record, its fields of the types Target declares (90.0 and True would
+    compare equal to the table's 90 and 1); TypeError/ValueError otherwise."""
+    if not isinstance(record, dict) or record.keys() != {"name", "backend", "arch", "warp_size"}:
+        raise ValueError(f"target must be an object of name, backend, arch and warp_size, got {record!r:.200}")
+    types = {"name": (str,), "backend": (str,), "arch": (int, str), "warp_size": (int,)}
+    for name, kinds in types.items():
+        if type(record[name]) not in kinds:
+            raise ValueError(f"target {name} {record[name]!r:.80} is not a {' or '.join(k.__name__ for k in kinds)}")
+        if type(record[name]) is str and manifest_schema.text_problem(record[name], 64):
+            raise ValueError(f"target {name} {manifest_schema.text_problem(record[name], 64)}")
+    return Target(**record)
 
 
 class _DuplicateKey(ValueError):

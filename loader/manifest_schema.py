@@ -105,27 +105,30 @@ def _rank(name: str) -> tuple:
 
 
 class KernelTables:
-    """A schema-2 document's entries: shape, indexes and paths checked up front (whole columns at
-    once), each entry's fields assembled only when asked for."""
+    """A schema-2 document's entries, normalized and checked up front: each kernel table's field
+    names (unique, known, each either common or a column, never both), its rows' lengths, keys and
+    indexes. `fields` assembles an entry from that one view only, so what is checked is what is
+    used; the assembled values are checked by `entry_problem` when the entry is built."""
 
     def __init__(self, doc: dict):
         self.defaults = _get(doc, "defaults", dict, "the manifest")
         if self.defaults.keys() - DEFAULTS.keys():  # a default path or index would dodge the checks
             raise ValueError(f"defaults may name only {sorted(DEFAULTS)}, not "
-                             f"{sorted(self.defaults.keys() - DEFAULTS.keys())}")
+                             f"{sorted(map(repr, self.defaults.keys() - DEFAULTS.keys()))}")
         self.tables = {t: _get(doc, t, list, "the manifest") for t, _ in TABLES.values()}
         for name, table in self.tables.items():
             if set(map(type, table)) - {list}:
                 raise ValueError(f"{name} must hold only lists")
-        self.kernels = _get(doc, "kernels", dict, "the manifest")
+        kernels = _get(doc, "kernels", dict, "the manifest")
+        self.kernels: dict[str, _Table] = {}
         self.where: dict[str, str] = {}  # key -> kernel
-        for name, table in self.kernels.items():
-            rows = _check_kernel(name, table, self.tables)
-            twice = self.where.keys() & rows.keys()
+        for name, table in kernels.items():
+            t = self.kernels[name] = _Table(name, table, self.tables)
+            twice = self.where.keys() & t.rows.keys()
             if twice:
                 key = min(twice)
                 raise ValueError(f"entry {key} is listed under kernel {self.where[key]} and kernel {name}")
-            self.where.update(dict.fromkeys(rows, name))
+            self.where.update(dict.fromkeys(t.rows, name))
 
     def fields(self, key: str) -> dict | None:
         """The `Entry(**fields)` of `key`, or None when the manifest has no such entry."""
@@ -133,11 +136,12 @@ class KernelTables:
         if kernel is None:
             return None
         table = self.kernels[kernel]
-        stored = {**self.defaults, **table["common"], **dict(zip(table["columns"], table["entries"][key]))}
+        # common and columns are disjoint (checked): no name is looked up in two places
+        stored = {**self.defaults, **table.common, **dict(zip(table.columns, table.rows[key]))}
         out: dict = {group: {} for group in GROUPS}
         for name, value in stored.items():
             group, _, item = name.partition(".")
-            if item and group in GROUPS:
+            if item:
                 out[group][item] = _copy(value)
             elif name in _INDEXES:
                 table_name, field = _INDEXES[name]
@@ -145,7 +149,7 @@ class KernelTables:
             else:
                 out[name] = _copy(value)
         out.setdefault("path", default_path(out.get("sha256")))
-        out.update(kernel=kernel, key=key)  # the table's names, whatever a row says
+        out.update(kernel=kernel, key=key)
         return out
 
 
@@ -161,39 +165,124 @@ def _get(doc: dict, name: str, kind: type, where: str):
     return value
 
 
-def _check_kernel(name: str, table, tables: dict[str, list]) -> dict:
-    """Refuse a kernel table whose rows do not fit its columns, whose indexes miss their table or
-    whose paths leave the target folder; returns its rows. Whole columns at once through map/join
-    (0.06 ms for 280 entries; a Python loop per row took 0.2 ms); `_holder` only names a culprit."""
-    where = f"kernel {name}"
-    if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected an object")
-    common, columns, rows = (_get(table, n, t, where) for n, t in (("common", dict), ("columns", list),
-                                                                     ("entries", dict)))
-    if set(map(type, rows.values())) - {list} or set(map(len, rows.values())) - {len(columns)}:
-        key = next(k for k, r in rows.items() if type(r) is not list or len(r) != len(columns))
-        raise ValueError(f"{where}: entry {key} does not have one value per column ({len(columns)})")
-    for stored, (table_name, _) in _INDEXES.items():
-        values, size = _column(common, columns, rows, stored), len(tables[table_name])
-        bad = _first(values, lambda v: type(v) is not int, {int}) or _first(set(values), lambda v: not 0 <= v < size)
+MAX_NAME = 1024  # characters of a kernel name, an entry key, a field name or a path
+
+
+def text_problem(v, limit: int = MAX_NAME) -> str | None:
+    """Why `v` cannot be a name this loader prints, compares and opens (kernel, key, field, path):
+    not a string, empty or longer than `limit`, or holding a control character, a NUL or a lone
+    surrogate (str.isprintable is False for each: such a name crashes `print` and `open`)."""
+    if type(v) is not str:
+        return f"not a string: {v!r}"
+    if not v or len(v) > limit:
+        return f"{len(v)} characters, not 1..{limit}: {v[:40]!r}"
+    if not v.isprintable():
+        return f"unprintable characters (control, NUL or a lone surrogate): {v[:80]!r}"
+    return None
+
+
+def path_problem(v) -> str | None:
+    """Why `v` cannot be a binary's path inside its target folder: text_problem's, absolute, an
+    empty, "." or ".." component, or a component over 255 bytes (the filesystems' NAME_MAX)."""
+    why = text_problem(v)
+    if why:
+        return why
+    parts = v.split("/")
+    if v.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return f"outside its folder: {v!r}"
+    if any(len(p.encode()) > 255 for p in parts):
+        return f"a component over 255 bytes: {v[:40]!r}..."
+    return None
+
+
+def _field_name_problem(name) -> str | None:
+    """Why `name` is not a stored field name (STORED, or "constexprs.X" / "provenance.X")."""
+    why = text_problem(name)
+    if why:
+        return why
+    group, dot, item = name.partition(".")
+    if dot and group in GROUPS and item:
+        return None
+    return None if name in STORED else f"not a field of an entry: {name!r}"
+
+
+class _Table:
+    """One kernel's table, normalized: `common` (name -> value), `columns` (names, unique, none of
+    them common) and `rows` (key -> one value per column). Refuses a table whose rows do not fit
+    its columns, whose names are unknown, doubled or both common and a column, whose keys are not
+    printable names, whose indexes miss their table or whose paths leave the target folder. Whole columns at once through map (0.06 ms
+    for 280 entries; a Python loop per row took 0.2 ms); `holder` only names a culprit."""
+
+    __slots__ = ("common", "columns", "rows")
+
+    def __init__(self, name, table, tables: dict[str, list]):
+        why = text_problem(name)
+        if why:
+            raise ValueError(f"kernel name {why}")
+        where = f"kernel {name}"
+        if not isinstance(table, dict):
+            raise ValueError(f"{where}: expected an object")
+        if table.keys() - {"common", "columns", "entries"}:
+            raise ValueError(f"{where}: unknown table fields {sorted(map(repr, table.keys() - {'common', 'columns', 'entries'}))}")
+        common, columns, rows = (_get(table, n, t, where) for n, t in (("common", dict), ("columns", list),
+                                                                         ("entries", dict)))
+        for kind, names in (("common field", list(common)), ("column", columns)):
+            for n in names:
+                why = _field_name_problem(n)
+                if why:
+                    raise ValueError(f"{where}: {kind} name {why}")
+        if len(set(columns)) != len(columns):
+            twice = next(c for i, c in enumerate(columns) if c in columns[:i])
+            raise ValueError(f"{where}: column {twice!r} is listed twice")
+        both = common.keys() & set(columns)
+        if both:
+            raise ValueError(f"{where}: field {min(both)!r} is both common and a column; it must be one or the other")
+        names = set(common) | set(columns)
+        for group in GROUPS:
+            if group in names and any(n.startswith(group + ".") for n in names):
+                raise ValueError(f"{where}: {group!r} is stored both whole and one item per name")
+        for key in rows:
+            why = text_problem(key)
+            if why:
+                raise ValueError(f"{where}: entry key {why}")
+        if set(map(type, rows.values())) - {list} or set(map(len, rows.values())) - {len(columns)}:
+            key = next(k for k, r in rows.items() if type(r) is not list or len(r) != len(columns))
+            raise ValueError(f"{where}: entry {key} does not have one value per column ({len(columns)})")
+        self.common, self.columns, self.rows = common, columns, rows
+        for stored, (table_name, _) in _INDEXES.items():
+            values, size = self.column(stored), len(tables[table_name])
+            bad = _first(values, lambda v: type(v) is not int, {int}) or _first(set(values), lambda v: not 0 <= v < size)
+            if bad:
+                raise ValueError(f"{where}: entry {self.holder(stored, bad[0])} has {stored} "
+                                 f"{bad[0]!r}, not an index into {table_name} ({size} lists)")
+        field = "path" if "path" in names else "sha256"
+        values = self.column(field)
+        bad = _first(values, lambda v: type(v) is not str, {str})
         if bad:
-            raise ValueError(f"{where}: entry {_holder(common, columns, rows, stored, bad[0])} has {stored} "
-                             f"{bad[0]!r}, not an index into {table_name} ({size} lists)")
-    field = "path" if "path" in common or "path" in columns else "sha256"
-    values = _column(common, columns, rows, field)
-    bad = _first(values, lambda v: type(v) is not str, {str})
-    if bad:
-        raise ValueError(f"{where}: entry {_holder(common, columns, rows, field, bad[0])} has a {field} "
-                         f"that is not a string: {bad[0]!r}")
-    if field == "path":
-        bad = _first(values, lambda p: p.startswith("/") or ".." in p.split("/"))
-    elif "/" in "".join(values):  # bin/<sha256>.cubin leaves bin/ only through a "/" in the sha256
-        bad = _first(values, lambda v: "/" in v)
-    if bad:
-        path = bad[0] if field == "path" else default_path(bad[0])
-        raise ValueError(f"{where}: entry {_holder(common, columns, rows, field, bad[0])} has a path "
-                         f"outside its folder: {path!r}")
-    return rows
+            raise ValueError(f"{where}: entry {self.holder(field, bad[0])} has a {field} that is not a string: "
+                             f"{bad[0]!r:.80}")
+        if field == "path":
+            bad = _first(values, path_problem)
+        elif "/" in "".join(values):  # bin/<sha256>.cubin leaves bin/ only through a "/" in the sha256
+            bad = _first(values, lambda v: "/" in v)
+        if bad:
+            path = bad[0] if field == "path" else default_path(bad[0])
+            raise ValueError(f"{where}: entry {self.holder(field, bad[0])} has a path {path_problem(path)}")
+
+    def column(self, name: str) -> list:
+        """Every entry's stored value of `name` (one value when it is common), in row order."""
+        if name in self.common:
+            return [self.common[name]] if self.rows else []
+        if name in self.columns:
+            return list(map(itemgetter(self.columns.index(name)), self.rows.values()))
+        return []
+
+    def holder(self, name: str, value) -> str:
+        """A key whose stored `name` is `value`, for an error message."""
+        if name in self.common:
+            return next(iter(self.rows), "(none)")
+        i = self.columns.index(name)
+        return next(k for k, r in self.rows.items() if r[i] == value)
 
 
 def _first(values, wrong, types: set | None = None) -> tuple | None:
@@ -202,23 +291,6 @@ def _first(values, wrong, types: set | None = None) -> tuple | None:
     if types is not None and not set(map(type, values)) - types:
         return None
     return next(((v,) for v in values if wrong(v)), None)
-
-
-def _column(common: dict, columns: list, rows: dict, name: str) -> list:
-    """Every entry's stored value of `name` (one value when it is common), in row order."""
-    if name in common:
-        return [common[name]] if rows else []
-    if name in columns:
-        return list(map(itemgetter(columns.index(name)), rows.values()))
-    return []
-
-
-def _holder(common: dict, columns: list, rows: dict, name: str, value) -> str:
-    """A key whose stored `name` is `value`, for an error message."""
-    if name in common:
-        return next(iter(rows), "(none)")
-    i = columns.index(name)
-    return next(k for k, r in rows.items() if r[i] == value)
 
 
 # What an entry's launch fields may hold. The loader hands these to the driver (block size, shared
@@ -274,8 +346,8 @@ def _cluster(v):
     return None
 
 
-_FIELD_CHECKS = {
-    "sha256": _sha256, "size": _int(1, MAX_BINARY), "symbol": _symbol, "path": _kind(str),
+_FIELD_CHECKS = {  # "path" first: a default path is made from the sha256
+    "path": path_problem, "sha256": _sha256, "size": _int(1, MAX_BINARY), "symbol": _symbol,
     "params": _params, "param_names": _str_list, "divisible": _str_list,
     "num_warps": _int(1, 32, power_of_two=True), "num_stages": _int(0, 64), "num_ctas": _int(1, 16),
     "cluster_dims": _cluster, "shared": _int(0, MAX_SHARED),
@@ -284,6 +356,11 @@ _FIELD_CHECKS = {
     "launch_cooperative_grid": _kind(bool), "launch_pdl": _kind(bool),
     "constexprs": _kind(dict), "provenance": _kind(dict),
 }
+
+
+# Names a kernel table may store: Entry's fields (but kernel and key, the table's and the row's
+# names), with params and divisible as their indexes (a test keeps this equal to Entry's fields).
+STORED = frozenset(_FIELD_CHECKS.keys() - TABLES.keys()) | frozenset(_INDEXES)
 
 
 def entry_problem(fields: dict) -> str | None:

@@ -50,8 +50,19 @@ def set_field(doc: dict, key: str, field: str, value) -> None:
             shas = ([r[columns.index("sha256")] for r in rows.values()] if "sha256" in columns
                     else [table["common"]["sha256"]] * len(rows))
             others = [f"bin/{sha}.cubin" for sha in shas]
-        else:  # a group stored one item per column (constexprs.BLOCK) becomes one dict column: {} elsewhere
-            others = [table["common"].pop(stored, doc["defaults"].get(stored, {}))] * len(rows)
+        elif stored not in ("constexprs", "provenance"):  # a common value becomes every row's own
+            others = [table["common"].pop(stored, doc["defaults"].get(stored))] * len(rows)
+        else:  # a group stored one item per name (constexprs.BLOCK) becomes one dict column, whole in every row
+            items = {n: v for n, v in table["common"].items() if n.startswith(stored + ".")}
+            for n in items:
+                del table["common"][n]
+            whole = {n.split(".", 1)[1]: v for n, v in items.items()}
+            others = [dict(whole) for _ in rows]
+            for n in [c for c in columns if c.startswith(stored + ".")]:
+                i = columns.index(n)
+                for row, other in zip(rows.values(), others):
+                    other[n.split(".", 1)[1]] = row.pop(i)
+                columns.pop(i)
         columns.append(stored)
         for row, other in zip(rows.values(), others):
             row.append(other)

@@ -114,7 +114,7 @@ class KernelTables:
         self.defaults = _get(doc, "defaults", dict, "the manifest")
         if self.defaults.keys() - DEFAULTS.keys():  # a default path or index would dodge the checks
             raise ValueError(f"defaults may name only {sorted(DEFAULTS)}, not "
-                             f"{sorted(map(repr, self.defaults.keys() - DEFAULTS.keys()))}")
+                             f"{', '.join(sorted(map(repr, self.defaults.keys() - DEFAULTS.keys())))}")
         self.tables = {t: _get(doc, t, list, "the manifest") for t, _ in TABLES.values()}
         for name, table in self.tables.items():
             if set(map(type, table)) - {list}:
@@ -223,7 +223,8 @@ class _Table:
         if not isinstance(table, dict):
             raise ValueError(f"{where}: expected an object")
         if table.keys() - {"common", "columns", "entries"}:
-            raise ValueError(f"{where}: unknown table fields {sorted(map(repr, table.keys() - {'common', 'columns', 'entries'}))}")
+            extra = ", ".join(sorted(map(repr, table.keys() - {"common", "columns", "entries"})))
+            raise ValueError(f"{where}: unknown table fields {extra} (a table has common, columns and entries)")
         common, columns, rows = (_get(table, n, t, where) for n, t in (("common", dict), ("columns", list),
                                                                          ("entries", dict)))
         for kind, names in (("common field", list(common)), ("column", columns)):
@@ -282,7 +283,7 @@ class _Table:
         if name in self.common:
             return next(iter(self.rows), "(none)")
         i = self.columns.index(name)
-        return next(k for k, r in self.rows.items() if r[i] == value)
+        return next(k for k, r in self.rows.items() if type(r[i]) is type(value) and r[i] == value)  # 1.0 == 1
 
 
 def _first(values, wrong, types: set | None = None) -> tuple | None:

@@ -20,12 +20,16 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+from . import targets
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest, sha256_file, verify_files
 
 SCHEME = "hf://"
 ENV_NO_DOWNLOAD = "AOTC_NO_DOWNLOAD"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# The Hub's repo ids: ORG/NAME, each up to 96 of [A-Za-z0-9_.-], starting with a letter or digit.
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}", re.ASCII)
+_REF_CHARS = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
+_REF_FORBIDDEN = ("..", "//", "@{", "~", "^", ":", "?", "*", "[", "\\")
 # Download threads for one target's binaries: dozens of small files, latency-bound.
 _WORKERS = 8
 
@@ -42,6 +46,10 @@ class NotCachedError(HubError):
     """Downloads are disabled and the cache does not hold a good copy."""
 
 
+class BadSourceError(HubError, ValueError):
+    """A repo id, revision or target name that may not be used: it could lead outside the cache."""
+
+
 class CorruptArtifactsError(HubError):
     """Files that do not match their manifest, and could not be (or may not be) downloaded again."""
 
@@ -56,10 +64,50 @@ def parse_hub_source(source: str) -> tuple[str, str]:
         raise ValueError(f"not a hub source: {source!r}; expected hf://ORG/NAME or hf://ORG/NAME@REVISION")
     rest = str(source)[len(SCHEME):]
     repo, sep, revision = rest.partition("@")
-    if not _REPO.fullmatch(repo) or (sep and not revision):
-        raise ValueError(f"bad hub source {source!r}: expected hf://ORG/NAME or hf://ORG/NAME@REVISION "
-                         "(a branch such as v0.1.0, or a 40-hex commit sha)")
+    why = repo_problem(repo) or (revision_problem(revision) if sep else None)
+    if why:
+        raise BadSourceError(f"bad hub source {source!r}: {why}; expected hf://ORG/NAME or hf://ORG/NAME@REVISION "
+                             "(a branch or tag such as v0.1.0, or a 40-hex commit sha)")
     return repo, revision or "main"
+
+
+def repo_problem(repo) -> str | None:
+    """Why `repo` is not a Hub repo id ORG/NAME (letters, digits, _ . -; no "--" or ".."), or None."""
+    if not isinstance(repo, str) or not _REPO.fullmatch(repo) or ".." in repo or "--" in repo \
+            or any(part.endswith((".", "-")) for part in repo.split("/")):
+        return f"repo {repo!r:.120} is not ORG/NAME"
+    return None
+
+
+def revision_problem(revision) -> str | None:
+    """Why `revision` is neither a 40-hex commit nor a branch or tag name, or None. Names follow
+    git's check-ref-format (the Hub's refs are git refs; refs/pr/1 is one): printable ASCII with
+    no space, none of .. // @{ ~ ^ : ? * [ \\, no component starting with "." or ending with
+    ".lock", not starting or ending with "/", not ending with ".", not "@", at most 255
+    characters. So a revision never leads outside the cache's refs/ and snapshots/ folders."""
+    if not isinstance(revision, str) or not revision:
+        return f"revision {revision!r:.120} is empty or not a string"
+    if _COMMIT.fullmatch(revision):
+        return None
+    bad = (len(revision) > 255 or not _REF_CHARS.fullmatch(revision)
+           or any(f in revision for f in _REF_FORBIDDEN) or revision == "@"
+           or revision.startswith("/") or revision.endswith(("/", "."))
+           or any(p.startswith(".") or p.endswith(".lock") for p in revision.split("/")))
+    return f"revision {revision!r:.120} is not a branch or tag name (git's rules) nor a 40-hex commit" if bad else None
+
+
+def check_source(repo: str, revision: str, target: str) -> None:
+    """BadSourceError naming whichever of repo, revision and target may not be used."""
+    why = repo_problem(repo) or revision_problem(revision)
+    if why is None:
+        try:
+            if not isinstance(target, str):
+                raise ValueError(f"a target is a name such as sm90, not {type(target).__name__}")
+            targets.get(target)
+        except ValueError as e:
+            why = f"target: {e}"
+    if why:
+        raise BadSourceError(why)
 
 
 def pull_command(repo: str, revision: str, target: str) -> str:
@@ -102,7 +150,9 @@ def fetch_target(source: str, target: str) -> Path:
 
 def fetch(repo: str, revision: str, target: str, *, allow_download: bool = True,
           token: str | None = None) -> Path:
-    """fetch_target's work, with downloads allowed or not by the caller (`aotc pull` allows them)."""
+    """fetch_target's work, with downloads allowed or not by the caller (`aotc pull` allows them).
+    BadSourceError (a HubError and a ValueError) for a repo, revision or target that may not be used."""
+    check_source(repo, revision, target)
     cache = hub_cache_dir()
     if _COMMIT.fullmatch(revision) or _offline() or not allow_download:
         # Lock-free fast path: a revision that will not be resolved online, already cached and intact.
@@ -274,6 +324,8 @@ def _cached_root(cache: Path, repo: str, revision: str) -> Path | None:
         if not ref.is_file():
             return None
         commit = ref.read_text().strip()
+        if not _COMMIT.fullmatch(commit):  # a damaged refs file: not a snapshot to trust
+            return None
     snapshot = storage / "snapshots" / commit
     return snapshot if snapshot.is_dir() else None
 
@@ -324,5 +376,5 @@ def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
 
 
 __all__ = ["parse_hub_source", "is_hub_source", "fetch_target", "fetch", "copy_target", "pull_command",
-           "hub_cache_dir", "hub_endpoint", "HubError", "TargetNotFoundError", "NotCachedError",
+           "hub_cache_dir", "hub_endpoint", "check_source", "HubError", "BadSourceError", "TargetNotFoundError", "NotCachedError",
            "CorruptArtifactsError", "ManifestError"]

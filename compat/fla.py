@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._convert import guard_call
+
 _DECODE_MAX_T = 8  # loader.gated_delta_decode's MAX_T (kernels/gated_delta/spec.py)
 
 
@@ -157,6 +159,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     gv, beta per value channel, cp_context, float32 inputs.
     """
     who = "fused_recurrent_gated_delta_rule"
+    guard_call(who, {}, {"q": q, "k": k, "v": v, "g": g, "gk": gk, "gv": gv, "beta": beta, "initial_state": initial_state,
+                         "A_log": A_log, "dt_bias": dt_bias})
     _check(who, q, k, v, beta)
     v_first, _ = _options(who, kwargs, state_v_first)
     if gv is not None:
@@ -187,6 +191,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     float32 inputs.
     """
     who = "chunk_gated_delta_rule"
+    guard_call(who, {}, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
+                         "A_log": kwargs.get("A_log"), "dt_bias": kwargs.get("dt_bias")})
     _check(who, q, k, v, beta)
     v_first, gate = _options(who, dict(kwargs, cp_context=cp_context), state_v_first)
     if g is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ._convert import int32_indices
+from ._convert import guard_call, int32_indices
 
 
 def token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale, cache_v, cache_v_scale, out=None,
@@ -65,8 +65,12 @@ def token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale
         raise ValueError(f"infer_state.batch_size = {batch}, but q holds {q.shape[0]} requests")
     if out is None:
         out = alloc_tensor_func(q.shape, dtype=q.dtype, device=q.device)
-    return loader.decode(q, cache_k, cache_v, int32_indices(table, "req_to_token_indexs"),
-                         int32_indices(lens, "b_seq_len"), req_idx=int32_indices(req_idx, "b_req_idx"),
+    guard_call("token_decode_attention_flash_decoding", {"out": out}, {
+        "q": q, "cache_k": cache_k, "cache_k_scale": cache_k_scale, "cache_v": cache_v, "cache_v_scale": cache_v_scale,
+        "b_req_idx": req_idx, "b_seq_len": lens, "req_to_token_indexs": table})
+    check = None if validate else False
+    return loader.decode(q, cache_k, cache_v, int32_indices(table, "req_to_token_indexs", check),
+                         int32_indices(lens, "b_seq_len", check), req_idx=int32_indices(req_idx, "b_req_idx", check),
                          k_scale=cache_k_scale, v_scale=cache_v_scale, kv_format=fmt, out=out, validate=validate)
 
 
@@ -124,10 +128,14 @@ def context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scal
     except AttributeError as e:
         raise TypeError(f"infer_state: expected LightLLM's InferStateInfo (b_req_idx, b_seq_len, b_ready_cache_len, "
                         f"req_manager.req_to_token_indexs): {e}") from None
-    lens = int32_indices(lens, "b_seq_len")
-    ready = int32_indices(ready, "b_ready_cache_len")
-    req_idx = int32_indices(req_idx, "b_req_idx")
-    table = int32_indices(table, "req_to_token_indexs")
+    guard_call("context_attention_fwd_ppl_int8kv", {"out": out}, {  # out None: allocated below, apart by birth
+        "q": q, "kv": kv, "cache_kv": cache_kv, "cache_kv_scale": cache_kv_scale, "b_req_idx": req_idx,
+        "b_seq_len": lens, "b_ready_cache_len": ready, "req_to_token_indexs": table})
+    check = None if validate is not False else False
+    lens = int32_indices(lens, "b_seq_len", check)
+    ready = int32_indices(ready, "b_ready_cache_len", check)
+    req_idx = int32_indices(req_idx, "b_req_idx", check)
+    table = int32_indices(table, "req_to_token_indexs", check)
     if not (lens.dim() == ready.dim() == req_idx.dim() == 1 and lens.shape == ready.shape == req_idx.shape):
         raise ValueError(f"infer_state: b_seq_len, b_ready_cache_len and b_req_idx must be [batch] alike, got "
                          f"{tuple(lens.shape)}, {tuple(ready.shape)}, {tuple(req_idx.shape)}")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ._convert import fp32_scale, int32_indices
+from ._convert import fp32_scale, guard_call, int32_indices
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _PREFILL_FORMATS = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -79,7 +79,12 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len,
     and page ids, one device sync per eager call (skipped under CUDA graph capture).
     """
     from aotc import loader
+    from aotc.loader.ops import guards
 
+    guard_call("decode_attention_fwd", {"o": o, "lse": lse}, {
+        "q": q, "k_buffer": k_buffer, "v_buffer": v_buffer, "req_to_token": req_to_token, "b_seq_len": b_seq_len,
+        "k_scale": k_scale, "v_scale": v_scale})
+    sm_scale = guards.real("decode_attention_fwd", "sm_scale", sm_scale)  # float(True) would be 1.0
     if logit_cap:
         raise NotImplementedError(f"logit_cap={logit_cap}: logit soft-capping is not implemented in aotc's decode")
     if not isinstance(q, torch.Tensor) or not isinstance(k_buffer, torch.Tensor) or not isinstance(v_buffer,
@@ -98,8 +103,8 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len,
         ks, vs = fp32_scale(k_scale, "k_scale", q.device), fp32_scale(v_scale, "v_scale", q.device)
     else:
         ks = vs = None
-    table = int32_indices(req_to_token, "req_to_token")
-    lens = int32_indices(b_seq_len, "b_seq_len")
+    table = int32_indices(req_to_token, "req_to_token", None if validate else False)
+    lens = int32_indices(b_seq_len, "b_seq_len", None if validate else False)
     if lse is None:
         loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, sm_scale=float(sm_scale), out=o,
                       validate=validate)
@@ -117,6 +122,7 @@ def _f32_tensor(t, name: str, device):
 def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, k_scale, v_scale,
              alibi_slopes, sliding_window, sm_scale, skip_decode, out_scale, sinks, causal=True):
     """The shared body of context_attention_fwd and chunked_prefill_paged_decode."""
+    from aotc.loader.ops import guards
     from aotc.loader.ops.prefix_prefill import prefix_prefill
 
     if alibi_slopes is not None:
@@ -136,6 +142,8 @@ def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_l
         raise ValueError(f"{who}: kv_cache_dtype='auto' with a uint8 cache; pass the fp8 format")
     fp8 = fmt != "auto"
     dev = q.device
+    if sliding_window is not None:  # int(True) would be a window of 1
+        guards.integer(who, "sliding_window", sliding_window)
     window = int(sliding_window) if sliding_window is not None and sliding_window > 0 else None
     prefix_prefill(q, k, v, k_cache, v_cache, int32_indices(b_loc, "block table"),
                    int32_indices(b_start_loc, "query start offsets"), int32_indices(b_seq_len, "seq lens"),
@@ -156,6 +164,9 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
     k/v None, float32 q/k/v. Other limits are prefix_prefill's (D a multiple of 8 up to 256, x a
     multiple of 8), raised as its ValueError/TypeError.
     """
+    guard_call("context_attention_fwd", {"o": o}, {
+        "q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "b_loc": b_loc, "b_start_loc": b_start_loc,
+        "b_seq_len": b_seq_len, "k_scale": k_scale, "v_scale": v_scale, "fp8_out_scale": fp8_out_scale, "sinks": sinks})
     _prefill("context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
              k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal)
 
@@ -183,6 +194,10 @@ def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_
     if is_block_table_ptr:
         raise NotImplementedError("chunked_prefill_paged_decode: is_block_table_ptr=True (block addresses instead "
                                   "of block ids) is not supported; pass block ids")
+    guard_call("chunked_prefill_paged_decode", {"output": output}, {
+        "query": query, "key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+        "block_table": block_table, "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale,
+        "v_scale": v_scale, "output_scale": output_scale, "sinks": sinks})
     _prefill("chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
              block_table, query_start_loc, seq_lens, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, False,
              output_scale, sinks, causal)

@@ -15,7 +15,7 @@ import torch
 from aotc.kernels.decode import spec as S
 
 from .. import workspace
-from . import library
+from . import guards, library
 from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
 from ..sm_count import cuda_sm_count
 from .value_checks import skip_value_checks
@@ -201,6 +201,8 @@ class _Decode:
 def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                   window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
+    guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
+                       sinks=sinks, out=out, lse=lse)
     _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
     batch, q_heads, head_dim = q.shape
@@ -240,14 +242,11 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
         if lse.shape != q.shape[:2]:
             raise ValueError(f"lse: shape {tuple(lse.shape)}, expected [batch, q_heads] = {tuple(q.shape[:2])}")
         _unit_last(lse, "lse")
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(head_dim)
-    elif not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be a finite float, got {sm_scale!r}")
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else guards.real("decode", "sm_scale", sm_scale)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
-    if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= S.MAX_SPLITS):
-        raise ValueError(f"num_splits must be None or an int in [1, {S.MAX_SPLITS}], got {num_splits!r}")
+    if num_splits is not None:
+        guards.integer("decode", "num_splits", num_splits, 1, S.MAX_SPLITS)
     page_size, max_pages = kv.k.shape[1], table.shape[1]
     if page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"k_cache: page size {page_size} (dim 1 of {tuple(k_cache.shape)}) is not a power of two; "
@@ -258,7 +257,15 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
                     ("k_scale", kv.ks), ("v_scale", kv.vs), ("lse", lse)):
         if t is not None and max(t.stride(), default=0) > _I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
+    guards.check_outputs("decode", {"out": out, "lse": lse}, _inputs(q, k_cache, v_cache, table, seq_lens, req_idx,
+                                                                     k_scale, v_scale, sinks))
     return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse)
+
+
+def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks) -> dict:
+    """What decode reads, by name, in the order `_Plan.apart` takes it after out and lse."""
+    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "table": table, "seq_lens": seq_lens, "req_idx": req_idx,
+            "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks}
 
 
 def _check_decode_values(d: _Decode) -> None:
@@ -330,7 +337,7 @@ class _Plan:
     run_kernel's general path (CPU, JIT fallback, another device)."""
 
     __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
-                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge")
+                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge", "apart")
 
     def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
                  fp8, fmt, device):
@@ -339,6 +346,7 @@ class _Plan:
         self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
         self.halfword = fmt in S.INT_FORMATS  # int8/int4 caches are read as int16 words
         self.fast_split = self.fast_merge = None
+        self.apart = None  # guards.Apart: out and lse apart from the inputs, by this call's pointers
 
 
 def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
@@ -486,7 +494,7 @@ def plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv
             table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
             seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
             _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(lse), kv_format, sm_scale, window,
-            num_splits, scale_layout)
+            num_splits, scale_layout, type(sm_scale), type(window), type(num_splits))  # True == 1, and hashes alike
 
 
 def cached_plan(key, d: _Decode, out) -> _Plan:
@@ -494,6 +502,8 @@ def cached_plan(key, d: _Decode, out) -> _Plan:
     plan = _plans.get(key) if key is not None else None
     if plan is None:
         plan = _make_plan(d, out)
+        plan.apart = guards.Apart("decode", {"out": out, "lse": d.lse}, _inputs(
+            d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks))
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -592,5 +602,10 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
             _check_decode_values(d)
         if plan is None:
             plan = cached_plan(key, d, out)
+    else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
+        if torch.is_grad_enabled():
+            guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
+                               sinks=sinks, out=out, lse=lse)
+        plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks)
     _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
     return (out, lse) if return_lse else out

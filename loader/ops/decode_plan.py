@@ -16,7 +16,9 @@ Measured against bare driver calls by bench/launch_overhead.py ("aot_plan_run").
 What run() checks, and why that is enough: a layer's q, caches, scales, out and lse must have
 the plan's dtypes, sizes and strides exactly (so the packed strides and grid fit them, and the
 page ids validated at plan time are within every layer's cache), and be on the plan's device;
-int8/int4 caches must start at even addresses. It does not re-read lengths or page ids: they
+int8/int4 caches must start at even addresses; out and lse may share no byte with the layer's
+inputs or the step's table, lengths, req_idx and sinks (guards.Apart: their addresses compared);
+no input may require grad while grad mode is on. It does not re-read lengths or page ids: they
 were validated when the plan was made, and the table and lengths must not change while the plan
 is used (the plan's point). A mismatch raises ValueError/TypeError naming the argument; nothing
 is launched.
@@ -38,6 +40,7 @@ from aotc.kernels.variants import ALIGNED, GENERIC
 
 from ..dispatch import prepare
 from . import decode as D
+from . import guards
 
 _PTR = struct.Struct("<Q")
 
@@ -164,6 +167,10 @@ class DecodePlan:
         self._fp8 = d.kv.fmt in D._FP8_DTYPES
         self._lse_meta = _Meta(lse) if lse is not None else None
         self._halfword = plan.halfword
+        # out and lse apart from every layer's inputs and from the step's own tensors, by address, every run
+        self._apart = guards.Apart("DecodePlan.run", {"out": out, "lse": lse}, {
+            "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
+            fixed={"table": table, "seq_lens": seq_lens, "req_idx": req_idx, "sinks": sinks})
         self._lock = threading.Lock()
         self._fast = None
         if plan.fast_split is not None:
@@ -242,6 +249,10 @@ class DecodePlan:
                 self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
         elif lse is not None:
             self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+        if torch.is_grad_enabled():
+            guards.refuse_grad("DecodePlan.run", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale,
+                               v_scale=v_scale, out=out, lse=lse)
+        self._apart(out, lse, q, k_cache, v_cache, k_scale, v_scale)
         fast = self._fast
         if fast is not None and torch._C._cuda_getDevice() == fast[2]:
             qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()

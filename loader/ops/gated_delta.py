@@ -15,7 +15,7 @@ import torch
 
 from aotc.kernels.gated_delta import spec as S
 
-from . import library
+from . import guards, library
 from ..dispatch import prepare, register_plan_cache, run_kernel
 from .value_checks import skip_value_checks
 
@@ -63,10 +63,10 @@ def _unit_last(t, name, op):
         _fail(op, name, "contiguous in its last dim (stride 1)", f"strides {t.stride()}")
 
 
-def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE, max_v=S.MAX_V) -> Dims:
+def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE, max_v=S.MAX_V, min_t=1) -> Dims:
     """q, k [B, T, H, K] and v [B, T, HV, V] (varlen: B = 1, T = total tokens): fp16/bf16 alike,
     last dims contiguous, K in k_dims, V a multiple of v_multiple up to max_v, HV a multiple of H,
-    T >= 1 (<= max_t). The defaults are the decode kernel's."""
+    T >= min_t (<= max_t). The defaults are the decode kernel's."""
     check_tensor(q, "q", op, QKV_DTYPES, 4)
     dev = q.device
     check_tensor(k, "k", op, (q.dtype,), 4, dev)
@@ -74,8 +74,8 @@ def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE,
     B, T, H, K = q.shape
     if K not in k_dims:
         _fail(op, "q.shape[3] (K)", f"one of {tuple(k_dims)}", K)
-    if T < 1 or (max_t is not None and T > max_t):
-        _fail(op, "q.shape[1] (T, tokens a row)", f"in [1, {max_t}]" if max_t else ">= 1", T)
+    if T < min_t or (max_t is not None and T > max_t):
+        _fail(op, "q.shape[1] (T, tokens a row)", f"in [{min_t}, {max_t}]" if max_t else f">= {min_t}", T)
     if tuple(k.shape) != tuple(q.shape):
         _fail(op, "k", f"shaped like q {tuple(q.shape)}", tuple(k.shape))
     if tuple(v.shape[:2]) != (B, T):
@@ -202,6 +202,7 @@ def check_scale(scale, K, op) -> float:
 def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                   out):
     """Every check that needs no tensor values; returns (Dims, scale, fused)."""
+    guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
     d = check_qkv(q, k, v, OP, max_t=S.MAX_T)
     dev = q.device
     _kind, fused = resolve_gates(g, beta, A_log, a, dt_bias, b, d, dev, OP)
@@ -215,7 +216,15 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
     if programs > _I32_MAX:
         _fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
               f"programs", f"{programs} programs")
+    named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
+    guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
     return d, check_scale(scale, d.K, OP), fused
+
+
+def _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> dict:
+    """The decode's tensors by name: out and state first (written), then what it reads (Apart's order)."""
+    return {"out": out, "state": state, "q": q, "k": k, "v": v, "g": g, "beta": beta, "state_indices": state_indices,
+            "A_log": A_log, "a": a, "dt_bias": dt_bias, "b": b}
 
 
 def _strides(t, n):
@@ -227,10 +236,11 @@ class _Plan:
     """A checked launch: variant axes, grid, the non-pointer arguments, and for CUDA tensors whose
     binaries are built the `dispatch.Prepared` launch that packs only the pointers per call."""
 
-    __slots__ = ("axes", "grid", "ints", "fused", "fast")
+    __slots__ = ("axes", "grid", "ints", "fused", "fast", "apart")
 
     def __init__(self, axes, grid, ints, fused):
         self.axes, self.grid, self.ints, self.fused, self.fast = axes, grid, ints, fused, None
+        self.apart = None  # guards.Apart of the public function's cached plans
 
 
 def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused):
@@ -365,7 +375,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
         if out is None:
             out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
         key = (_meta(q), _meta(k), _meta(v), _meta(g), _meta(beta), _meta(state), _meta(state_indices),
-               _meta(A_log), _meta(a), _meta(dt_bias), _meta(b), _meta(out), scale, qk_l2norm, state_layout)
+               _meta(A_log), _meta(a), _meta(dt_bias), _meta(b), _meta(out), scale, qk_l2norm, state_layout,
+               type(scale), type(qk_l2norm))  # True == 1, and hashes alike
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
         key = plan = None
@@ -374,10 +385,16 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
                                            qk_l2norm, state_layout, out)
         plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale_f, qk_l2norm, state_layout, out,
                           fused)
+        named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
+        plan.apart = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = plan
+    else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
+        if torch.is_grad_enabled():
+            guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
+        plan.apart(out, state, q, k, v, g, beta, state_indices, A_log, a, dt_bias, b)
     if validate and not skip_value_checks(state_indices):
         check_state_index_values(state_indices, state.shape[0], OP)
     _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)

@@ -6,7 +6,7 @@ import torch
 from aotc.kernels.gated_delta import chunk_spec as _spec
 
 from ..sm_count import cuda_sm_count
-from . import library
+from . import guards, library
 
 from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
                           check_state_index_values, check_state_indices, check_tensor)
@@ -23,7 +23,9 @@ def _fail(name, expected, got):
 def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out):
     """Every check that needs no tensor values (the decode op's shared checks plus the varlen
     ones); returns the scale. state_indices and cu_seqlens may still be int64 here."""
-    d = check_qkv(q, k, v, OP)
+    reads = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state_indices": state_indices, "cu_seqlens": cu_seqlens}
+    guards.refuse_grad(OP, **reads, state=state, out=out)
+    d = check_qkv(q, k, v, OP, min_t=0)  # T = 0: an empty batch, a no-op
     dev = q.device
     if d.B != 1:
         _fail("q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
@@ -38,8 +40,7 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
         _fail("cu_seqlens", f"[N + 1] = [{n + 1}] (state_indices names N = {n} sequences)", tuple(cu_seqlens.shape))
     if out is not None:
         check_out(out, tuple(v.shape), q.dtype, dev, OP)
-        if any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in (q, k, v, state)):
-            _fail("out", "a tensor that shares no memory with q, k, v or state", "a view of one of them")
+    guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         _fail("q.shape[1] (T)", "below 2**30 tokens", d.T)
     return check_scale(scale, d.K, OP)
@@ -151,8 +152,10 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
         `[slots, HV, K, V]` for "kmajor"; any strides. Sequence n starts from
         state[state_indices[n]] and its final state is written there, in place. An index < 0
         marks a padded sequence: its outputs are zeros and no state is read or written.
-      state_indices `[N]`, cu_seqlens `[N + 1]`: int32 or int64 (int64 is converted to int32);
-        sequence n is tokens cu_seqlens[n]:cu_seqlens[n+1]. Chunks never cross sequences.
+      state_indices `[N]`, cu_seqlens `[N + 1]`: int32 or int64 (int64 is converted to int32; a
+        value outside int32 is refused when validated, and an unvalidated such state index is
+        padded); sequence n is tokens cu_seqlens[n]:cu_seqlens[n+1]. Chunks never cross sequences.
+        An empty batch (T = 0, N >= 0) is a no-op: states untouched, an empty out returned.
     Options: scale (default K ** -0.5); qk_l2norm: q and k divided by sqrt(sum(x^2) + 1e-6) in
       the kernel; out `[1, T, HV, V]` (q's dtype, last dim contiguous), allocated when None.
       validate: copy cu_seqlens and state_indices to the host and check them (cu_seqlens from 0
@@ -167,7 +170,10 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
-    stride, device, option or (when validated) value, naming the argument, before any launch.
+    stride, device, option or (when validated) value, naming the argument, before any launch;
+    ValueError naming out or state when either shares memory with another argument or is an
+    expand()ed (stride-0) view; NotImplementedError when grad mode is on and an input requires
+    grad (aotc is inference-only).
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
     state from that token on; other sequences unaffected).
     """
@@ -183,8 +189,9 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     if g.dim() == 4 and g.stride(-1) != 1:
         g = g.contiguous()
     beta = beta.float()
-    state_indices = state_indices.to(torch.int32).contiguous()
-    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    # int64 values outside int32 would wrap onto another slot: refused when validated, padded when not
+    state_indices = guards.to_int32(OP, "state_indices", state_indices, validate, pad=-1).contiguous()
+    cu_seqlens = guards.to_int32(OP, "cu_seqlens", cu_seqlens, validate).contiguous()
     check_state_indices(state_indices, state_indices.shape[0], q.device, OP)
     if out is None:
         out = torch.empty(v.shape, dtype=q.dtype, device=q.device)

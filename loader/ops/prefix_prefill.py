@@ -8,8 +8,7 @@ import torch
 
 from aotc.kernels.prefix_prefill import spec as _spec
 
-from . import library
-from .overlap import check_disjoint
+from . import guards, library
 from .value_checks import skip_value_checks
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -204,6 +203,10 @@ def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, 
 
 def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
               v_scale, sm_scale, window, sinks, out_scale, out) -> _Cache:
+    reads = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+             "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
+             "sinks": sinks, "out_scale": out_scale}
+    guards.refuse_grad("prefix_prefill", **reads, out=out)
     _tensor("q", q, tuple(_DTYPES), 3)
     dev = q.device
     _tensor("k", k, (q.dtype,), 3, dev)
@@ -226,7 +229,7 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     _tensor("seq_lens", seq_lens, (torch.int32,), 1, dev)
     _need(seq_lens.shape[0] == batch, "seq_lens", f"[batch] = [{batch}]", tuple(seq_lens.shape))
     if sm_scale is not None:
-        _need(isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale), "sm_scale", "a finite float", sm_scale)
+        guards.real("prefix_prefill", "sm_scale", sm_scale)
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int):
             raise TypeError(f"prefix_prefill: window must be an int or None, got {type(window).__name__}")
@@ -240,9 +243,7 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
         _tensor("out", out, (torch.float8_e4m3fn,) if out_scale is not None else (q.dtype,), 3, dev)
         _need(tuple(out.shape) == tuple(q.shape), "out", f"shaped like q {tuple(q.shape)}", tuple(out.shape))
         # A program writes its rows of out while later programs still read earlier rows of k and v.
-        check_disjoint("prefix_prefill", "out", out, {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache,
-                                                      "block_table": block_table, "query_start_loc": query_start_loc,
-                                                      "seq_lens": seq_lens, "sinks": sinks})
+        guards.check_outputs("prefix_prefill", {"out": out}, reads)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
                     ("block_table", block_table)):
         if t is not None:
@@ -420,7 +421,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     Returns out `[T, q_heads, D]`.
     Raises TypeError for a wrong type or dtype and ValueError for a wrong shape, stride, device,
     option or (when validated) length, naming the argument, before anything is launched.
-    `out` may not share memory with any input (ValueError naming it). Float and fp8 caches take at
+    `out` may not share memory with any input nor be an expand()ed (stride-0) view (ValueError
+    naming it); an input that requires grad while grad mode is on raises NotImplementedError (aotc
+    is inference-only). Float and fp8 caches take at
     most 65535 q blocks a call (T // BLOCK_M + B, BLOCK_M 128: about 8M tokens); more raise
     ValueError naming q. NaN and inf in the inputs are
     not checked: NaN in, NaN out (a non-finite q row, or k/v row it attends to, gives that row

@@ -10,8 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import library
-from .overlap import check_disjoint
+from . import guards, library
 from .value_checks import skip_value_checks
 from .decode import _FP8_DTYPES, _KV, _check_cache, _tensor
 
@@ -19,6 +18,8 @@ _QMAX = {"int8": 127.0, "int4": 7.0}
 _FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> _KV:
+    # a cache written in place would join the autograd graph, and the gradient of k and v would be lost
+    guards.refuse_grad("store_kv", k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale)
     _tensor(k, "k", (torch.float16, torch.bfloat16), dim=3)
     dev = k.device
     _tensor(v, "v", (k.dtype,), dim=3, device=dev)
@@ -40,8 +41,7 @@ def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, sca
         written.update(k_scale=k_scale, v_scale=v_scale)
     else:
         read.update(k_scale=k_scale, v_scale=v_scale)
-    for i, (name, t) in enumerate(written.items()):
-        check_disjoint("store_kv", name, t, {**dict(list(written.items())[:i]), **read})
+    guards.check_outputs("store_kv", written, read)
     return kv
 
 
@@ -81,14 +81,31 @@ def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
             scales_4d[page, off] = scales
 
 
-def _check_slots(slots, kv: _KV) -> None:
+def _check_values(slots, kv: _KV, k_scale, v_scale) -> None:
+    """On host copies (one device sync): every slot inside the cache and none twice (which of two
+    tokens would be stored is undefined); fp8 scales finite and > 0 (x / 0 is inf or NaN)."""
     if slots.numel() == 0 or skip_value_checks(slots):
         return
     n = kv.k.shape[0] * kv.k.shape[1]
-    bad = (slots < 0) | (slots >= n)
+    host = slots.cpu()
+    bad = (host < 0) | (host >= n)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"slots[{i}] = {int(slots[i])} is outside the cache's {n} token slots")
+        raise ValueError(f"slots[{i}] = {int(host[i])} is outside the cache's {n} token slots")
+    values, counts = host.unique(return_counts=True)
+    if bool((counts > 1).any()):
+        slot = int(values[counts > 1][0])
+        i, j = (host == slot).nonzero().flatten().tolist()[:2]
+        raise ValueError(f"slots[{i}] and slots[{j}] are both slot {slot}; each slot may be written once a call")
+    if kv.fmt in _FP8_DTYPES:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None:
+                s = scale.detach().float().cpu().reshape(-1)
+                bad = ~torch.isfinite(s) | (s <= 0)
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0, 0])
+                    raise ValueError(f"{name}[{i}] = {float(s[i])}: an fp8 scale must be finite and > 0 "
+                                     f"(the cache stores x / scale)")
 
 
 def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
@@ -117,11 +134,13 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
     scale_layout  "group", or "channel" (int8: fixed scales [Hk, D] fp32, read, never written:
               codes = round-to-nearest(x / scale[head, channel]) clamped to +-127).
     slots     [T] int32 global token slots, slot = page * page_size + offset.
-    validate  check slots against the cache (one device sync; skipped under torch.compile and
-              CUDA graph capture).
+    validate  check slots against the cache and each slot named once, and fp8 scales finite
+              and > 0 (one device sync; skipped under torch.compile and CUDA graph capture).
 
     Errors: TypeError / ValueError naming the argument, before anything is written; a cache or
-              scale that shares memory with another argument (v_cache=k_cache) is refused.
+              scale that shares memory with another argument (v_cache=k_cache) or is an expand()ed
+              (stride-0) view is refused; an input that requires grad while grad mode is on raises
+              NotImplementedError (aotc is inference-only).
               NaN/inf in k or v are not checked: fp16/bf16/fp8 store them as they are (fp8
               saturates inf); int8/int4 store a NaN scale for their group, so decode reads NaN.
     """
@@ -130,5 +149,5 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
         return
     kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
     if validate:
-        _check_slots(slots, kv)
+        _check_values(slots, kv, k_scale, v_scale)
     _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)

@@ -145,8 +145,10 @@ def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_l
     if sliding_window is not None:  # int(True) would be a window of 1
         guards.integer(who, "sliding_window", sliding_window)
     window = int(sliding_window) if sliding_window is not None and sliding_window > 0 else None
-    prefix_prefill(q, k, v, k_cache, v_cache, int32_indices(b_loc, "block table"),
-                   int32_indices(b_start_loc, "query start offsets"), int32_indices(b_seq_len, "seq lens"),
+    names = (("b_loc", "b_start_loc", "b_seq_len") if who == "context_attention_fwd"  # the caller's own names
+             else ("block_table", "query_start_loc", "seq_lens"))
+    prefix_prefill(q, k, v, k_cache, v_cache, int32_indices(b_loc, names[0]),
+                   int32_indices(b_start_loc, names[1]), int32_indices(b_seq_len, names[2]),
                    kv_layout="vllm", kv_format=fmt, k_scale=_f32_tensor(k_scale, "k_scale", dev) if fp8 else None,
                    v_scale=_f32_tensor(v_scale, "v_scale", dev) if fp8 else None, sm_scale=sm_scale, window=window,
                    sinks=_f32_tensor(sinks, "sinks", dev), out_scale=_f32_tensor(out_scale, "output scale", dev),

@@ -14,8 +14,11 @@
                                                    cache_v_scale)
     lightllm.context_attention_fwd_ppl_int8kv(q, kv, infer_state, cache_kv, cache_kv_scale)
 
-Each converts only what must be converted (int64 indices to int32, uint8 fp8 storage to an fp8
-view, a token-level buffer to pages) and calls aotc's op; an option aotc does not implement
+Each first runs the ops' guards on the caller's own tensors (NotImplementedError for an input that
+requires grad in grad mode; ValueError for an output that is expand()ed or shares memory with
+another argument, named as the engine names it), converts only what must be converted (int64
+indices to int32 after checking they fit, uint8 fp8 storage to an fp8 view, a token-level buffer
+to pages) and calls aotc's op; an option aotc does not implement
 raises NotImplementedError naming it, never computes something else. Importing this package
 imports no engine and no Triton.
 """

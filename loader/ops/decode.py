@@ -572,8 +572,11 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                the table either way; out-of-range page ids are undefined behaviour.
 
     Returns out, or (out, lse) with return_lse=True.
-    Errors: TypeError for a wrong type or dtype, ValueError for a wrong shape, device, stride
-    (each naming the argument) or value, all raised before any launch. NaN and inf in the inputs
+    Errors: TypeError for a wrong type or dtype (a bool is not a number: num_splits=True,
+    sm_scale=True), ValueError for a wrong shape, device, stride (each naming the argument) or
+    value, and for an out or lse that is an expand()ed view or shares memory with another
+    argument (checked by address on every call, plans too); NotImplementedError when grad mode is
+    on and a tensor requires grad (aotc is inference-only). All raised before any launch. NaN and inf in the inputs
     are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
     head NaN in out and lse; other heads are unaffected).
     """

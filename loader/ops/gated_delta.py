@@ -361,8 +361,10 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
       validate  copy state_indices to the host and check every index < slots and no slot named
                 twice (one device sync; skipped under CUDA-graph capture and torch.compile).
     Returns out. CUDA-graph safe: the grid is B * HV * cdiv(V, BV), no length or value in it.
-    Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index),
-    naming the argument, before anything is launched. NaN and inf in the inputs are not checked:
+    Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index;
+    an out or state that is an expand()ed view or shares memory with another argument, checked by
+    address on every call), naming the argument, before anything is launched; NotImplementedError
+    when grad mode is on and a tensor requires grad (aotc is inference-only). NaN and inf in the inputs are not checked:
     NaN in, NaN out (the request's outputs and state from that token on; other requests unaffected).
     """
     if torch.compiler.is_compiling():  # the op's Meta implementation runs the checks

@@ -119,6 +119,8 @@ def _prefill_op(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
                 validate) -> None:
     from aotc.loader.dispatch import run_kernel
 
+    # called as torch.ops.aotc.gated_delta_prefill directly, no public checks ran: no gradient dropped either way
+    guards.refuse_grad(OP, q=q, k=k, v=v, g=g, beta=beta, state=state, out=out)
     if validate:
         _check_values(q.shape[1], state, state_indices, cu_seqlens)
     if state_indices.shape[0] == 0 or q.shape[1] == 0:

@@ -349,6 +349,9 @@ def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
                        k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
     from aotc.loader.dispatch import run_kernel
 
+    # called as torch.ops.aotc.prefix_prefill directly, no public checks ran: no gradient dropped either way
+    guards.refuse_grad("prefix_prefill", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale,
+                       v_scale=v_scale, sinks=sinks, out_scale=out_scale, out=out)
     axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
                                    kv_layout, kv_format, k_scale, v_scale, sm_scale, window, sinks, out_scale,
                                    skip_decode)

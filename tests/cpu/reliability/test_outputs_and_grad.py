@@ -183,6 +183,12 @@ def test_under_no_grad_the_same_call_runs(launches, op):
 @pytest.mark.parametrize("op, call", [
     ("store_kv", lambda a, kw: torch.ops.aotc.store_kv(a["k"], a["v"], a["k_cache"], a["v_cache"], a["slots"],
                                                        kw["k_scale"], kw["v_scale"], "auto")),
+    ("prefix_prefill", lambda a, kw: torch.ops.aotc.prefix_prefill(
+        a["q"], a["k"], a["v"], a["k_cache"], a["v_cache"], a["block_table"], a["query_start_loc"], a["seq_lens"],
+        kw["out"], "nhd", "auto", None, None, 0.125, 0, None, None, False, False)),
+    ("gated_delta_prefill", lambda a, kw: torch.ops.aotc.gated_delta_prefill(
+        a["q"], a["k"], a["v"], a["g"], a["beta"], a["state"], a["state_indices"], a["cu_seqlens"], kw["out"], 0.125,
+        False, "vmajor", False)),
     ("decode", lambda a, kw: torch.ops.aotc.decode(a["q"], a["k_cache"], a["v_cache"], a["table"], a["seq_lens"],
                                                    kw["req_idx"], None, None, "auto", None, None, None, 2, kw["out"])),
 ])

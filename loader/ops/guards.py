@@ -17,8 +17,6 @@ import math
 
 import torch
 
-from .overlap import check_disjoint
-
 _I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -53,16 +51,22 @@ def self_overlapping(t: torch.Tensor) -> bool:
 
 
 def check_outputs(op: str, outputs: dict, inputs: dict) -> None:
-    """ValueError naming an output (None entries skipped) that overlaps itself, another output or
-    an input. The pointer half runs on every call it is given; ops that cache plans use `Apart`."""
-    items = [(n, t) for n, t in outputs.items() if isinstance(t, torch.Tensor)]
-    for name, t in items:
-        if t.numel() > 1 and _self_overlapping_safe(t):
+    """ValueError naming an output (entries that are not tensors skipped) that overlaps itself,
+    another output or an input. Ops that cache plans keep the `Apart` half for later calls."""
+    for name, t in outputs.items():
+        if isinstance(t, torch.Tensor) and t.numel() > 1 and _self_overlapping_safe(t):
             raise ValueError(f"{op}: {name} has elements that share memory (strides {t.stride()} for shape "
                              f"{tuple(t.shape)}: an expand()ed or stride-0 view); the op writes every element, "
                              f"so pass a tensor whose elements each have their own memory")
-    for i, (name, t) in enumerate(items):
-        check_disjoint(op, name, t, {**dict(items[i + 1:]), **inputs})
+    tensors = (*outputs.values(), *inputs.values())
+    if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
+        return  # no memory to compare
+    apart = Apart(op, outputs, inputs)
+    try:
+        starts = [tensors[i].data_ptr() for i in apart.live]
+    except (RuntimeError, NotImplementedError):  # fake tensors under tracing have no data pointer
+        return
+    apart.compare(starts)
 
 
 def _self_overlapping_safe(t) -> bool:
@@ -73,8 +77,8 @@ def _self_overlapping_safe(t) -> bool:
 
 
 def byte_extent(t) -> int:
-    """Bytes from t's first element to just past its last one (0 for None or an empty tensor)."""
-    if t is None or not t.numel():
+    """Bytes from t's first element to just past its last one (0 for an empty tensor or a non-tensor)."""
+    if not isinstance(t, torch.Tensor) or not t.numel():
         return 0
     return (sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
@@ -100,7 +104,10 @@ class Apart:
 
     def __call__(self, *tensors) -> None:
         """tensors: the call's outputs then inputs, in the order given at construction."""
-        starts = [tensors[i].data_ptr() for i in self.live]
+        self.compare([tensors[i].data_ptr() for i in self.live])
+
+    def compare(self, starts: list) -> None:
+        """ValueError when an output's bytes meet another's; starts: the live tensors' addresses."""
         ends = [p + e for p, e in zip(starts, self.extents)]
         for b0, b1 in self.fixed:
             starts.append(b0)

@@ -159,8 +159,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     gv, beta per value channel, cp_context, float32 inputs.
     """
     who = "fused_recurrent_gated_delta_rule"
-    guard_call(who, {}, {"q": q, "k": k, "v": v, "g": g, "gk": gk, "gv": gv, "beta": beta, "initial_state": initial_state,
-                         "A_log": A_log, "dt_bias": dt_bias})
+    guard_call(who, {}, {"q": q, "k": k, "v": v, "g": g, "gk": gk, "gv": gv, "beta": beta,
+                         "initial_state": initial_state, "A_log": A_log, "dt_bias": dt_bias})
     _check(who, q, k, v, beta)
     v_first, _ = _options(who, kwargs, state_v_first)
     if gv is not None:

@@ -376,5 +376,6 @@ def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
 
 
 __all__ = ["parse_hub_source", "is_hub_source", "fetch_target", "fetch", "copy_target", "pull_command",
-           "hub_cache_dir", "hub_endpoint", "check_source", "HubError", "BadSourceError", "TargetNotFoundError", "NotCachedError",
+           "hub_cache_dir", "hub_endpoint", "check_source", "HubError", "BadSourceError", "TargetNotFoundError",
+           "NotCachedError",
            "CorruptArtifactsError", "ManifestError"]

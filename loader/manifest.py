@@ -200,7 +200,8 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
         )
     unknown = doc.keys() - TOP_LEVEL
     if unknown:
-        raise ManifestError(f"{path}: malformed manifest (unknown top-level fields {', '.join(sorted(map(repr, unknown)))}; "
+        names = ", ".join(sorted(map(repr, unknown)))
+        raise ManifestError(f"{path}: malformed manifest (unknown top-level fields {names}; "
                             f"schema {SCHEMA_VERSION} has {sorted(TOP_LEVEL)})")
     for name in ("aotc_version", "triton_version"):
         why = manifest_schema.text_problem(doc.get(name, "?"), 64)

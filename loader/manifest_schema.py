@@ -210,8 +210,9 @@ class _Table:
     """One kernel's table, normalized: `common` (name -> value), `columns` (names, unique, none of
     them common) and `rows` (key -> one value per column). Refuses a table whose rows do not fit
     its columns, whose names are unknown, doubled or both common and a column, whose keys are not
-    printable names, whose indexes miss their table or whose paths leave the target folder. Whole columns at once through map (0.06 ms
-    for 280 entries; a Python loop per row took 0.2 ms); `holder` only names a culprit."""
+    printable names, whose indexes miss their table or whose paths leave the target folder. Whole
+    columns at once through map (0.06 ms for 280 entries; a Python loop per row took 0.2 ms);
+    `holder` only names a culprit."""
 
     __slots__ = ("common", "columns", "rows")
 
@@ -242,17 +243,18 @@ class _Table:
         for group in GROUPS:
             if group in names and any(n.startswith(group + ".") for n in names):
                 raise ValueError(f"{where}: {group!r} is stored both whole and one item per name")
-        for key in rows:
-            why = text_problem(key)
-            if why:
-                raise ValueError(f"{where}: entry key {why}")
+        # JSON keys are strings: printable and 1..MAX_NAME long, whole column through map
+        lengths = set(map(len, rows))
+        if not all(map(str.isprintable, rows)) or (lengths and not 0 < min(lengths) <= max(lengths) <= MAX_NAME):
+            raise ValueError(f"{where}: entry key {next(filter(None, map(text_problem, rows)))}")
         if set(map(type, rows.values())) - {list} or set(map(len, rows.values())) - {len(columns)}:
             key = next(k for k, r in rows.items() if type(r) is not list or len(r) != len(columns))
             raise ValueError(f"{where}: entry {key} does not have one value per column ({len(columns)})")
         self.common, self.columns, self.rows = common, columns, rows
         for stored, (table_name, _) in _INDEXES.items():
             values, size = self.column(stored), len(tables[table_name])
-            bad = _first(values, lambda v: type(v) is not int, {int}) or _first(set(values), lambda v: not 0 <= v < size)
+            bad = (_first(values, lambda v: type(v) is not int, {int})
+                   or _first(set(values), lambda v: not 0 <= v < size))
             if bad:
                 raise ValueError(f"{where}: entry {self.holder(stored, bad[0])} has {stored} "
                                  f"{bad[0]!r}, not an index into {table_name} ({size} lists)")

@@ -61,10 +61,10 @@ def check_outputs(op: str, outputs: dict, inputs: dict) -> None:
     tensors = (*outputs.values(), *inputs.values())
     if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tensors):
         return  # no memory to compare
-    apart = Apart(op, outputs, inputs)
     try:
+        apart = Apart(op, outputs, inputs)
         starts = [tensors[i].data_ptr() for i in apart.live]
-    except (RuntimeError, NotImplementedError):  # fake tensors under tracing have no data pointer
+    except (RuntimeError, NotImplementedError):  # fake tensors under tracing: no data pointer, symbolic sizes
         return
     apart.compare(starts)
 
@@ -96,7 +96,8 @@ class Apart:
         tensors = (*outputs.values(), *inputs.values())
         # Which arguments hold bytes is metadata too (None and empty tensors hold none): fixed per plan.
         self.live = [i for i, t in enumerate(tensors) if byte_extent(t)]
-        self.names = [(list(outputs) + list(inputs))[i] for i in self.live]
+        names = list(outputs) + list(inputs)
+        self.names = [names[i] for i in self.live]
         self.extents = [byte_extent(tensors[i]) for i in self.live]
         self.n_out = sum(i < len(outputs) for i in self.live)
         self.fixed = [(t.data_ptr(), t.data_ptr() + byte_extent(t)) for t in (fixed or {}).values() if byte_extent(t)]
@@ -123,16 +124,16 @@ class Apart:
     def _refuse(self, i: int, other: str):
         name = self.names[i]
         raise ValueError(f"{self.op}: {name} overlaps {other} in memory; pass a separate tensor "
-                         f"(the op writes {name} while it reads {other})")
+                         f"(the op writes {name} while {other} is in use)")
 
 
 # -- numbers -----------------------------------------------------------------------------------
-def real(op: str, name: str, value, *, positive: bool = False) -> float:
+def real(op: str, name: str, value) -> float:
     """A finite int or float (not a bool: True is not a scale of 1.0) as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__} {value!r:.40}")
-    if not math.isfinite(value) or (positive and value <= 0):
-        raise ValueError(f"{op}: {name} must be a finite{' positive' if positive else ''} float, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{op}: {name} must be a finite float, got {value!r}")
     return float(value)
 
 

@@ -52,7 +52,8 @@ def _vllm_chunked():
     case, kw = pp_case([0, 17], [5, 1], head_dim=64, layout="vllm", dtype=torch.float16, seed=6)
     a = dict(zip(_PP_NAMES, _vllm_args(case, kw)))
     names = dict(q="query", k="key", v="value", o="output", k_cache="key_cache", v_cache="value_cache",
-                 b_loc="block_table", b_start_loc="query_start_loc", b_seq_len="seq_lens", max_input_len="max_query_len")
+                 b_loc="block_table", b_start_loc="query_start_loc", b_seq_len="seq_lens",
+                 max_input_len="max_query_len")
     return vllm.chunked_prefill_paged_decode, {names.get(n, n): t for n, t in a.items()}, ("output",)
 
 

@@ -228,9 +228,9 @@ class _Table:
             raise ValueError(f"{where}: unknown table fields {extra} (a table has common, columns and entries)")
         common, columns, rows = (_get(table, n, t, where) for n, t in (("common", dict), ("columns", list),
                                                                          ("entries", dict)))
-        for kind, names in (("common field", list(common)), ("column", columns)):
+        for kind, names in (("common field", common), ("column", columns)):
             for n in names:
-                why = _field_name_problem(n)
+                why = None if type(n) is str and n in STORED else _field_name_problem(n)  # the common case first
                 if why:
                     raise ValueError(f"{where}: {kind} name {why}")
         if len(set(columns)) != len(columns):

@@ -147,6 +147,27 @@ def verify(directory) -> None:
         sys.exit(1)
 
 
+@cli.command("check-reproducible")
+@click.option("--arch", "archs", multiple=True, required=True, help="Target (repeatable), as for build.")
+@click.option("--kernel", "kernels", multiple=True, help="Only these kernels (repeatable; default: all).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes a build.")
+def check_reproducible(archs, kernels, jobs) -> None:
+    """Build twice in fresh Triton caches (other hash seeds) and compare every binary's sha256;
+    exit 1 naming each key whose bytes differ. A release step: run it for every target shipped."""
+    from .reproducible import double_build
+
+    result = double_build(archs, kernels, jobs)
+    for message in result.failed:
+        click.echo(message, err=True)
+    for line in result.differ:
+        click.echo(f"DIFFERS {line}", err=True)
+    for line in result.only_one:
+        click.echo(f"ONLY IN ONE BUILD {line}", err=True)
+    click.echo(f"{result.compared} binaries compared, {len(result.differ)} differ")
+    if not result.ok:
+        sys.exit(1)
+
+
 def _register_hub_commands() -> None:
     try:
         from .hub_commands import pull_command, push_command

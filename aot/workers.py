@@ -5,7 +5,9 @@ Pinned: environment variables that change what Triton or its tools emit are drop
 bundled ptxas compiles, with Triton's default options), and the tools the worker starts run
 without address-space randomization: ptxas 12.8 assigns spill slots in an order that follows heap
 addresses, so with randomization the same PTX gave two cubins (gdn_chunk_state at head size 256:
-two 64-bit spill slots swapped); without it, one. tools/check_reproducible.py checks the result.
+two 64-bit spill slots swapped, same registers and stack size); without it, one on a given
+machine. Another C library can still lay the heap out differently: build releases on one image
+and check them with `aotc check-reproducible`.
 
 Stopped: SIGINT (a Ctrl-C reaches the whole process group) or SIGTERM (the parent stopping its
 pool) unwinds the compile in flight, whose temporary files are removed on the way out, then ends
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 
 # Variables Triton 3.6 (knobs.py and libtriton's cache-invalidating list) reads that change a
 # binary: tool paths and options, compiler switches, overrides. aot/build.py sets its own
@@ -36,8 +39,15 @@ ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
 
 
 def pin_environment() -> list[str]:
-    """Drop COMPILE_ENV from this process's environment; the names that were set."""
-    dropped = [name for name in COMPILE_ENV if name in os.environ]
+    """Drop COMPILE_ENV from this process's environment, and the temporary-folder variables where
+    /tmp is usable; the names that were set."""
+    names = COMPILE_ENV
+    # Even without randomization ptxas's choice follows its heap layout, which the length of its
+    # file names shifts: Triton writes them to the temporary folder, so that is /tmp everywhere.
+    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+        names += ("TMPDIR", "TEMP", "TMP")
+        tempfile.tempdir = None
+    dropped = [name for name in names if name in os.environ]
     for name in dropped:
         del os.environ[name]
     return dropped

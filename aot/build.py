@@ -311,7 +311,11 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
     try:
         all_jobs = [(t, d, job) for t, d, _, todo in plans for job in todo]
         if all_jobs:
-            _run_jobs(all_jobs, plans, report, jobs, progress, stop, echo)
+            try:
+                _run_jobs(all_jobs, plans, report, jobs, progress, stop, echo)
+            except KeyboardInterrupt:  # between two pools: no worker runs
+                report.interrupted = True
+        stop.arm()  # a Ctrl-C from here on waits for the manifests (milliseconds), then counts
         for target, target_dir, entries, todo in plans:
             if report.interrupted:  # a worker may have finished a job whose result never came back
                 for job in todo:
@@ -327,6 +331,7 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
                 report.not_written.append(target.name)
             else:
                 report.manifests.append(path)
+        report.interrupted = report.interrupted or stop.again > 0
     finally:
         stop.disarm()
     report.seconds = time.perf_counter() - started

@@ -43,8 +43,8 @@ def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
     try:
         misses = _read_misses(misses_file) if misses_file else None
         report = run_build(out, archs, kernels=kernels or None, jobs=jobs, misses=misses, progress=not quiet)
-    except KeyboardInterrupt:  # before any worker started, or while the manifest was written
-        _interrupted("nothing was added to the manifest")
+    except KeyboardInterrupt:  # while planning, before any worker started
+        _interrupted("nothing was compiled")
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     except UnsupportedTritonError as e:

@@ -250,3 +250,18 @@ def test_verify_and_list_without_a_folder_read_aotc_artifacts(tiny_artifacts, tm
         for command in ("verify", "list"):
             code, out = run_cli(command, env={"AOTC_ARTIFACTS": source})
             assert code == 2 and message in out, out
+
+
+def test_a_pulled_target_folder_is_readable_under_the_umask(hub, tiny_artifacts, tmp_path):
+    """`aotc pull --out` copies into a temporary folder (mkdtemp: 0700) that becomes the target
+    folder: it gets mkdir's mode instead."""
+    from aotc.aot.hub_commands import pull_artifacts
+
+    files = {f"sm90/{p.relative_to(tiny_artifacts / 'sm90')}": p.read_bytes()
+             for p in (tiny_artifacts / "sm90").rglob("*") if p.is_file() and ".records" not in p.parts}
+    hub.repos["org/modes"] = {"branches": {}, "commits": {}}
+    sha = hub.commit("org/modes", "main", files, "build")
+    folder = pull_artifacts("org/modes", sha, ("sm90",), tmp_path / "pulled")["sm90"]
+    mask = umask()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~mask
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*") if p.is_file()} == {0o666 & ~mask}

@@ -36,6 +36,10 @@ def test_a_program_the_worker_starts_runs_without_address_randomization():
 
 
 def test_pin_environment_drops_what_changes_a_binary(monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # this process keeps TRITON_INTERPRET
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
     for name in ("TRITON_PTXAS_PATH", "PTXAS_OPTIONS", "DISABLE_LLVM_OPT", "TRITON_DEFAULT_FP_FUSION", "TMPDIR"):
         monkeypatch.setenv(name, "1")
     monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere")

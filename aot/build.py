@@ -12,10 +12,12 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,12 +30,14 @@ from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 
+from . import workers
 from .sources import named_sources
-from .triton_compat import check_backend, triton_version
+from .progress import Progress
+from .triton_compat import check_backend, check_target, triton_version
 
 AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
 # Bump when the compile path changes in a way the other hash inputs do not show.
-COMPILE_RECIPE = 2  # 2: no line info
+COMPILE_RECIPE = 3  # 2: no line info; 3: pinned worker environment, ptxas without address randomization
 
 
 @dataclass
@@ -51,17 +55,37 @@ class BuildReport:
     failed: dict[str, str] = field(default_factory=dict)  # "target key" -> compiler message
     seconds: float = 0.0
     manifests: list[Path] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C: the manifests list what finished
+    not_built: int = 0  # planned variants an interruption left unbuilt
+    not_written: list[str] = field(default_factory=list)  # targets where nothing was built: no manifest
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
 
+def file_mode() -> int:
+    """0666 less the process's umask (0644 under the usual 022): what open() would give a new file."""
+    try:
+        with open("/proc/self/status") as f:  # read, not set: os.umask() would race other threads
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename over `path`."""
+    """Write to a temporary file in the same folder, then rename over `path`. mkstemp creates the
+    file 0600 whatever the umask; the final file gets the mode open() would give it, so artifacts
+    built by one user (root in a container) are readable by the one who runs them."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -124,7 +148,11 @@ def plan_keys(kernels: Iterable[str] | None, misses: list[tuple[VariantKey, str 
             continue
         if key.kernel not in specs:
             raise ValueError(f"miss log names unknown kernel {key.kernel!r}")
-        if specs[key.kernel].launch_config(key.axis_dict, arch) is None:
+        try:
+            absent = specs[key.kernel].launch_config(key.axis_dict, arch) is None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"miss log key {key} on {target.name}: {type(e).__name__}: {e}") from None
+        if absent:
             continue  # declared absent on this target: a JIT call for it raises, it never misses
         for level in specs[key.kernel].levels:
             k = key.with_level(level)
@@ -136,18 +164,38 @@ def _record_path(target_dir: Path, bhash: str) -> Path:
     return target_dir / ".records" / f"{bhash}.json"
 
 
+def _intact(binary: Path, size: int, sha256: str) -> bool:
+    """The file holds exactly these bytes: size first (cheap), then the sha256 the record holds,
+    so a damaged binary of the right size is compiled again, not reused."""
+    try:
+        if not binary.is_file() or binary.stat().st_size != size:
+            return False
+        h = hashlib.sha256()
+        with open(binary, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest() == sha256
+    except OSError:  # unreadable: rebuilt (and rewritten) like a missing one
+        return False
+
+
 def _reusable(target_dir: Path, bhash: str) -> Entry | None:
     try:
         entry = Entry(**json.loads(_record_path(target_dir, bhash).read_text()))
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+    except (OSError, ValueError, TypeError):  # missing, unreadable, not JSON, not an entry
         return None
-    binary = target_dir / entry.path
-    return entry if binary.is_file() and binary.stat().st_size == entry.size else None
+    if not isinstance(entry.path, str) or not isinstance(entry.sha256, str) or not isinstance(entry.size, int):
+        return None
+    return entry if _intact(target_dir / entry.path, entry.size, entry.sha256) else None
 
 
 def _init_worker() -> None:
-    # The build compiles real kernels even when the parent runs under the interpreter.
-    os.environ.pop("TRITON_INTERPRET", None)
+    workers.install_stop_handlers()
+    # No variable of the caller's environment changes the bytes (another ptxas, its options, a
+    # compiler switch), and ptxas runs without address randomization (aot/workers.py says why).
+    # The interpreter is dropped too: the build compiles real kernels under a TRITON_INTERPRET parent.
+    workers.pin_environment()
+    workers.no_address_randomization()
     # Line info embeds the sources' absolute path in the cubin: without it the bytes depend only
     # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
     # compiles with the same switch (loader.fallback.aot_compile_options).
@@ -160,7 +208,12 @@ def _init_worker() -> None:
 
 
 def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:
-    """Runs in a worker: compile one variant, write its binary and record, return the entry."""
+    """Runs in a worker: compile one variant, write its binary and record, return the entry. A stop
+    signal ends the worker once the files in progress are cleaned up (aot/workers.py)."""
+    return workers.run_stoppable(_compile_job, spec_name, key_text, target_name, target_dir, bhash)
+
+
+def _compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:
     from aotc.kernels.registry import get_spec
 
     from .triton_compat import compile_variant
@@ -178,7 +231,7 @@ def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str
     rel = f"bin/{digest}{info.ext}"
     target_dir = Path(target_dir)
     binary = target_dir / rel
-    if not (binary.is_file() and binary.stat().st_size == len(out.cubin)):
+    if not _intact(binary, len(out.cubin), digest):
         atomic_write(binary, out.cubin)
     md = out.metadata
     entry = Entry(
@@ -198,8 +251,9 @@ def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str
 
 
 def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry], triton: str,
-                    replace_keys: set[str]) -> Path:
-    """Merge with the manifest on disk (another build may have written it) and replace it."""
+                    replace_keys: set[str]) -> Path | None:
+    """Merge with the manifest on disk (another build may have written it) and replace it. None,
+    and nothing written, when no entry would be left: an empty manifest is no build."""
     with FileLock(str(target_dir / ".lock")):
         merged: dict[str, Entry] = {}
         try:
@@ -210,6 +264,8 @@ def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry],
         except ManifestError:
             pass
         merged.update(entries)
+        if not merged:
+            return None
         manifest = Manifest(target, AOTC_VERSION, triton, list(merged.values()))
         path = target_dir / MANIFEST_NAME
         atomic_write(path, manifest.to_json().encode())
@@ -219,6 +275,10 @@ def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry],
 def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[str] | None = None,
           jobs: int | None = None, misses: list[tuple[VariantKey, str | None]] | None = None,
           progress: bool = True, echo=print) -> BuildReport:
+    """Build, or on Ctrl-C (KeyboardInterrupt in the main thread) stop within seconds: nothing
+    queued starts, the workers stop, and the manifest lists what finished (report.interrupted)."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a whole number of worker processes, at least 1; got {jobs!r}")
     started = time.perf_counter()
     report = BuildReport()
     triton = triton_version()
@@ -226,10 +286,10 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
     chosen = [Target.from_name(arch) for arch in dict.fromkeys(archs)]  # ValueError names a bad one
     for target in chosen:  # before anything compiles: a missing backend stops the whole build
         check_backend(target.info)
+        check_target(target.info)
     plans = []
     for target in chosen:
         target_dir = out_dir / target.name
-        target_dir.mkdir(parents=True, exist_ok=True)
         entries: dict[str, Entry] = {}
         todo: list[Job] = []
         for spec, key in plan_keys(kernels, misses, target):
@@ -240,39 +300,70 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
                 report.reused.append(f"{target.name} {key}")
             else:
                 todo.append(Job(target, spec.name, str(key), bhash))
+        if not entries and not todo:
+            which = f"kernel(s) {', '.join(sorted(kernels))} declare" if kernels else "the kernel families declare"
+            raise ValueError(f"{which} no variant for target {target.name}; nothing to build")
         plans.append((target, target_dir, entries, todo))
+    for _, target_dir, _, _ in plans:
+        target_dir.mkdir(parents=True, exist_ok=True)
 
-    all_jobs = [(t, d, job) for t, d, _, todo in plans for job in todo]
-    if all_jobs:
-        _run_jobs(all_jobs, plans, report, jobs, progress, echo)
-    for target, target_dir, entries, todo in plans:
-        planned = set(entries) | {j.key for j in todo}
-        report.manifests.append(_write_manifest(target, target_dir, entries, triton, planned))
+    stop = _StopRequest()
+    try:
+        all_jobs = [(t, d, job) for t, d, _, todo in plans for job in todo]
+        if all_jobs:
+            try:
+                _run_jobs(all_jobs, plans, report, jobs, progress, stop, echo)
+            except KeyboardInterrupt:  # between two pools: no worker runs
+                report.interrupted = True
+        stop.arm()  # a Ctrl-C from here on waits for the manifests (milliseconds), then counts
+        for target, target_dir, entries, todo in plans:
+            if report.interrupted:  # a worker may have finished a job whose result never came back
+                for job in todo:
+                    if job.key not in entries and f"{target.name} {job.key}" not in report.failed:
+                        found = _reusable(target_dir, job.build_hash)
+                        if found is not None:
+                            entries[job.key] = found
+                            report.compiled.append(f"{target.name} {job.key}")
+                report.not_built += sum(1 for job in todo if job.key not in entries)
+            planned = set(entries) | {j.key for j in todo}
+            path = _write_manifest(target, target_dir, entries, triton, planned)
+            if path is None:
+                report.not_written.append(target.name)
+            else:
+                report.manifests.append(path)
+        report.interrupted = report.interrupted or stop.again > 0
+    finally:
+        stop.disarm()
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _run_jobs(all_jobs, plans, report, jobs, progress, echo) -> None:
+def _run_jobs(all_jobs, plans, report, jobs, progress, stop, echo) -> None:
     """Compile every job in worker processes. A compiler that kills its process (LLVM aborts on
     some AMD inputs) breaks the whole pool: each job marks itself running on disk, so the jobs that
     were running are compiled again one at a time (the one that dies alone is reported by key) and
     the others go back to a fresh pool."""
     entries_by_target = {t.name: entries for t, _, entries, _ in plans}
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(all_jobs)))
-    bar = _progress(len(all_jobs), progress)
+    workers_n = max(1, min(jobs or os.cpu_count() or 1, len(all_jobs)))
+    bar = Progress(len(all_jobs), progress)
     pending = list(all_jobs)
-    while pending:
-        broken = _run_pool(pending, workers, entries_by_target, report, bar)
+    while pending and not report.interrupted:
+        broken = _run_pool(pending, workers_n, entries_by_target, report, bar, stop, echo)
         suspects = [j for j in broken if _running_path(j[1], j[2].build_hash).exists()]
         pending = [j for j in broken if j not in suspects]
         for item in suspects:
+            if report.interrupted:
+                break
             _running_path(item[1], item[2].build_hash).unlink(missing_ok=True)
-            if _run_pool([item], 1, entries_by_target, report, bar):
+            if _run_pool([item], 1, entries_by_target, report, bar, stop, echo):
                 target, target_dir, job = item
                 _running_path(target_dir, job.build_hash).unlink(missing_ok=True)
                 report.failed[f"{target.name} {job.key}"] = (
                     "the compiler process died compiling this variant (a crash or a signal, not a Python error)")
                 bar.update(1)
+    if report.interrupted:  # the markers of jobs a stopped worker left
+        for _, target_dir, job in all_jobs:
+            _running_path(target_dir, job.build_hash).unlink(missing_ok=True)
     bar.close()
 
 
@@ -280,50 +371,89 @@ def _running_path(target_dir: Path, bhash: str) -> Path:
     return Path(target_dir) / ".records" / f"{bhash}.running"
 
 
-def _run_pool(items, workers, entries_by_target, report, bar) -> list:
-    """Run `items` in one pool; the items left unfinished because a worker died."""
+def _run_pool(items, workers_n, entries_by_target, report, bar, stop, echo) -> list:
+    """Run `items` in one pool; the items left unfinished because a worker died. On Ctrl-C: sets
+    report.interrupted, stops the pool and returns []."""
     ctx = multiprocessing.get_context("spawn")
     broken = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futures = {pool.submit(compile_job, job.spec_name, job.key, target.name, str(target_dir), job.build_hash):
-                   (target, target_dir, job) for target, target_dir, job in items}
-        for fut in as_completed(futures):
-            target, target_dir, job = futures[fut]
-            try:
-                entry = Entry(**fut.result())
-                entries_by_target[target.name][job.key] = entry
-                report.compiled.append(f"{target.name} {job.key}")
-            except BrokenProcessPool:
-                broken.append(futures[fut])
-                continue
-            except Exception as e:  # noqa: BLE001 - any compiler error is reported by key
-                report.failed[f"{target.name} {job.key}"] = f"{type(e).__name__}: {e}"
-            bar.update(1)
+    pool = ProcessPoolExecutor(max_workers=workers_n, mp_context=ctx, initializer=_init_worker)
+    try:
+        # Workers are spawned by submit and start with SIGINT blocked (aot/workers.py); a Ctrl-C
+        # that comes meanwhile is delivered here at the unblock.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            futures = {pool.submit(compile_job, job.spec_name, job.key, target.name, str(target_dir),
+                                   job.build_hash): (target, target_dir, job) for target, target_dir, job in items}
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        waiting = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=5.0, return_when=FIRST_COMPLETED)
+            bar.tick()
+            for fut in done:
+                target, target_dir, job = futures[fut]
+                try:
+                    entry = Entry(**fut.result())
+                    entries_by_target[target.name][job.key] = entry
+                    report.compiled.append(f"{target.name} {job.key}")
+                except BrokenProcessPool:
+                    broken.append(futures[fut])
+                    continue
+                except Exception as e:  # noqa: BLE001 - any compiler error is reported by key
+                    report.failed[f"{target.name} {job.key}"] = f"{type(e).__name__}: {e}"
+                bar.update(1)
+    except KeyboardInterrupt:
+        stop.arm()
+        report.interrupted = True
+        bar.interrupt()
+        echo("interrupted: stopping the compile workers, then writing the manifest of what finished",
+             file=sys.stderr)
+        _stop_pool(pool, stop)
+        return []
+    except BaseException:
+        _stop_pool(pool, stop)
+        raise
+    pool.shutdown(wait=True)
     return broken
 
 
-class _progress:
-    """A one-line progress bar on stderr (no dependency beyond the standard library)."""
+STOP_GRACE_S = 3.0  # a worker inside a long compiler call sees SIGTERM only when the call returns
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled and total > 0
-        self.start = time.perf_counter()
-        self._draw()
 
-    def update(self, n: int) -> None:
-        self.done += n
-        self._draw()
+def _stop_pool(pool: ProcessPoolExecutor, stop: "_StopRequest") -> None:
+    """Cancel what has not started and stop the workers: SIGTERM (the compile in flight unwinds and
+    removes its temporary files), SIGKILL after STOP_GRACE_S or at a second Ctrl-C."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public handle on them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline and not stop.again:
+        time.sleep(0.02)
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(1.0)
 
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        width = 30
-        filled = width * self.done // max(1, self.total)
-        elapsed = time.perf_counter() - self.start
-        sys.stderr.write(f"\rcompiling [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"{elapsed:5.0f}s")
-        sys.stderr.flush()
 
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+class _StopRequest:
+    """After the first Ctrl-C, further ones only hurry the stop (workers killed at once) and never
+    raise: the manifest of what finished is written either way, in milliseconds."""
+
+    def __init__(self):
+        self.again = 0
+        self._previous = None
+
+    def arm(self) -> None:
+        if self._previous is None and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_again)
+
+    def _on_again(self, signum, frame) -> None:
+        self.again += 1
+
+    def disarm(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None

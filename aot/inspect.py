@@ -8,6 +8,16 @@ from aotc.loader.manifest import MANIFEST_NAME, ManifestError, read_manifest, ve
 from .elf import ElfError, check_binary
 
 
+def declared_variants(info) -> int:
+    """How many variant keys the kernel families declare for a target (0 when they cannot be read)."""
+    from aotc.kernels.registry import all_specs
+
+    try:
+        return sum(len(spec.keys(info.spec_arch())) for spec in all_specs().values())
+    except Exception:  # noqa: BLE001 - a family that fails to import is the build's to report
+        return 0
+
+
 def target_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
     return sorted(p for p in root.iterdir() if (p / MANIFEST_NAME).is_file()) if root.is_dir() else []
@@ -66,6 +76,11 @@ def verify(root: str | Path) -> tuple[list[str], int]:
             problems.append(f"{folder.name}: manifest refused: {why}")
             continue
         info = m.target.info
+        if not entries and not malformed:
+            declared = declared_variants(info)
+            if declared:
+                problems.append(f"{folder.name}: the manifest lists no binary, while {declared} variants are "
+                                f"declared for {folder.name} (a build where every compile failed?)")
         for e in entries:
             checked += 1
             path = folder / e.path
@@ -75,6 +90,8 @@ def verify(root: str | Path) -> tuple[list[str], int]:
                 problems.append(f"{folder.name}: {e.key}: {e.path} is not a {info.binary} ({info.ext}) file")
             try:
                 bad, symbols = check_binary(path.read_bytes(), info)
+            except OSError:  # unreadable: verify_files named it already
+                continue
             except ElfError as err:
                 problems.append(f"{folder.name}: {e.key}: {e.path}: {err}")
                 continue

@@ -124,6 +124,19 @@ def check_backend(info: TargetInfo) -> None:
                          f"installed Triton lacks. Nothing was compiled.")
 
 
+# NVIDIA SMs the build accepts: Triton supports compute capability 8.0 and up, and these are the
+# ones that exist (a typo such as sm10 or sm91 would otherwise fail every compile, late).
+CUDA_SMS = (80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
+def check_target(info: TargetInfo) -> None:
+    """Raise, before anything compiles, for an NVIDIA target Triton cannot compile for."""
+    if info.backend == "cuda" and info.arch not in CUDA_SMS:
+        raise ValueError(f"target {info.name}: not an NVIDIA architecture aotc builds for (Triton "
+                         f"{SUPPORTED_TRITON} compiles for {', '.join(f'sm{s}' for s in CUDA_SMS)}). "
+                         "Nothing was compiled.")
+
+
 def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | TargetInfo) -> Compiled:
     """Compile one variant for a target (a name from loader/targets.py, its row, or an int SM)."""
     import triton

@@ -83,18 +83,32 @@ def record_miss(key: VariantKey, target: str, reason: str) -> None:
 def read_misses(path: str | os.PathLike) -> list[tuple[VariantKey, str | None]]:
     """The (key, target) pairs of a miss log, in order, without repeats."""
     out, seen = [], set()
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for _, key, target in iter_misses(path):
+        if (key, target) not in seen:
+            seen.add((key, target))
+            out.append((key, target))
+    return out
+
+
+def iter_misses(path: str | os.PathLike):
+    """(line number, generic key, target or None) for each record of a miss log; ValueError
+    naming the file and line for anything else (not UTF-8, not a JSON object, no string key)."""
+    for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
         try:
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
             doc = json.loads(line)
-            item = (VariantKey.parse(doc["key"]).with_level(GENERIC), doc.get("target"))
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+            key, target = doc.get("key"), doc.get("target")
+            if not isinstance(key, str) or not (target is None or isinstance(target, str)):
+                raise ValueError('expected {"key": "<variant key>", "target": "<target>"} with string values')
+            yield n, VariantKey.parse(key).with_level(GENERIC), target
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a miss record: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{n}: not a miss record: {e}") from None
-        if item not in seen:
-            seen.add(item)
-            out.append(item)
-    return out
 
 
 _warned_versions: set[tuple[str, str]] = set()

@@ -355,6 +355,9 @@ def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target}.", dir=out))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700; it becomes the target folder, readable as mkdir's
     try:
         for rel in sorted({e.path for e in manifest.entries}) + [MANIFEST_NAME]:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)

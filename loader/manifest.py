@@ -181,6 +181,8 @@ def read_manifest(target_dir: str | os.PathLike, expect_target: str | None = Non
         doc = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ManifestError(f"no manifest at {path}") from None
+    except OSError as e:  # no permission (a build by another user), a folder in its place
+        raise ManifestError(f"{path} cannot be read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError, _DuplicateKey, RecursionError) as e:
         raise ManifestError(f"{path} is not valid JSON: {type(e).__name__ if isinstance(e, RecursionError) else ''}"
                             f"{e}") from None
@@ -306,7 +308,11 @@ def verify_files(target_dir: str | os.PathLike, manifest: Manifest | None = None
         if size != expected.size:
             problems.append(f"{keys}: {path} has {size} bytes, manifest says {expected.size}")
             continue
-        digest = sha256_file(file)
+        try:
+            digest = sha256_file(file)
+        except OSError as e:  # no permission: named, not a traceback
+            problems.append(f"{keys}: {path} cannot be read ({e.strerror})")
+            continue
         if digest != expected.sha256:
             problems.append(f"{keys}: {path} sha256 {digest} != manifest {expected.sha256}")
     return problems

@@ -28,7 +28,7 @@ from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 
-from .sources import named_sources
+from .sources import named_sources, normalized_source
 from .triton_compat import check_backend, triton_version
 
 AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
@@ -81,11 +81,11 @@ _source_hashes: dict[str, str] = {}
 def source_hash(spec: KernelSpec) -> str:
     """sha256 over the kernel's source files: its module, its declared sources and every module
     they import from their folder or aotc.kernels (aot/sources.py), each named relative to
-    aotc.kernels."""
+    aotc.kernels and normalized (no comments, docstrings or layout: a prose edit rebuilds nothing)."""
     if spec.name not in _source_hashes:
         h = hashlib.sha256()
         for name, path in named_sources(spec):
-            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+            h.update(name.encode() + b"\0" + normalized_source(path) + b"\0")
         _source_hashes[spec.name] = h.hexdigest()
     return _source_hashes[spec.name]
 

@@ -26,14 +26,12 @@ from filelock import FileLock
 from aotc.kernels.registry import all_specs
 from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
+from aotc.loader import recipe
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
+from aotc.loader.recipe import AOTC_VERSION
 
 from .sources import named_sources, normalized_source
 from .triton_compat import check_backend, triton_version
-
-AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
-# Bump when the compile path changes in a way the other hash inputs do not show.
-COMPILE_RECIPE = 2  # 2: no line info
 
 
 @dataclass
@@ -96,12 +94,11 @@ def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -
     cfg = spec.launch_config(axes, arch)
     doc = {
         "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
-        "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
+        "sources": source_hash(spec), "signature": spec.signature(axes),
         "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, arch).items())},
         "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
+        **recipe.fingerprint(target.backend),  # the recipe's number and the switches acting on this backend
     }
-    if target.backend == "hip":
-        doc["amd_buffer_ops"] = 0  # _init_worker's AMDGCN_USE_BUFFER_OPS (a hip-only hash input)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -146,17 +143,7 @@ def _reusable(target_dir: Path, bhash: str) -> Entry | None:
 
 
 def _init_worker() -> None:
-    # The build compiles real kernels even when the parent runs under the interpreter.
-    os.environ.pop("TRITON_INTERPRET", None)
-    # Line info embeds the sources' absolute path in the cubin: without it the bytes depend only
-    # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
-    # compiles with the same switch (loader.fallback.aot_compile_options).
-    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
-    # AMD: no buffer ops. Triton's HIP JIT turns them on per call for tensors under 2 GB (a
-    # "tt.pointer_range" it reads off each tensor's storage), which a binary built ahead of time
-    # cannot know; off in both the build and the JIT fallback, a JIT compile of a key gives the
-    # build's bytes (tests/cpu/aot/test_parity.py, gfx942). Their speed cost is not measured.
-    os.environ["AMDGCN_USE_BUFFER_OPS"] = "0"
+    recipe.init_build_worker()  # the switches the JIT fallback compiles with too (loader/recipe.py)
 
 
 def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:

@@ -22,6 +22,7 @@ quantization group sizes are powers of two, passed as their log2.
 """
 from __future__ import annotations
 
+from ..common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP, ptx_constexprs  # noqa: F401 - the op's bounds
 from ..variants import Arg, KernelSpec, LaunchConfig
 
 Q_DTYPES = ("fp16", "bf16")
@@ -29,8 +30,6 @@ KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
 INT_FORMATS = ("int8", "int4")
 SCALE_DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 96, 128, 256)
-MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
-MAX_QUANT_GROUP = 128
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
 MAX_SMALL_GROUP = 32  # groups up to this many channels may read each token's scales as one row
 GROUP_RUN = 32  # at WIDE_GROUP_HEAD_DIMS, groups of at least this many read one scale a run of 32 in place
@@ -315,16 +314,10 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 
-def ptx_constexprs(axes, arch) -> dict:
-    """PTX: 1 on CUDA targets, where int8/int4/fp8 caches dequantize through packed inline PTX
-    (dequant.py); elsewhere 0, the same values computed in plain Triton (its interpreter branch)."""
-    return {"PTX": int(getattr(arch, "backend", "cuda") == "cuda")}
-
-
 SPLIT = KernelSpec(
     name="decode_split",
     module="aotc.kernels.decode.kernel",
-    sources=("kernel.py", "dequant.py"),
+    sources=("kernel.py",),
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
@@ -375,7 +368,7 @@ def merge_launch(axes, arch: int) -> LaunchConfig:
 MERGE = KernelSpec(
     name="decode_merge",
     module="aotc.kernels.decode.kernel",
-    sources=("kernel.py", "dequant.py"),
+    sources=("kernel.py",),
     function="decode_merge_kernel",
     args=MERGE_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "PDL"),

@@ -35,8 +35,8 @@ Strides a layout does not use are passed as 0.
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _fp8_bits_to_fp16
-from aotc.kernels.schedule import owner_of_block
+from aotc.kernels.common.dequant import _fp8_bits_to_fp16
+from aotc.kernels.common.schedule import owner_of_block
 
 from .quant import int_context, softmax_step
 from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
@@ -52,7 +52,7 @@ def _fp8_bits_to_half(bits, KV_FORMAT: tl.constexpr, PTX: tl.constexpr):
     """uint8 fp8 bits -> fp16. e5m2 is exact; e4m3 comes out as value * 2^-8 (exact, normals
     and subnormals alike, because its exponent field lands inside fp16's), which the caller
     folds into the scale. An e4m3 NaN (0x7f) decodes as the finite 480. decode's converter
-    (kernels/decode/dequant.py): four bytes a register in packed PTX on CUDA, plain Triton
+    (kernels/common/dequant.py): four bytes a register in packed PTX on CUDA, plain Triton
     elsewhere, the same bits (tests/gpu/test_decode.py checks every byte value). H100, JIT, b8
     32/8 heads, 2048 cached + 512 new, page 16, e4m3: 0.656-0.667 -> 0.626-0.633 ms, outputs
     bit-identical, against 32-bit integer operations an element (SASS, sm90: the mask-free loop

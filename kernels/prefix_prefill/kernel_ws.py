@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from aotc.kernels.decode.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
-from aotc.kernels.schedule import owner_of_block
+from aotc.kernels.common.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
+from aotc.kernels.common.schedule import owner_of_block
 
 from .kernel import LOG2E, NEG_BIG
 from .quant import _load_scale

@@ -11,7 +11,7 @@ code * scale. Scales (the SCALES constexpr):
              decode's and store_kv's per-group format), shaped like the cache with last dim
              head_dim // group; the group is runtime (quant_shift = log2(group)).
 Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
-channels go through decode's packed-PTX converters (kernels/decode/dequant.py; their plain-Triton
+channels go through decode's packed-PTX converters (kernels/common/dequant.py; their plain-Triton
 branch where the PTX constexpr is 0, off CUDA) into fp16, split by channel: part i holds channels
 NP*j + i. The dots run part by part (the parts' dots sum to the full dot), in fp16 whatever the
 query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, bf16 q: int4 0.342 -> 0.330 ms,
@@ -51,7 +51,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
+from aotc.kernels.common.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
 
 
 @triton.jit

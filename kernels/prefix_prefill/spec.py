@@ -32,8 +32,8 @@ when `ws_serves` says so.
 """
 from __future__ import annotations
 
-from aotc.kernels.decode.spec import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
-from aotc.kernels.decode.spec import ptx_constexprs
+from aotc.kernels.common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
+from aotc.kernels.common.formats import ptx_constexprs
 from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16")

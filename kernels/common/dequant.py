@@ -1,4 +1,4 @@
-"""Dequantization of decode's quantized caches, as packed PTX on the GPU (kernel.py's helpers).
+"""Dequantization of the quantized caches, as packed PTX on the GPU (decode's and prefix prefill's helpers).
 
 int8/int4 words (int16 elements: int8 two channels, int4 four) and fp8 bytes become fp16 tensors
 that tensor-core dots read: scaled values, exact codes, or codes plus a bias the caller removes.

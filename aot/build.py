@@ -30,6 +30,8 @@ from aotc.loader import recipe
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
 from aotc.loader.recipe import AOTC_VERSION
 
+from .shard import SHARD_RECORD, Shard
+from .shard import record as shard_record
 from .sources import named_sources, normalized_source
 from .triton_compat import check_backend, triton_version
 
@@ -197,15 +199,22 @@ def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry],
         except ManifestError:
             pass
         merged.update(entries)
-        manifest = Manifest(target, AOTC_VERSION, triton, list(merged.values()))
+        manifest = manifest_of(target, triton, merged)
         path = target_dir / MANIFEST_NAME
         atomic_write(path, manifest.to_json().encode())
     return path
 
 
+def manifest_of(target: Target, triton: str, entries: dict[str, Entry]) -> Manifest:
+    """The manifest of `entries`, ordered by key: its bytes depend on what was built, not on the
+    order workers finished in (aot/merge.py writes shards' entries through it too)."""
+    return Manifest(target, AOTC_VERSION, triton, [entries[k] for k in sorted(entries)])
+
+
 def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[str] | None = None,
           jobs: int | None = None, misses: list[tuple[VariantKey, str | None]] | None = None,
-          progress: bool = True, echo=print) -> BuildReport:
+          progress: bool = True, echo=print, shard: Shard | None = None) -> BuildReport:
+    """Compile the declared variants (or, with `shard`, its slice of them: aot/shard.py) for `archs`."""
     started = time.perf_counter()
     report = BuildReport()
     triton = triton_version()
@@ -219,7 +228,13 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
         target_dir.mkdir(parents=True, exist_ok=True)
         entries: dict[str, Entry] = {}
         todo: list[Job] = []
-        for spec, key in plan_keys(kernels, misses, target):
+        planned = plan_keys(kernels, misses, target)
+        if shard is not None:
+            whole, planned = [str(k) for _, k in planned], shard.select(planned)
+            atomic_write(target_dir / SHARD_RECORD, shard_record(shard, whole, [str(k) for _, k in planned]))
+        else:
+            (target_dir / SHARD_RECORD).unlink(missing_ok=True)  # a whole build: no longer one shard
+        for spec, key in planned:
             bhash = build_hash(spec, key, target, triton)
             found = _reusable(target_dir, bhash)
             if found is not None:

@@ -28,16 +28,16 @@ from filelock import FileLock
 from aotc.kernels.registry import all_specs
 from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
+from aotc.loader import recipe
 from aotc.loader.manifest import MANIFEST_NAME, Entry, Manifest, ManifestError, Target, read_manifest
+from aotc.loader.recipe import AOTC_VERSION
 
 from . import workers
-from .sources import named_sources
 from .progress import Progress
+from .shard import SHARD_RECORD, Shard
+from .shard import record as shard_record
+from .sources import named_sources, normalized_source
 from .triton_compat import check_backend, check_target, triton_version
-
-AOTC_VERSION = "0.2.0"  # 0.2.0: manifest schema 2
-# Bump when the compile path changes in a way the other hash inputs do not show.
-COMPILE_RECIPE = 3  # 2: no line info; 3: pinned worker environment, ptxas without address randomization
 
 
 @dataclass
@@ -105,11 +105,11 @@ _source_hashes: dict[str, str] = {}
 def source_hash(spec: KernelSpec) -> str:
     """sha256 over the kernel's source files: its module, its declared sources and every module
     they import from their folder or aotc.kernels (aot/sources.py), each named relative to
-    aotc.kernels."""
+    aotc.kernels and normalized (no comments, docstrings or layout: a prose edit rebuilds nothing)."""
     if spec.name not in _source_hashes:
         h = hashlib.sha256()
         for name, path in named_sources(spec):
-            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+            h.update(name.encode() + b"\0" + normalized_source(path) + b"\0")
         _source_hashes[spec.name] = h.hexdigest()
     return _source_hashes[spec.name]
 
@@ -120,12 +120,11 @@ def build_hash(spec: KernelSpec, key: VariantKey, target: Target, triton: str) -
     cfg = spec.launch_config(axes, arch)
     doc = {
         "key": str(key), "target": asdict(target), "triton": triton, "aotc": AOTC_VERSION,
-        "recipe": COMPILE_RECIPE, "sources": source_hash(spec), "signature": spec.signature(axes),
+        "sources": source_hash(spec), "signature": spec.signature(axes),
         "constexprs": {k: repr(v) for k, v in sorted(spec.compile_constexprs(axes, arch).items())},
         "divisible": spec.divisible_args(key.level), "launch": cfg.as_dict(),
+        **recipe.fingerprint(target.backend),  # the recipe's number and the switches acting on this backend
     }
-    if target.backend == "hip":
-        doc["amd_buffer_ops"] = 0  # _init_worker's AMDGCN_USE_BUFFER_OPS (a hip-only hash input)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -193,18 +192,9 @@ def _init_worker() -> None:
     workers.install_stop_handlers()
     # No variable of the caller's environment changes the bytes (another ptxas, its options, a
     # compiler switch), and ptxas runs without address randomization (aot/workers.py says why).
-    # The interpreter is dropped too: the build compiles real kernels under a TRITON_INTERPRET parent.
     workers.pin_environment()
     workers.no_address_randomization()
-    # Line info embeds the sources' absolute path in the cubin: without it the bytes depend only
-    # on the sources and the Triton version, wherever the checkout sits. The JIT fallback
-    # compiles with the same switch (loader.fallback.aot_compile_options).
-    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
-    # AMD: no buffer ops. Triton's HIP JIT turns them on per call for tensors under 2 GB (a
-    # "tt.pointer_range" it reads off each tensor's storage), which a binary built ahead of time
-    # cannot know; off in both the build and the JIT fallback, a JIT compile of a key gives the
-    # build's bytes (tests/cpu/aot/test_parity.py, gfx942). Their speed cost is not measured.
-    os.environ["AMDGCN_USE_BUFFER_OPS"] = "0"
+    recipe.init_build_worker()  # the switches the JIT fallback compiles with too (loader/recipe.py)
 
 
 def compile_job(spec_name: str, key_text: str, target_name: str, target_dir: str, bhash: str) -> dict:
@@ -266,17 +256,24 @@ def _write_manifest(target: Target, target_dir: Path, entries: dict[str, Entry],
         merged.update(entries)
         if not merged:
             return None
-        manifest = Manifest(target, AOTC_VERSION, triton, list(merged.values()))
+        manifest = manifest_of(target, triton, merged)
         path = target_dir / MANIFEST_NAME
         atomic_write(path, manifest.to_json().encode())
     return path
 
 
+def manifest_of(target: Target, triton: str, entries: dict[str, Entry]) -> Manifest:
+    """The manifest of `entries`, ordered by key: its bytes depend on what was built, not on the
+    order workers finished in (aot/merge.py writes shards' entries through it too)."""
+    return Manifest(target, AOTC_VERSION, triton, [entries[k] for k in sorted(entries)])
+
+
 def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[str] | None = None,
           jobs: int | None = None, misses: list[tuple[VariantKey, str | None]] | None = None,
-          progress: bool = True, echo=print) -> BuildReport:
-    """Build, or on Ctrl-C (KeyboardInterrupt in the main thread) stop within seconds: nothing
-    queued starts, the workers stop, and the manifest lists what finished (report.interrupted)."""
+          progress: bool = True, echo=print, shard: Shard | None = None) -> BuildReport:
+    """Compile the declared variants (or, with `shard`, its slice of them: aot/shard.py) for `archs`;
+    on Ctrl-C (KeyboardInterrupt in the main thread) stop within seconds: nothing queued starts, the
+    workers stop, and the manifest lists what finished (report.interrupted)."""
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs must be a whole number of worker processes, at least 1; got {jobs!r}")
     started = time.perf_counter()
@@ -292,7 +289,15 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
         target_dir = out_dir / target.name
         entries: dict[str, Entry] = {}
         todo: list[Job] = []
-        for spec, key in plan_keys(kernels, misses, target):
+        planned = plan_keys(kernels, misses, target)
+        declared = bool(planned)  # a shard may be handed none of a small plan; the plan itself may not be empty
+        if shard is not None:
+            target_dir.mkdir(parents=True, exist_ok=True)
+            whole, planned = [str(k) for _, k in planned], shard.select(planned)
+            atomic_write(target_dir / SHARD_RECORD, shard_record(shard, whole, [str(k) for _, k in planned]))
+        else:
+            (target_dir / SHARD_RECORD).unlink(missing_ok=True)  # a whole build: no longer one shard
+        for spec, key in planned:
             bhash = build_hash(spec, key, target, triton)
             found = _reusable(target_dir, bhash)
             if found is not None:
@@ -300,7 +305,7 @@ def build(out_dir: str | os.PathLike, archs: Iterable[str], kernels: Iterable[st
                 report.reused.append(f"{target.name} {key}")
             else:
                 todo.append(Job(target, spec.name, str(key), bhash))
-        if not entries and not todo:
+        if not declared:
             which = f"kernel(s) {', '.join(sorted(kernels))} declare" if kernels else "the kernel families declare"
             raise ValueError(f"{which} no variant for target {target.name}; nothing to build")
         plans.append((target, target_dir, entries, todo))

@@ -31,18 +31,23 @@ def cli() -> None:
 @click.option("--from-misses", "misses_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Also build the keys listed in a miss log (JSON lines).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def build(archs, out_dir, kernels, jobs, misses_file, quiet) -> None:
+@click.option("--shard", "shard_text", default=None, metavar="I/N",
+              help="Build only shard I of N (0 <= I < N): every Nth variant of the plan; `aotc merge` joins the shards.")
+def build(archs, out_dir, kernels, jobs, misses_file, quiet, shard_text) -> None:
     """Compile every declared variant for each target into OUT/<target>/.
 
     Ctrl-C stops within seconds: the manifest lists what finished, exit status 130, and the same
     command resumes. Off a terminal, progress is a line every 5% or 30 s."""
     from .build import build as run_build
+    from .shard import Shard
     from .triton_compat import UnsupportedTritonError
 
     out = out_dir or str(default_root())
     try:
         misses = _read_misses(misses_file) if misses_file else None
-        report = run_build(out, archs, kernels=kernels or None, jobs=jobs, misses=misses, progress=not quiet)
+        shard = Shard.parse(shard_text) if shard_text is not None else None
+        report = run_build(out, archs, kernels=kernels or None, jobs=jobs, misses=misses, progress=not quiet,
+                           shard=shard)
     except KeyboardInterrupt:  # while planning, before any worker started
         _interrupted("nothing was compiled")
     except ValueError as e:
@@ -166,6 +171,22 @@ def check_reproducible(archs, kernels, jobs) -> None:
     click.echo(f"{result.compared} binaries compared, {len(result.differ)} differ")
     if not result.ok:
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+def merge(out_dir, shard_dirs) -> None:
+    """Join the --out folders of `aotc build --shard I/N` runs into OUT_DIR: one manifest a target,
+    the bytes a single machine's build writes; refused where a shard is missing or incomplete."""
+    from .merge import MergeError, merge as run_merge
+
+    try:
+        report = run_merge(out_dir, list(shard_dirs))
+    except MergeError as e:
+        raise click.ClickException(str(e)) from None
+    for target, count in sorted(report.targets.items()):
+        click.echo(f"{target}: {count} entries from {len(shard_dirs)} folder(s) -> {out_dir}")
 
 
 def _register_hub_commands() -> None:

@@ -1,16 +1,17 @@
 """The source files a kernel is made of, for the build hash: its module, the files its spec declares,
-and every module it imports from its own folder or from aotc.kernels, transitively.
+and every module it imports from its own folder or from aotc.kernels, transitively; and each
+file's normalized text, the part of it that can change a binary.
 
 Found by reading the files (ast), nothing imported. A build is incremental on this hash, so a file
-left out means an edited helper keeps its stale binaries: prefix_prefill declared only kernel.py
-while its int8/int4 path lives in quant.py and decode's dequant.py, and decode's kernel reads
-constants from its spec.py.
+left out means an edited helper keeps its stale binaries; a file hashed with its prose means a
+comment edit recompiles every kernel that imports it.
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from aotc.kernels.registry import spec_folder
 from aotc.kernels.variants import KernelSpec
@@ -87,3 +88,37 @@ def source_name(path: Path, spec: KernelSpec) -> str:
         if path.is_relative_to(root):
             return path.relative_to(root).as_posix()
     return path.name
+
+
+def normalized_source(path: Path) -> bytes:
+    """What of a source file can change a binary: a Python file's syntax tree without comments,
+    docstrings or layout (so a prose edit hashes the same), any other file's raw bytes."""
+    if path.suffix != ".py":
+        return path.read_bytes()
+    tree = ast.parse(path.read_text(), str(path))
+    return _canonical(_strip_docstrings(tree)).encode()
+
+
+_WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, _WITH_DOCSTRING) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:]
+    return tree
+
+
+def _canonical(value: Any) -> str:
+    """A syntax tree as text that does not move between Python 3.10 and 3.13: fields by name,
+    sorted, with empty and None ones left out (newer versions add empty fields, e.g. 3.12's
+    type_params, and ast.dump's form changed in 3.13); positions are not fields, so not in it."""
+    if isinstance(value, ast.AST):
+        fields = ((name, getattr(value, name, None)) for name in sorted(value._fields))
+        inner = ",".join(f"{name}={_canonical(v)}" for name, v in fields if v not in (None, []))
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_canonical, value)) + "]"
+    return f"{type(value).__name__}:{value!r}"

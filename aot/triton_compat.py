@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
+from aotc.loader.recipe import SUPPORTED_TRITON, compile_options, jit_function
 from aotc.loader.targets import TargetInfo
-
-# The one Triton whose internals this module calls; pyproject's `build` extra pins the same.
-SUPPORTED_TRITON = "3.6.0"
 BUILD_RECIPE = ("python -m venv aotc-build && aotc-build/bin/pip install 'aotc[build]' "
                 "(from a checkout: pip install -e '.[build]')")
 
@@ -79,19 +77,6 @@ def check_consistency(spec: KernelSpec, fn) -> None:
                              f"do_not_specialize says {p.do_not_specialize}")
 
 
-def jit_function(spec: KernelSpec):
-    import importlib
-
-    fn = getattr(importlib.import_module(spec.module), spec.function)
-    if not hasattr(fn, "params") or not hasattr(fn, "arg_names"):
-        raise TypeError(f"{spec.module}.{spec.function} is not a @triton.jit function "
-                        "(is TRITON_INTERPRET set in the build process?)")
-    if fn.is_gluon() != (spec.kind == "gluon"):
-        raise TypeError(f"{spec.name}: the spec says kind={spec.kind!r} but {spec.module}.{spec.function} is "
-                        f"{'a @gluon.jit' if fn.is_gluon() else 'a @triton.jit'} function")
-    return fn
-
-
 def ast_source(spec: KernelSpec, fn, signature, constexprs, attrs):
     """The source Triton's JIT builds for the function: Gluon's for a @gluon.jit kernel."""
     if spec.kind == "gluon":
@@ -149,7 +134,7 @@ def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | Targe
         raise UnsupportedTritonError(f"aotc builds with Triton {SUPPORTED_TRITON}; imported "
                                      f"{triton.__version__} from {triton.__file__}")
     check_backend(info)
-    fn = jit_function(spec)
+    fn = jit_function(spec, interpreted_ok=False)
     check_consistency(spec, fn)
     arch = info.spec_arch()
     axes = key.axis_dict
@@ -166,8 +151,9 @@ def compile_variant(spec: KernelSpec, key: VariantKey, target: str | int | Targe
     divisible = spec.divisible_args(key.level)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = ast_source(spec, fn, signature, {(fn.arg_names.index(k),): v for k, v in constexprs.items()}, attrs)
-    kernel = triton.compile(src, target=GPUTarget(info.backend, info.arch, info.warp_size),
-                            options=cfg.triton_options())
+    with compile_options():  # the recipe's switches, as the JIT fallback compiles
+        kernel = triton.compile(src, target=GPUTarget(info.backend, info.arch, info.warp_size),
+                                options=cfg.triton_options())
     md = kernel.metadata
     # Both backends append the same two scratch pointers (Triton 3.6: nvidia/driver.py and
     # amd/driver.py). HIP's launcher always passes 0 for global scratch and its metadata has no

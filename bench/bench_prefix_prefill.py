@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from aotc.kernels.prefix_prefill import spec as pp_spec
 from aotc.kernels.prefix_prefill.kernel import prefix_prefill_kernel
-from aotc.kernels.decode.reference import pack_int4, quantize_reference
+from aotc.kernels.common.quant_reference import pack_int4, quantize_reference
 from aotc.loader.fallback import jit_function
 from aotc.loader.ops import prefix_prefill as pp_op
 from harness import Rows, device_time

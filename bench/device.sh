@@ -29,7 +29,9 @@ aotc list --json > "$OUT/list.json"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # GPU_TESTS: which test files (default all of tests/gpu, which with the build outlasts one 10-minute
   # call: split it, e.g. GPU_TESTS="tests/gpu/test_decode.py" then the rest).
-  timeout 420 python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -x -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+  # PYTEST_M="gpu and not full": the quick tier (README, tests/gpu/conftest.py FULL).
+  timeout 420 python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -x -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} \
+    ${PYTEST_M:+-m "$PYTEST_M"} 2>&1 \
     | tail -40 | tee "$OUT/gpu_tests.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -11,8 +11,6 @@ an error naming the key and the command that would build it.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import threading
@@ -22,6 +20,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey, as_target_arch
+
+from .recipe import compile_options, jit_function
+
+aot_compile_options = compile_options  # the name tests and benches import
 
 
 class MissingVariantError(RuntimeError):
@@ -151,24 +153,6 @@ def import_triton(spec: KernelSpec, axes: Mapping, arch, built_with: str | None 
     return triton
 
 
-def jit_function(spec: KernelSpec):
-    return getattr(importlib.import_module(spec.module), spec.function)
-
-
-@contextlib.contextmanager
-def aot_compile_options():
-    """Compile as `aotc build` does: without line info, whose file paths would make the bytes
-    depend on where the sources sit, and on AMD without buffer ops, which Triton's HIP JIT
-    enables per call from tensor sizes (the build sets the same switches in its workers). The
-    knobs are process-wide while this runs."""
-    import triton
-
-    with triton.knobs.compilation.scope(), triton.knobs.amd.scope():
-        triton.knobs.compilation.disable_line_info = True
-        triton.knobs.amd.use_buffer_ops = False  # as the build's workers (aot/build.py _init_worker)
-        yield
-
-
 def launch_config(spec: KernelSpec, axes: Mapping, arch):
     """The spec's launch config on target `arch` (a TargetArch, or an int SM); NotImplementedError
     naming the target where the spec declares no such variant there."""
@@ -193,7 +177,7 @@ def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch,
     cfg = launch_config(spec, axes, arch)
     constexprs = spec.compile_constexprs(axes, arch)
     if device.type == "cuda":
-        with torch.cuda.device(device), aot_compile_options():
+        with torch.cuda.device(device), compile_options():
             fn[grid](*args, **constexprs, **cfg.triton_options())
     else:
         from .interpreter import patch_interpreter
@@ -216,7 +200,7 @@ def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch, d
     arch = as_target_arch(arch)
     cfg = launch_config(spec, axes, arch)
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    with torch.cuda.device(device), aot_compile_options():
+    with torch.cuda.device(device), compile_options():
         kernel = fn.warmup(*args, grid=(1, 1, 1), **spec.compile_constexprs(axes, arch), **cfg.triton_options())
     kernel._init_handles()
     driver = driver or cuda_driver.driver()

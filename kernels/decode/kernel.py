@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from aotc.kernels.decode.dequant import (
+from aotc.kernels.common.dequant import (
     _INTERPRET, _expand, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
     _i8x2_dequant,
 )

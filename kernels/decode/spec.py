@@ -22,6 +22,7 @@ quantization group sizes are powers of two, passed as their log2.
 """
 from __future__ import annotations
 
+from ..common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP, ptx_constexprs  # noqa: F401 - the op's bounds
 from ..variants import Arg, KernelSpec, LaunchConfig
 
 Q_DTYPES = ("fp16", "bf16")
@@ -29,18 +30,11 @@ KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
 INT_FORMATS = ("int8", "int4")
 SCALE_DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 96, 128, 256)
-MIN_QUANT_GROUP = 8  # int4 pairs channels 2i, 2i+1 in one byte and one group
-MAX_QUANT_GROUP = 128
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
 MAX_SMALL_GROUP = 32  # groups up to this many channels may read each token's scales as one row
 GROUP_RUN = 32  # at WIDE_GROUP_HEAD_DIMS, groups of at least this many read one scale a run of 32 in place
-# int8 groups of 64+ channels that are not one a token, at CHUNK_HEAD_DIMS ("chunk"): each
-# 64-channel chunk's scores are an exact dot over codes, scaled after the dot (kernel._attend_chunked,
-# CHUNK_WORDS). H100, split kernel, group 64 at head_dim 128, % of copy, "group" (s3, maxnreg 168)
-# -> "chunk" (s3, no cap): batch 32 x 4K 81.0 -> 81.7, 64 x 4K 83.4 -> 84.3, 32 x 8K 86.3 -> 87.3,
-# 1 x 32K 60.2 -> 64.1; and the scale no longer rounds each dequantized element to fp16 (rel. error
-# against the chunk path 9e-4). At head_dim 256 (group 128) "group" at its best config stayed
-# ahead (88.1 against 86.1), and int4 (chunks of 128 channels: head_dim 256) lost (66.5 -> 63.8).
+# int8 groups of 64+ channels at CHUNK_HEAD_DIMS ("chunk"): exact dots over each 64-channel chunk's
+# codes, scaled after the dot (kernel._attend_chunked); faster than "group" there only (BENCHMARKS.md, Kernel choices: chunk).
 CHUNK_CHANNELS = 64
 CHUNK_HEAD_DIMS = (128,)
 WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with a "group" variant (groups of 32+ that are not one a token)
@@ -60,28 +54,15 @@ def block_d(head_dim: int) -> int:
 
 
 def block_n(head_dim: int, tile: str = "wide") -> int:
-    """Tokens a tile. On an H100 (32/8 heads, head_dim 128, 4 warps, 2 stages), 128 was the best or
-    within 5% of it at batch 1 x 32K, 8 x 8K, 32 x 16K and 128 x 2K for every format: bf16
-    59/102/723/387 us (64: 56/109/756/384, 32: 56/101/721/487), int8 batch 8 x 8K 116 us (64: 139),
-    int4 84 us (64: 108). At head_dim 256 the tile halves to keep registers. The narrow tile
-    (2 warps, `split_launch`) takes 64."""
+    """Tokens a tile: 128, best or within 5% for every format (BENCHMARKS.md, Kernel choices: block_n); 64 at head_dim 256
+    (registers) and for the narrow tile (2 warps, `split_launch`)."""
     return 64 if tile == "narrow" or head_dim > 128 else 128
 
 
-# int4's "narrow" tile: 2 warps, 64-token tiles, 3 stages (`split_launch`). bench/sweep_decode.py,
-# H100, split kernel, 32/8 heads, page 16, % of copy bandwidth, wide (4 warps, 128 tokens, 2
-# stages) -> narrow, each at the split count the op picks for its occupancy:
-#   head_dim 128, one scale a token: batch 32 x 4K 62.2 -> 67.9, 64 x 4K 65.6 -> 71.6, 32 x 8K
-#   68.4 -> 73.0; page 1 58.6 -> 66.0; 64/8 heads 60.9 -> 66.2; 32/32 heads 66.7 -> 71.9; batch 16
-#   x 8K 62.4 -> 67.1, 8 x 8K 54.9 -> 58.2, 4 x 16K 54.4 -> 57.6; but batch 1 x 32K 42.9 -> 36.4
-#   (8 programs a split, at most MAX_SPLITS splits: too few to fill the GPU with 2-warp programs).
-#   head_dim 64: one scale a token batch 32 x 4K 19.8 -> 39.0, batch 1 x 32K 16.1 -> 24.4; groups
-#   of 32 channels 16.5 -> 26.4 (28.5 at 6 splits), 14.0 -> 22.7.
-#   int4 per-group at head_dim 128 and int8 gained nothing (int8 per-token 86.6 -> 81.7 at best).
-# So narrow is the only tile of int4 at head_dim 64, and one of two for int4 one scale a token at
-# head_dim 128, taken when the grid at MAX_SPLITS splits holds NARROW_PROGRAMS_PER_SM programs an
-# SM (that binary's occupancy on an H100: 6); the choice depends on batch and heads, never on
-# lengths, so a captured graph keeps its binary.
+# int4's "narrow" tile (2 warps, 64-token tiles, 3 stages): the only tile of int4 at head_dim 64, and
+# for int4 one scale a token at head_dim 128 taken when the grid at MAX_SPLITS splits holds this many
+# programs an SM (the binary's occupancy); small grids lose with it (BENCHMARKS.md, Kernel choices: narrow tile). The choice
+# depends on batch and heads, never on lengths, so a captured graph keeps its binary.
 NARROW_PROGRAMS_PER_SM = 6
 
 
@@ -156,9 +137,8 @@ MERGE_SPLIT_TILES = (4, 16, MAX_SPLITS)
 
 
 def merge_split_tile(splits: int) -> int:
-    """The smallest merge tile that holds `splits` partial results. One [MAX_SPLITS, BLOCK_D] tile
-    for every call made the merge a wave of register-heavy programs: 7-12 us at batch 32-64 with 3
-    splits on an H100, next to a 75-200 us split kernel (bench/l2_state.py)."""
+    """The smallest merge tile that holds `splits` partial results: one [MAX_SPLITS, BLOCK_D] tile for
+    every call made the merge a wave of register-heavy programs (BENCHMARKS.md, Kernel choices: merge tile)."""
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {splits}")
     return next(t for t in MERGE_SPLIT_TILES if splits <= t)
@@ -180,13 +160,10 @@ def num_splits(batch: int, kv_heads: int, group: int, sm_count: int, programs_pe
     """Splits of each sequence: enough programs to fill every SM, never past MAX_SPLITS.
 
     Depends on no length, so a captured CUDA graph replays at any length. The base count gives
-    PROGRAMS_PER_SM programs an SM: batch 1 with 8 KV heads on a 132-SM H100 gets 64 splits (512
-    programs), batch 32 gets 3. Given the variant's real occupancy (`programs_per_sm`, from the
-    binary), the count moves to the nearest one whose programs fill their last wave to >= 95%
-    (none within MAX_SPLITS, or four waves and more already: the base count). H100, split kernel,
-    int8/int4 per-token at 3 programs an SM: batch 1 x 32K 64 -> 49 splits, int8 50.4 -> 55.2% of
-    copy, int4 33.0 -> 37.5%; batch 64 x 4K 2 -> 3, int8 83.7 -> 85.4%, int4 59.7 -> 62.9%; bf16 at
-    2 an SM keeps its counts.
+    PROGRAMS_PER_SM programs an SM (batch 1 with 8 KV heads on 132 SMs: 64 splits, batch 32: 3).
+    Given the variant's real occupancy (`programs_per_sm`, from the binary), the count moves to the
+    nearest one whose programs fill their last wave to >= 95% (none within MAX_SPLITS, or four waves
+    and more already: the base count; BENCHMARKS.md, Kernel choices: num_splits).
     """
     base = max(1, batch * kv_heads * head_blocks(group))
     splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count // base)))
@@ -206,9 +183,8 @@ def num_splits(batch: int, kv_heads: int, group: int, sm_count: int, programs_pe
 
 
 def split_grid(batch: int, kv_heads: int, group: int, splits: int) -> tuple[int, int, int]:
-    """KV head (block) fastest: programs that run together read the same pages, each head's slice
-    of a token being only head_dim or head_dim / 2 bytes (H100, batch 32 x 4K: int8 per-token 77.3
-    -> 79.3%, int4 55.5 -> 58.0% of copy bandwidth; bf16 unchanged)."""
+    """KV head (block) fastest: programs that run together read the same pages, each head's slice of a
+    token being only head_dim or head_dim / 2 bytes (BENCHMARKS.md, Kernel choices: split grid)."""
     return (kv_heads * head_blocks(group), batch, splits)
 
 
@@ -277,35 +253,20 @@ def split_variants():
 
 
 def split_launch(axes, arch: int) -> LaunchConfig:
-    # bench/sweep_decode.py on an H100 (BLOCK_N 64/128 x 4/8 warps x 2/3 stages, batch 32 x 4K and
-    # 1 x 32K): 4 warps led every format. 3 stages (two tile buffers) helped int8 only (45.0 -> 48.0%
-    # and 36.4 -> 37.5% of copy bandwidth); bf16 was within 1% and int4 slower.
-    # int8/int4 with per-group scales: ptxas gives them 177-243 registers, two programs an SM;
-    # capped at 168 it fits three (H100, batch 32 x 4K, BLOCK_D 128: int8 group 64 64.4 -> 69.1%,
-    # int4 group 64 38.9 -> 44.2% of copy; the cap cost bf16 91 -> 80% and gave per-token nothing).
+    # 4 warps lead every format; per-group scales capped at 168 registers fit three programs an SM
+    # instead of two (BENCHMARKS.md, Kernel choices: split launch).
     pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
         return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)
     grouped = axes["scales"] in ("group", "small_group")
     cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
-    # int8 per-token: 2 stages keep it at 168 registers, three programs an SM (3 stages: 183, two;
-    # batch 32 x 4K 77.3 vs 73.1%). int4 per-group: 3 stages with its table load hidden from the
-    # pipeliner (kernel._pages_nc).
+    # int8 per-token: 2 stages keep it at 168 registers, three programs an SM. int4 per-group: 3 stages
+    # with its table load hidden from the pipeliner (kernel._pages_nc).
     # "channel" takes int8 per-token's config (its loop, minus the scale loads): not measured yet.
     stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
     if grouped and int(axes["head_dim"]) > 128:
-        # Head dim 256 (64-token tiles), split kernel, % of copy at batch 32 x 4K / 64 x 4K / 1 x 32K
-        # (bench/results/2026-11-23-h100-session9-d256-sweep.jsonl), 3 stages uncapped before:
-        # int4 "group": capped at 168 +0.9 to +1.9 in every cell (group 64 64.2 -> 65.3, 66.9 ->
-        # 68.3, 52.0 -> 53.4); "small_group" (group 8), 2 stages: int8 66.6 -> 68.2, 68.0 -> 70.9,
-        # 59.8 -> 61.3, int4 54.1 -> 54.9, 56.0 -> 56.8, 46.4 -> 47.2.
-        # int8 "group": 2 stages capped at 168 (three programs an SM instead of two), each binary
-        # at the split count the op derives from its occupancy (num_splits), group 128 / 64:
-        # batch 32 x 4K 79.3 -> 87.9 / 78.2 -> 85.6, 64 x 4K 82.7 -> 90.3 / 81.1 -> 88.6, 16 x 8K
-        # 80.5 -> 87.2 / 78.7 -> 85.0, 8 x 8K 75.2 -> 82.3 / 73.5 -> 80.2, 4 x 16K 76.4 -> 82.1 /
-        # 73.4 -> 80.0, 1 x 32K 67.4 -> 72.9 / 64.8 -> 70.4 (...-session10-d256-sweep.jsonl).
-        # (Timed at the uncapped binary's split counts, the cap had looked like a loss below batch
-        # 32: 1 x 32K at 64 splits fills 1.3 waves of three programs an SM.)
+        # Head dim 256: "small_group" 2 stages, int4 "group" capped at 168, int8 "group" 2 stages capped
+        # at 168 (three programs an SM), each faster in every measured cell (BENCHMARKS.md, Kernel choices: head dim 256).
         if axes["scales"] == "small_group":
             stages = 2
         elif axes["kv"] == "int4":
@@ -315,16 +276,10 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
 
 
-def ptx_constexprs(axes, arch) -> dict:
-    """PTX: 1 on CUDA targets, where int8/int4/fp8 caches dequantize through packed inline PTX
-    (dequant.py); elsewhere 0, the same values computed in plain Triton (its interpreter branch)."""
-    return {"PTX": int(getattr(arch, "backend", "cuda") == "cuda")}
-
-
 SPLIT = KernelSpec(
     name="decode_split",
     module="aotc.kernels.decode.kernel",
-    sources=("kernel.py", "dequant.py"),
+    sources=("kernel.py",),
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
@@ -375,7 +330,7 @@ def merge_launch(axes, arch: int) -> LaunchConfig:
 MERGE = KernelSpec(
     name="decode_merge",
     module="aotc.kernels.decode.kernel",
-    sources=("kernel.py", "dequant.py"),
+    sources=("kernel.py",),
     function="decode_merge_kernel",
     args=MERGE_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "PDL"),

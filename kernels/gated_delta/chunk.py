@@ -41,7 +41,7 @@ flattened schedule of prefix_prefill); a prep program finds its sequence by bina
 import triton
 import triton.language as tl
 
-from aotc.kernels.schedule import owner_of_block
+from aotc.kernels.common.schedule import owner_of_block
 
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)

@@ -15,7 +15,7 @@ were still read there (NaN in an unused page then poisons the result through 0 *
 block-table gather of a tail tile could read past the request's row. Here every K/V/block-table
 load is masked by the keys the tile actually needs, and probabilities are masked as well.
 Tiles wholly inside the context (or below the diagonal) and inside every row's window skip all
-masks: on an H100 (bf16, d128) that took the kernel from 222 to 263 TF/s.
+masks (BENCHMARKS.md, Kernel choices: mask-free tiles).
 
 Caches, their scales and the output are passed as byte (uint8) pointers and reinterpreted here
 by the constexpr KV_FORMAT / the runtime out_fp8 and scale_kind flags: Triton refuses the fp8e4nv type on sm80 at
@@ -35,8 +35,8 @@ Strides a layout does not use are passed as 0.
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _fp8_bits_to_fp16
-from aotc.kernels.schedule import owner_of_block
+from aotc.kernels.common.dequant import _fp8_bits_to_fp16
+from aotc.kernels.common.schedule import owner_of_block
 
 from .quant import int_context, softmax_step
 from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
@@ -52,11 +52,9 @@ def _fp8_bits_to_half(bits, KV_FORMAT: tl.constexpr, PTX: tl.constexpr):
     """uint8 fp8 bits -> fp16. e5m2 is exact; e4m3 comes out as value * 2^-8 (exact, normals
     and subnormals alike, because its exponent field lands inside fp16's), which the caller
     folds into the scale. An e4m3 NaN (0x7f) decodes as the finite 480. decode's converter
-    (kernels/decode/dequant.py): four bytes a register in packed PTX on CUDA, plain Triton
-    elsewhere, the same bits (tests/gpu/test_decode.py checks every byte value). H100, JIT, b8
-    32/8 heads, 2048 cached + 512 new, page 16, e4m3: 0.656-0.667 -> 0.626-0.633 ms, outputs
-    bit-identical, against 32-bit integer operations an element (SASS, sm90: the mask-free loop
-    1154 -> 948 instructions a thread). At 128 x 32 over 8 warps capped at 128 registers: 0.653."""
+    (kernels/common/dequant.py): four bytes a register in packed PTX on CUDA, plain Triton
+    elsewhere, the same bits (tests/gpu/test_decode.py checks every byte value); faster than 32-bit
+    integer operations an element (BENCHMARKS.md, Kernel choices: fp8 decoding)."""
     KIND: tl.constexpr = 3 if KV_FORMAT == 1 else 4  # decode's KV_KIND: 3 e4m3, else e5m2
     return _fp8_bits_to_fp16(bits.to(tl.int8, bitcast=True), KIND, PTX)
 
@@ -203,11 +201,8 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
         # Rows that go through registers anyway (fp8 bits converted, the vllm layout gathered):
         # tile i + 1 loaded while tile i computes, its blocks read a tile earlier still. Triton
         # pipelines these loads one tile ahead only (issued after the tile's dots, waited at the top
-        # of the next: the block-table read feeds their addresses). H100, AOT, b8 32/8 heads, 2048
-        # cached + 512 new, page 16 (bench at d24fe9a vs 865292e): fp8 e4m3 0.694 -> 0.667 ms (with 3
-        # stages: spec.launch), vllm layout 0.944 -> 0.779. Plain fp16/bf16 rows lost this way (JIT
-        # 0.181 -> 0.203 ms, b2 16/4 heads, 2048 + 1024, page 32; they go by chunks below), as did
-        # the int formats (kernels/prefix_prefill/quant.py).
+        # of the next: the block-table read feeds their addresses). Faster for fp8 and the vllm
+        # layout only (BENCHMARKS.md, Kernel choices: register prefetch).
         blk = _ctx_blocks(inner_lo, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
         k_n, v_n, _, _ = _ctx_fetch(inner_lo, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb,
                                     stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
@@ -228,12 +223,8 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
         # Plain fp16/bf16 rows: the mask-free tiles go by chunks of CHUNK, the chunk's block ids read
         # at once (one a key, the next chunk's while this one computes) and each tile's picked in
         # registers, so inside the chunk the K/V addresses depend on no load and Triton pipelines
-        # the tiles num_stages deep (TTGIR: async_wait num = 2 instead of 0). H100, JIT, d128, b2
-        # 16/4 heads, 2048 cached + 1024 new, page 32: 0.1794 -> 0.1626 ms; b8 32/8 heads, 2048 +
-        # 512, page 16: 0.607 -> 0.560; b1 16384 + 2048, window 4096: 0.490 -> 0.474 (chunks of 8:
-        # 0.1632, 0.567, 0.478); d64 (4 warps) b2 0.0997 -> 0.0967, b1 16384 + 2048 1.078 -> 1.042.
-        # Not for d256 (0.350 -> 0.356 ms, b2), fp8 or the vllm layout (b8: 0.663 -> 0.689 ms,
-        # 0.777 -> 0.953, against their register prefetch above).
+        # the tiles num_stages deep (TTGIR: async_wait num = 2 instead of 0). Not for d256, fp8 or
+        # the vllm layout, which it slowed (BENCHMARKS.md, Kernel choices: chunked block ids).
         CHUNK: tl.constexpr = 16
         keys = inner_lo + tl.arange(0, CHUNK)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         blkc = _chunk_blocks(keys, ctx_len, bt_row, block_size)
@@ -289,10 +280,8 @@ def prefix_prefill_kernel(
     if KV_FORMAT < 3:
         # Float and fp8 caches: the heads vary fastest and a request's q blocks run last first, so
         # the blocks with the most keys (the causal part grows down the request) start first and
-        # the short ones fill in behind them. H100, bf16, b2 16/4 heads, 1024 new tokens on no
-        # context: 0.0595 -> 0.0518 ms; on 2048 cached 0.1804 -> 0.1795. The int formats keep q blocks
-        # fastest in order (two programs an SM at 255 registers; this order measured 0.2045 -> 0.2091
-        # ms there).
+        # the short ones fill in behind them. The int formats keep q blocks fastest in order (two
+        # programs an SM at 255 registers: this order was slower there; BENCHMARKS.md, Kernel choices: q-block order).
         rank = pid - (q_start // BLOCK_M + req)
         n_blk = tl.cdiv(q_len, BLOCK_M)
         if rank >= n_blk:
@@ -344,9 +333,7 @@ def prefix_prefill_kernel(
                                         K_scale, V_scale, stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale,
                                         BLOCK_M, BLOCK_D, BLOCK_N, KV_FORMAT, SCALES, PTX)
         else:  # no context key for this tile (none cached, or all outside the window)
-            # Skipping the int path outright, not only its empty loops: H100, B 2, 16/4 heads, d128,
-            # 1024 new tokens on no context, int8 0.078 -> 0.066 ms, int4 0.096 -> 0.063 (bf16 0.059);
-            # on 2048 cached int4 0.330 -> 0.327, per channel 0.195 -> 0.198, int8 0.254 -> 0.262.
+            # Skipping the int path outright, not only its empty loops (BENCHMARKS.md, Kernel choices: empty context).
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
     else:

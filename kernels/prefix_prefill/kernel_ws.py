@@ -25,11 +25,7 @@ and calls that meet the ALIGNED specialization (16-byte aligned q/k/v/caches/out
 head_dim divisible by 16): cp.async moves 16 bytes at a time, so there is no GENERIC binary.
 Everything else (and the CPU interpreter: Gluon has none) runs kernel.py, as do calls whose
 artifacts hold kernel.py's binary but not this kernel's.
-H100 (the op's AOT binaries, t / SDPA-flash on the same bf16 attention, d128; kernel.py's JIT in
-brackets, same run): b2 16/4 heads 2048 cached + 1024 new, page 32: int8 a token 1.03 (1.34), int4
-0.96 (1.42), int8 per channel 0.97 (1.29), int8 groups of 64 1.10 (1.53), int4 groups of 32 1.00
-(1.83); no context 1.03-1.12 (1.03-1.05); b8 32/8 heads 2048 + 512, page 16: int8 1.09 (1.52),
-int4 1.03 (1.64). BENCHMARKS.md, session 23.
+It runs at about SDPA's speed where kernel.py takes 1.3-1.8x (BENCHMARKS.md, prefix-prefill session 23).
 
 Arguments the Triton kernel takes and this one ignores (the op never routes those cases here):
 Out_scale / out_fp8, kv_xg (vLLM layout), the last-dim cache strides.
@@ -40,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from aotc.kernels.decode.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
-from aotc.kernels.schedule import owner_of_block
+from aotc.kernels.common.dequant import I4X4_DEQUANT_PTX, I8X2_DEQUANT_PTX
+from aotc.kernels.common.schedule import owner_of_block
 
 from .kernel import LOG2E, NEG_BIG
 from .quant import _load_scale

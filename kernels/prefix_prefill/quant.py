@@ -1,6 +1,6 @@
 """int8 / int4 paged context for prefix_prefill, the dequantization fused on the tiles.
 
-Formats are `decode`'s and `store_kv`'s (kernels/decode/reference.py): int8 codes, or int4 codes
+Formats are `decode`'s and `store_kv`'s (kernels/common/quant_reference.py): int8 codes, or int4 codes
 stored as code + 7 with channel 2i in a byte's low nibble and 2i+1 in its high one; the value is
 code * scale. Scales (the SCALES constexpr):
   1 token    one per token and kv head (decode's per-group format with group == head_dim), a
@@ -11,26 +11,20 @@ code * scale. Scales (the SCALES constexpr):
              decode's and store_kv's per-group format), shaped like the cache with last dim
              head_dim // group; the group is runtime (quant_shift = log2(group)).
 Nothing is dequantized into memory, and nothing is allocated. Words of two (int8) or four (int4)
-channels go through decode's packed-PTX converters (kernels/decode/dequant.py; their plain-Triton
+channels go through decode's packed-PTX converters (kernels/common/dequant.py; their plain-Triton
 branch where the PTX constexpr is 0, off CUDA) into fp16, split by channel: part i holds channels
 NP*j + i. The dots run part by part (the parts' dots sum to the full dot), in fp16 whatever the
-query dtype (H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, bf16 q: int4 0.342 -> 0.330 ms,
-per channel 0.206 -> 0.195, int8 per token 0.248 -> 0.254, against dots in bf16). q is scaled by
+query dtype (BENCHMARKS.md, Kernel choices: int prefill). q is scaled by
 a power of two a row into fp16's range (exact for bf16 inputs; the power goes back on that row's
 scores through qk_scale) and P is rounded to fp16. The scales go where they cost least:
   token    on the K and V rows as they are dequantized: code * scale, rounded once to fp16, as
            decode does (a scale below fp16's normals, ~6.1e-5, loses precision gradually; values
            past 65504 overflow). The scales share the rows' block-table reads, and a tile loads its
-           successor's. Applied instead on the score and P columns (exact codes, fp32 scales) they
-           cost a thread 8 scale, 8 block-table and their index loads a tile in the MMA layout, 1257
-           SASS instructions in the int8 loop against 760 now: H100, same shape, int8 0.227 -> 0.206
-           ms, int4 0.258 -> 0.217 (B 8, 32/8 heads, 2048 + 512, page 16: 0.830 -> 0.733, 0.933 ->
-           0.772);
+           successor's; on the score and P columns instead they cost more loads and instructions
+           (BENCHMARKS.md, Kernel choices: int prefill);
   group    as per token, code * scale rounded once to fp16, with a scale a run of 8 channels
            ([BLOCK_N, BLOCK_D // 8], each group's read group / 8 times in place), repeated over
-           the run's words in registers; loaded a tile ahead the same way. H100, B 2, 16/4 heads,
-           d128, 2048 cached + 1024 new: int8 groups of 64 0.233 ms (per token 0.204), int4 groups
-           of 32 0.274 (0.215);
+           the run's words in registers; loaded a tile ahead the same way;
   channel  K: on q, once per program; V: on the context's accumulator, once after the loop
            (later online-softmax rescaling is linear, as for fp8's scalar scale). The parts hold
            exact codes; int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16), their
@@ -38,11 +32,8 @@ scores through qk_scale) and P is rounded to fp16. The scales go where they cost
 After the context the parts' accumulators are interleaved back into channel order for the
 new-token loop.
 
-The words themselves are left to Triton's pipelining, one tile ahead. Loading the next tile's
-words and scales into registers while a tile computes (its blocks two tiles ahead, as kernel.py
-does for fp8 and the vllm layout) was slower on the H100 (B 2, 16/4 heads, 2048 + 1024, JIT):
-int8 0.205 -> 0.217 ms at 4 warps (21 spill accesses in the loop), 0.268 at 8 warps (no spills),
-0.225 at 8 warps x 64-key tiles; int4, per channel and per group alike.
+The words themselves are left to Triton's pipelining, one tile ahead: loading them into registers
+a tile ahead, as kernel.py does for fp8 and the vllm layout, was slower (BENCHMARKS.md, Kernel choices: int prefill).
 
 Strides of the caches arrive in int16 words (the op halves the byte strides; it checks they are
 even). Masking follows kernel.py: masked tiles mask keys and probabilities, so unused slots
@@ -51,7 +42,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.decode.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
+from aotc.kernels.common.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
 
 
 @triton.jit
@@ -133,10 +124,8 @@ def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb
     """(K scales, V scales) of the tile at `start`: [BLOCK_N] per token, [BLOCK_N, RUNS] per group
     (_group_scales); zeros for per-channel scales. A tile loads its successor's, so their latency
     hides under a whole tile: Triton's pipelining leaves these small loads (and their block-table
-    reads) synchronous. Measured on the H100 when they were applied on the score columns (B 2,
-    16/4 heads, d128, 2048 cached + 1024 new, page 32): int8 0.254 -> 0.227 ms, int4 0.305 -> 0.258
-    (B 8, 32/8 heads, 2048 + 512, page 16: int8 0.978 -> 0.816, int4 1.117 -> 0.919). Always
-    masked (block-table reads only for keys < ctx_len): safe past the context."""
+    reads) synchronous (BENCHMARKS.md, Kernel choices: int prefill). Always masked (block-table reads only for keys <
+    ctx_len): safe past the context."""
     if SCALES == 2:
         z = tl.zeros([BLOCK_N], tl.float32)
         return z, z
@@ -371,8 +360,7 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
     (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py. scale_kind: the scales' dtype
     (_load_scale), with per-group scales log2(group) above it (scale_kind >> 2): packed into one
     argument, because one more kernel parameter moved ptxas's register allocation of the other
-    variants, which sit at 255 registers (sm90 int8 per token: 2 spill loads and stores in the
-    unmasked loop, 760 -> 774 instructions there)."""
+    variants, which sit at 255 registers (it added spills)."""
     if SCALES == 3:
         quant_shift = scale_kind >> 2
         scale_kind = scale_kind & 3

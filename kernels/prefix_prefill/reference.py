@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from aotc.kernels.decode.reference import unpack_int4
+from aotc.kernels.common.quant_reference import unpack_int4
 
 FP8_E4M3_MAX = 448.0
 

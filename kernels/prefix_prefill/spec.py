@@ -14,13 +14,8 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             or vllm (K split in groups of x, x runtime; V transposed); int8/int4 nhd only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
 dtype (and the int group size) are runtime, so they cost no binaries: 2 * 3 * 4 * 2 = 48
-float/fp8 variants plus 2 * 3 * (4 + 3) = 42 int8/int4 ones, 90 in all (76 before per-group
-scales, 60 before int8/int4 and runtime head_dim: the five head dims were an axis), each built
-at two specialization levels per arch.
-Build cost (sm90, CPU seconds a key, sampled on the shared 2-core machine): 9.6 (10 keys) vs 10.6
-before (6 keys), so ~1470 vs ~1270 CPU-s a target (152 keys vs 120): ~92 vs ~80 s on 16 cores.
-With per-group scales (2026-11-25, `aotc build --arch sm90 --kernel prefix_prefill -j 1`, two such
-builds side by side on that machine): 180 keys in 683 s (565 CPU-s) against 152 in 537 s (421).
+float/fp8 variants plus 2 * 3 * (4 + 3) = 42 int8/int4 ones, 90 in all, each built at two
+specialization levels per arch (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
 
@@ -32,8 +27,8 @@ when `ws_serves` says so.
 """
 from __future__ import annotations
 
-from aotc.kernels.decode.spec import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
-from aotc.kernels.decode.spec import ptx_constexprs
+from aotc.kernels.common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
+from aotc.kernels.common.formats import ptx_constexprs
 from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16")
@@ -82,18 +77,11 @@ def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
     BLOCK_M (the kernel asserts it); target_constexprs narrows it on sm90 for fp16/bf16 d128."""
     if kv in ("int8", "int4") and block_d <= 128:
-        # H100, B 2, 16/4 heads, d128, 2048 cached + 1024 new, page 32 (JIT sweep at a4ec7ff): int8
-        # per token 4 warps x 32-key tiles 0.248 ms vs 0.312 at 8 warps x 64 (the earlier config,
-        # 0.377 before the scale loads moved to the tile's start); per channel 0.206 vs 0.236. 4
-        # warps spill 12-32 bytes a thread here and still win. int4 with the scales loaded a tile
-        # ahead (quant.py, 64b6ea0): 0.258 vs 0.317 (B 8, 32/8 heads, 2048 + 512, page 16: 0.919 vs
-        # 1.090; no context: 0.066 vs 0.063). It stayed at 8 x 64 before because two fresh compiles
-        # on the H100 had given two cubins; at 64b6ea0 three fresh compiles of each int4 4 x 32
-        # variant (bf16/fp16, token/channel) give one cubin, there and on the CPU machine alike.
+        # 4 warps x 32-key tiles beat 8 x 64 for int8 and int4, spills included (BENCHMARKS.md, Kernel choices: int tiles).
         return 128, 32
     if block_d > 128:
-        # H100 bf16 d256, b8 ctx2048+512: 259 TF/s vs 226 for 64x32 and 173 for 64x64. Q 64 KiB plus
-        # two stages of 16 KiB K and V tiles: 128 KiB, inside sm80's 163 KiB.
+        # the fastest d256 tile (BENCHMARKS.md, Kernel choices: d256 tile); Q 64 KiB plus two stages of 16 KiB K and V
+        # tiles: 128 KiB, inside sm80's 163 KiB.
         return 128, 32
     return 128, 64
 
@@ -123,12 +111,8 @@ def variants():
 def _two_programs_an_sm(axes, arch) -> bool:
     """fp16/bf16 caches at block_d 128 (head dims 72..128), nhd, on sm90+: 128 x 32 tiles over 8
     warps capped at 128 registers (no spills in the loops; 80 KiB of shared memory at 3 stages), so
-    two programs share an SM, against 128 x 64 at 230 registers, one an SM. H100, JIT, side by side
-    (bf16, ms): b8 ctx2048+512 page 16 0.566 -> 0.513, page 32 0.562 -> 0.500; b1 ctx16K+2K 1.891 ->
-    1.741, window 4096 0.478 -> 0.440; b2 16/4 heads ctx2048+1024 0.1634 -> 0.1581; no context
-    0.0520 -> 0.0543. Uncapped (195 registers, one an SM) 128 x 32 ran 0.656 / 2.295 / 0.186; 2 or 4
-    stages lost to 3. fp8 caches (0.661 -> 0.663), the vllm layout, sm80 and AMD keep 128 x 64: not
-    faster, or not measured."""
+    two programs share an SM, against 128 x 64 at 230 registers, one an SM (BENCHMARKS.md, Kernel choices: two programs an
+    SM). fp8 caches, the vllm layout, sm80 and AMD keep 128 x 64: not faster, or not measured."""
     return (getattr(arch, "backend", "cuda") == "cuda" and arch >= 90 and axes["kv"] == "same"
             and int(axes["block_d"]) == 128 and axes["layout"] == "nhd")
 
@@ -146,16 +130,11 @@ def launch(axes, arch: int) -> LaunchConfig:
     bd = int(axes["block_d"])
     if _two_programs_an_sm(axes, arch):
         return LaunchConfig(num_warps=8, num_stages=3, maxnreg=128)
-    # H100 bf16 d64: 4 warps 239 TF/s vs 8 warps 179 (b8 ctx2048+512), 274 vs 193 (b1 ctx16K+2K).
+    # d64: 4 warps beat 8 (BENCHMARKS.md, Kernel choices: warps and stages).
     warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
     if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
-        # H100 bf16 d128, page 16: 263 TF/s at 3 stages vs 260 at 2 (b8 ctx2048+512), 281 vs 268
-        # (b1 ctx16K+2K), measured at 128 x 64, before fp16/bf16 d128 moved to
-        # _two_programs_an_sm (returned above): this rule now sets fp16/bf16 d32/d64. fp8 since its
-        # context rows are loaded a tile ahead in registers (kernel.py): JIT 0.665 ms at 3 stages
-        # vs 0.711 at 2 (b8 ctx2048+512, e4m3; 0.694 before, at 2). vllm-layout caches gather
-        # through registers: 2 stages (0.775 ms vs 0.814 at 3, bf16, same shape).
-        # int8/int4 convert through registers too: 2 stages (3 measured slower, BENCHMARKS.md).
+        # 3 stages for fp16/bf16 d32/d64 and fp8 (its context rows loaded a tile ahead); vllm-layout
+        # and int8/int4 caches go through registers: 2 stages (BENCHMARKS.md, Kernel choices: warps and stages).
         return LaunchConfig(num_warps=warps, num_stages=3)
     return LaunchConfig(num_warps=warps, num_stages=2)
 

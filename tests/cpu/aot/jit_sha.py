@@ -12,10 +12,15 @@ from triton.runtime.jit import create_function_from_signature
 
 from aotc.kernels.registry import get_spec
 from aotc.loader import targets
-from aotc.loader.fallback import jit_function
+from aotc.loader.recipe import compile_options, jit_function
 
 
 def jit_sha(spec_name, axes, args, name):
+    with compile_options():  # the switches the loader's JIT fallback compiles with (the binder reads them too)
+        return _jit_sha(spec_name, axes, args, name)
+
+
+def _jit_sha(spec_name, axes, args, name):
     spec = get_spec(spec_name)
     fn = jit_function(spec)
     info = targets.get(name if isinstance(name, str) else f"sm{name}")  # main's callers pass an SM int

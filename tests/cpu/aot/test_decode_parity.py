@@ -14,7 +14,6 @@ from .conftest import REPO
 def test_new_decode_variants_jit_equals_aot(arch, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    env["TRITON_DISABLE_LINE_INFO"] = "1"  # as the build and the loader's JIT fallback compile
     out = subprocess.run([sys.executable, "-m", "tests.cpu.aot.decode_jit_sha", str(arch)], capture_output=True,
                          text=True, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -43,7 +43,6 @@ def artifacts(tmp_path_factory):
 def test_jit_compiles_the_same_bytes_as_the_build(artifacts, case, target, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    env["TRITON_DISABLE_LINE_INFO"] = "1"  # as the loader's JIT fallback compiles (aot_compile_options)
     _, script, extra, _ = CASES[case]
     out = subprocess.run([sys.executable, "-m", script, target[2:], *extra], capture_output=True, text=True,
                          cwd=REPO, env=env)

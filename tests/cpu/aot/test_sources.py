@@ -1,7 +1,7 @@
 """aot/sources.py: the files behind a kernel's build hash, found through its imports.
 
 A build is incremental on that hash, so an imported helper left out keeps stale binaries after an
-edit (prefix_prefill's int8/int4 path lives in quant.py and decode's dequant.py)."""
+edit (prefix_prefill's int8/int4 path lives in quant.py and common/dequant.py)."""
 import importlib
 import sys
 
@@ -19,28 +19,28 @@ def names(spec):
 
 def test_builtin_kernels_hash_every_file_they_import():
     # prefix_prefill's kernels read their decorator switches from their spec module (which imports
-    # decode's spec and the variant types) and share the block schedule's helper.
-    shared = ["decode/dequant.py", "decode/spec.py", "prefix_prefill/quant.py", "prefix_prefill/spec.py", "schedule.py",
-              "variants.py"]
+    # the shared formats and the variant types) and share the block schedule's helper.
+    shared = ["common/dequant.py", "common/formats.py", "common/schedule.py", "prefix_prefill/quant.py",
+              "prefix_prefill/spec.py", "variants.py"]
     assert names(get_spec("prefix_prefill")) == sorted(shared + ["prefix_prefill/kernel.py"])
     # the Gluon kernel takes kernel.py's constants
     assert names(get_spec("prefix_prefill_ws")) == sorted(shared + ["prefix_prefill/kernel.py",
                                                                     "prefix_prefill/kernel_ws.py"])
     # decode's kernel reads constants from its spec module, which imports the variant types.
-    assert names(get_spec("decode_split")) == ["decode/dequant.py", "decode/kernel.py", "decode/spec.py",
-                                               "variants.py"]
-    assert names(get_spec("gdn_chunk_prep")) == ["gated_delta/chunk.py", "schedule.py"]
+    assert names(get_spec("decode_split")) == ["common/dequant.py", "common/formats.py", "decode/kernel.py",
+                                               "decode/spec.py", "variants.py"]
+    assert names(get_spec("gdn_chunk_prep")) == ["common/schedule.py", "gated_delta/chunk.py"]
 
 
 def _family(root, package):
-    """A kernel family on disk: kernel.py imports helper.py (relative) and decode's dequant.py."""
+    """A kernel family on disk: kernel.py imports helper.py (relative) and common/dequant.py."""
     pkg = root / package
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "helper.py").write_text("import triton\n\n\n@triton.jit\ndef twice(x):\n    return x * 2\n")
     (pkg / "kernel.py").write_text(
         "import triton\nimport triton.language as tl\n\nfrom .helper import twice\n"
-        "from aotc.kernels.decode.dequant import _i8x2_codes  # noqa: F401\n\n\n@triton.jit\n"
+        "from aotc.kernels.common.dequant import _i8x2_codes  # noqa: F401\n\n\n@triton.jit\n"
         "def k(x, BLOCK: tl.constexpr):\n    o = tl.arange(0, BLOCK)\n    tl.store(x + o, twice(tl.load(x + o)))\n")
     return KernelSpec(name=f"{package}_k", module=f"{package}.kernel", function="k", args=(Arg("x", "ptr", dtype="=fp32"),),
                       constexpr_names=("BLOCK",), constexprs=lambda axes: {"BLOCK": 64},
@@ -64,7 +64,7 @@ def _hash(spec):
 
 def test_editing_an_imported_helper_changes_the_build_hash(on_path):
     spec = _family(on_path / "a", "fam_a")
-    assert names(spec) == ["decode/dequant.py", "helper.py", "kernel.py"]
+    assert names(spec) == ["common/dequant.py", "helper.py", "kernel.py"]
     before = _hash(spec)
     helper = on_path / "a" / "fam_a" / "helper.py"
     helper.write_text(helper.read_text().replace("x * 2", "x * 3"))

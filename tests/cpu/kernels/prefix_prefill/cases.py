@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aotc.kernels.decode.reference import INT_QMAX, pack_int4, quantize_reference
+from aotc.kernels.common.quant_reference import INT_QMAX, pack_int4, quantize_reference
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # Absolute + relative tolerance on outputs of magnitude ~1 against the float32 reference: the

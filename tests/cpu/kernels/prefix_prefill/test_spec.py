@@ -170,7 +170,7 @@ def test_sm80_binary_with_fp8_cache_compiles_to_mma():
     ({"dtype": "fp16", "kv": "int4", "scales": "channel", "block_d": 256, "layout": "nhd"}, 80),
 ])
 def test_int_cache_binaries_compile_to_tensor_core_dots(axes, arch):
-    # The dequantization is decode's packed PTX (dequant.py); the dots stay on tensor cores.
+    # The dequantization is the packed PTX of kernels/common/dequant.py; the dots stay on tensor cores.
     got = _compile(axes, arch)
     assert got["wgmma" if arch >= 90 else "mma"] > 0, got
     assert got["shared"] <= (227 if arch >= 90 else 163) * 1024

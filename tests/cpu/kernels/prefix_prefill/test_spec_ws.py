@@ -149,7 +149,6 @@ _COMPILE = textwrap.dedent("""
 @pytest.mark.parametrize("index", [0, 4, 11])
 def test_sm90_binary(index):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DISABLE_LINE_INFO"] = "1"
     res = subprocess.run([sys.executable, "-c", _COMPILE, str(index)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Dequantization of decode's quantized caches, as packed PTX on the GPU (kernel.py's helpers).
+"""Dequantization of the quantized caches, as packed PTX on the GPU (decode's and prefix prefill's helpers).
 
 int8/int4 words (int16 elements: int8 two channels, int4 four) and fp8 bytes become fp16 tensors
 that tensor-core dots read: scaled values, exact codes, or codes plus a bias the caller removes.
@@ -11,12 +11,9 @@ import os
 import triton
 import triton.language as tl
 
-# Dequantization runs as packed PTX on the GPU: four bytes a register, two fp16 a lane pair
-# (prmt/lop3/f16x2 in place of one int->float conversion an element, which runs at a quarter of
-# the FP32 rate on sm80/sm90): on an H100 at batch 32 x 16K, int4 772 -> 667 us and fp8
-# 627 -> 577 us. The interpreter cannot run PTX, so it takes the plain Triton branch, which
-# computes the same bits (codes are exact in fp16, code * scale is rounded once); a GPU test
-# checks the two agree bit for bit on every byte value.
+# Packed PTX (four bytes a register, prmt/lop3/f16x2) in place of int->float conversions, which run
+# at a quarter of the FP32 rate (BENCHMARKS.md, Kernel choices: packed dequantization). The
+# interpreter cannot run PTX: it takes the plain Triton branch, which computes the same bits.
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 

@@ -27,6 +27,10 @@ from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 D_QK, D_V, PAGE = 576, 512, 64
 SHAPES = [(h, b, ctx) for h in (16, 128) for b in (1, 32, 128) for ctx in (4096, 32768)]
+# --sweep: (heads a program, tokens a tile, warps, stages) at SWEEP_SHAPES (heads, batch, context)
+CONFIGS = ((16, 32, 4, 2), (16, 32, 4, 3), (16, 32, 4, 4), (16, 16, 4, 4), (16, 32, 8, 3), (16, 32, 2, 3),
+           (32, 32, 4, 2), (32, 32, 4, 3), (32, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2))
+SWEEP_SHAPES = ((16, 32, 32768), (16, 128, 4096), (32, 32, 32768), (32, 128, 4096), (128, 32, 4096))
 
 
 def problem(batch, heads, ctx, seed=0):
@@ -71,10 +75,8 @@ def sweep(rows, copy_bw, shapes):
         c = M.check(q, kv, kv[..., :D_V], table, lens, None, None, None, "auto", None, None, None, None, out, None,
                     True)
         nbytes = batch * ctx * D_QK * 2
-        for bh, bn, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 64, 4, 1), (16, 32, 4, 3), (32, 64, 4, 2),
-                                      (32, 32, 4, 2), (64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3), (64, 64, 8, 1),
-                                      (64, 32, 4, 2)):
-            if bh > heads:
+        for bh, bn, warps, stages in CONFIGS:
+            if bh > heads or (bh < 32 and heads >= 128) or (bh == 64 and heads < 64):
                 continue
             axes = S.split_axes("bf16", "bf16", D_QK, D_V, "latent", "h16")
             cx = S.split_constexprs(axes)
@@ -147,7 +149,7 @@ def main():
         del q, kv, table, lens
         torch.cuda.empty_cache()
     if args.sweep:
-        sweep(rows, copy_bw, [(16, 32, 32768), (16, 1, 32768), (128, 32, 4096), (128, 128, 4096), (128, 1, 32768)])
+        sweep(rows, copy_bw, SWEEP_SHAPES)
 
 
 if __name__ == "__main__":

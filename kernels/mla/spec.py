@@ -3,8 +3,9 @@
 Split kernel axes: `q` (fp16, bf16), `kv` (the query's own dtype, fp8_e4m3, fp8_e5m2), `d_qk` and
 `d_v` (the key and value head sizes: multiples of 16 up to MAX_D_QK / MAX_D_V), `layout`
 ("latent": one cache whose first d_v channels are the value, read once; "separate": K and V
-caches), `tile` (query heads a program: "h16", 16 heads, 4 warps; "h64", 64 heads, 8 warps, the
-compute-bound shape for 64+ heads a KV head on sm90), plus `cache`, the element type the kernel
+caches), `tile` (query heads a program: "h16", 16 heads, 4 warps; "h32", 32 heads, 4 warps (the
+latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads a KV head on
+sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
 (kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
@@ -27,12 +28,15 @@ MAX_PAGE_SIZE = 128
 # DeepSeek V2/V3's latent cache, and the unequal pairs vLLM 0.33's own decode test runs through
 # separate caches (its fp8 cases at 576 and 128 only; its groups are at most 32 heads).
 _FP8 = ("q", "fp8_e4m3")
-DECLARED = ((576, 512, "latent", _FP8, ("h16", "h64")), (576, 512, "separate", _FP8, ("h16",)),
+DECLARED = ((576, 512, "latent", _FP8, ("h16", "h32", "h64")), (576, 512, "separate", _FP8, ("h16",)),
             (192, 128, "separate", ("q",), ("h16",)), (128, 512, "separate", _FP8, ("h16",)),
             (192, 512, "separate", ("q",), ("h16",)), (576, 128, "separate", _FP8, ("h16",)))
-# tile -> (BLOCK_H, num_warps)
-TILES = {"h16": (16, 4), "h64": (64, 8)}
+# tile -> (BLOCK_H, num_warps). bench/bench_mla.py --sweep (H100, latent bf16, page 64): 64 heads
+# a program at 8 warps led at 128 heads (batch 32 x 4K: 16 heads 353, 32 heads 325, 64 heads 233
+# us); 32 heads at 4 warps beat 16 at 128 heads (BENCHMARKS.md, "MLA decode").
+TILES = {"h16": (16, 4), "h32": (32, 4), "h64": (64, 8)}
 WIDE_TILE_GROUP = 64  # groups of at least this many heads take "h64" where it is built (sm90+)
+MID_TILE_GROUP = 32  # and of at least this many "h32"
 
 
 def _pow2(n: int) -> int:
@@ -50,11 +54,12 @@ def key_blocks(d_qk: int, d_v: int, layout: str) -> tuple[int, int]:
 
 
 def block_n(axes) -> int:
-    """Tokens a tile: 64 unless two stages of the tile (K, and V when separate) pass ~150 KB of
-    shared memory, then 32 (576 / 512 separate bf16 caches)."""
+    """Tokens a tile: 64 for "h64" (its wgmma dots: batch 128 x 4K at 128 heads 730 us, 32 tokens
+    928 us), else 32 (16 heads, batch 32 x 32K: 533 us against 613 at 64 tokens); 32 also where two
+    stages of a 64-token tile (K, and V when separate) would pass ~150 KB of shared memory."""
     a, b = key_blocks(int(axes["d_qk"]), int(axes["d_v"]), str(axes["layout"]))
     cols = a + b + (0 if axes["layout"] == "latent" else _pow2(int(axes["d_v"])))
-    return 64 if 2 * 64 * cols * 2 <= 150 * 1024 else 32
+    return 64 if axes["tile"] == "h64" and 2 * 64 * cols * 2 <= 150 * 1024 else 32
 
 
 def split_axes(q: str, kv: str, d_qk: int, d_v: int, layout: str, tile: str = "h16") -> dict:
@@ -78,9 +83,14 @@ def split_axes(q: str, kv: str, d_qk: int, d_v: int, layout: str, tile: str = "h
     return {"q": q, "kv": kv, "cache": CACHE_DTYPE[kv], "d_qk": d_qk, "d_v": d_v, "layout": layout, "tile": tile}
 
 
-def choose_tile(group: int, arch: int) -> str:
-    """64 heads a program for groups of 64+ on sm90 (wgmma's M is 64 a warpgroup); else 16."""
-    return "h64" if group >= WIDE_TILE_GROUP and arch >= 90 else "h16"
+def choose_tile(group: int, arch: int, layout: str = "latent") -> str:
+    """64 heads a program for groups of 64+ on sm90 (wgmma's M is 64 a warpgroup), 32 for groups of
+    32+ (the latent layout: the tiles built), else 16."""
+    if layout != "latent":
+        return "h16"
+    if group >= WIDE_TILE_GROUP and arch >= 90:
+        return "h64"
+    return "h32" if group >= MID_TILE_GROUP else "h16"
 
 
 def head_blocks(group: int, tile: str) -> int:

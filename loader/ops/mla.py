@@ -155,12 +155,12 @@ class _Plan:
                  "merge_ints", "fp8", "device", "fast_split", "fast_merge")
 
 
-def _tile(q, group) -> str:
+def _tile(q, group, latent) -> str:
     arch = 0
     if q.is_cuda:
         major, minor = torch.cuda.get_device_capability(q.device)
         arch = 10 * major + minor
-    return S.choose_tile(group, arch)
+    return S.choose_tile(group, arch, "latent" if latent else "separate")
 
 
 def _split_args(plan_fp8, c: _Call, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints):
@@ -184,7 +184,7 @@ def _make_plan(c: _Call, out) -> _Plan:
     batch, q_heads, d_qk = q.shape
     kv_heads, d_v = k.shape[2], v.shape[-1]
     group = q_heads // kv_heads
-    tile = _tile(q, group)
+    tile = _tile(q, group, c.latent)
     p = _Plan()
     p.fp8 = c.fmt in _FP8_NAMES.values()
     p.device = q.device

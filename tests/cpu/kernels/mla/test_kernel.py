@@ -1,7 +1,8 @@
 """MLA / unequal-head decode on the Triton interpreter against the float32 reference
 (kernels/mla/reference.py): out within cases.assert_close's tolerance (bf16 2e-2 abs + rel and
 1e-2 relative Frobenius, fp16 5e-3 / 3e-3), lse within 2e-3 + 1e-3 |ref|; out and lse poisoned
-with NaN first. Lengths hit the 64-token tile's boundaries (1, 63, 64, 65) and the splits'."""
+with NaN first. Lengths hit the 32- and 64-token tiles' boundaries (1, 31, 32, 33, 63, 64, 65) and
+the splits'."""
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from aotc.kernels.mla import spec as S
 
 from .cases import assert_close, assert_lse_close, make_case
 
-TILE_LENS = [0, 1, 63, 64, 65, 200]
+TILE_LENS = [0, 1, 31, 32, 33, 63, 64, 65, 200]
 
 
 def _poisoned(case, d_v):
@@ -82,12 +83,31 @@ def test_equal_head_size_decode_lacks_runs_here():
     assert_close(out, case.reference(), "192/192")
 
 
+@pytest.mark.parametrize("tile", ["h32", "h64"])
+def test_wide_tiles(tile, monkeypatch):
+    # the tiles a GPU picks for 32+ and 64+ heads (choose_tile sees no GPU here)
+    monkeypatch.setattr(S, "choose_tile", lambda group, arch, layout="latent": tile)
+    case = make_case([1, 33, 130], kv_heads=1, group=40, seed=8)
+    out, lse = _poisoned(case, 512)
+    loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, out=out, return_lse=True, lse=lse)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, tile)
+    assert_lse_close(lse, ref_lse)
+
+
 def test_splits_agree():
     case = make_case([200], kv_heads=1, group=16, seed=7)
     one = loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, num_splits=1)
     many = loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, num_splits=4)
     assert_close(one, case.reference(), "1 split")
     assert_close(many, case.reference(), "4 splits")
+
+
+def test_tile_choice():
+    assert [S.choose_tile(g, 90) for g in (1, 16, 31, 32, 63, 64, 128)] == ["h16"] * 3 + ["h32"] * 2 + ["h64"] * 2
+    assert S.choose_tile(128, 80) == "h32"  # no 64-head binary below sm90
+    assert S.choose_tile(128, 90, "separate") == "h16"
+    assert S.SPLIT.launch_config(S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), 80) is None
 
 
 def test_key_blocks():

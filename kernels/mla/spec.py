@@ -3,7 +3,7 @@
 Split kernel axes: `q` (fp16, bf16), `kv` (the query's own dtype, fp8_e4m3, fp8_e5m2), `d_qk` and
 `d_v` (the key and value head sizes: multiples of 16 up to MAX_D_QK / MAX_D_V), `layout`
 ("latent": one cache whose first d_v channels are the value, read once; "separate": K and V
-caches), `tile` (query heads a program: "h16", 16 heads, 4 warps; "h32", 32 heads, 4 warps (the
+caches), `tile` (query heads a program: "h16", 16 heads, 4 warps; "h32", 32 heads, 8 warps (the
 latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads a KV head on
 sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
@@ -31,10 +31,11 @@ _FP8 = ("q", "fp8_e4m3")
 DECLARED = ((576, 512, "latent", _FP8, ("h16", "h32", "h64")), (576, 512, "separate", _FP8, ("h16",)),
             (192, 128, "separate", ("q",), ("h16",)), (128, 512, "separate", _FP8, ("h16",)),
             (192, 512, "separate", ("q",), ("h16",)), (576, 128, "separate", _FP8, ("h16",)))
-# tile -> (BLOCK_H, num_warps). bench/bench_mla.py --sweep (H100, latent bf16, page 64): 64 heads
-# a program at 8 warps led at 128 heads (batch 32 x 4K: 16 heads 353, 32 heads 325, 64 heads 233
-# us); 32 heads at 4 warps beat 16 at 128 heads (BENCHMARKS.md, "MLA decode").
-TILES = {"h16": (16, 4), "h32": (32, 4), "h64": (64, 8)}
+# tile -> (BLOCK_H, num_warps, BLOCK_N). bench/bench_mla.py --sweep, H100, latent bf16, page 64
+# (BENCHMARKS.md, "MLA decode"): at 128 heads 64 heads a program at 8 warps over 64-token tiles
+# led; at 16 heads 32-token tiles at 4 warps (64 tokens, 8 or 2 warps, 16 tokens all slower); at
+# 32 heads, 32 a program at 8 warps over 64 tokens beat 16 or 32 at 4 warps over 32 tokens.
+TILES = {"h16": (16, 4, 32), "h32": (32, 8, 64), "h64": (64, 8, 64)}
 WIDE_TILE_GROUP = 64  # groups of at least this many heads take "h64" where it is built (sm90+)
 MID_TILE_GROUP = 32  # and of at least this many "h32"
 
@@ -54,12 +55,12 @@ def key_blocks(d_qk: int, d_v: int, layout: str) -> tuple[int, int]:
 
 
 def block_n(axes) -> int:
-    """Tokens a tile: 64 for "h64" (its wgmma dots: batch 128 x 4K at 128 heads 730 us, 32 tokens
-    928 us), else 32 (16 heads, batch 32 x 32K: 533 us against 613 at 64 tokens); 32 also where two
-    stages of a 64-token tile (K, and V when separate) would pass ~150 KB of shared memory."""
+    """Tokens a tile: the tile's (TILES), or 32 where two stages of a 64-token tile (K, and V when
+    separate) would pass ~150 KB of shared memory."""
     a, b = key_blocks(int(axes["d_qk"]), int(axes["d_v"]), str(axes["layout"]))
     cols = a + b + (0 if axes["layout"] == "latent" else _pow2(int(axes["d_v"])))
-    return 64 if axes["tile"] == "h64" and 2 * 64 * cols * 2 <= 150 * 1024 else 32
+    n = TILES[str(axes["tile"])][2]
+    return n if 2 * n * cols * 2 <= 150 * 1024 else 32
 
 
 def split_axes(q: str, kv: str, d_qk: int, d_v: int, layout: str, tile: str = "h16") -> dict:

@@ -532,7 +532,10 @@ def _split_heads(q, k_cache, v_cache) -> bool:
 
 
 def _is_prefix_view(k_cache, v_cache) -> bool:
-    """v_cache is k_cache's first channels (MLA's latent cache passed twice): read it once."""
+    """v_cache is k_cache's first channels (MLA's latent cache passed twice): read it once. (Not
+    under torch.compile, where fake tensors have no address: V is then read on its own.)"""
+    if torch.compiler.is_compiling():
+        return False
     return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.dtype == k_cache.dtype
             and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.stride() == k_cache.stride()
             and v_cache.shape[-1] < k_cache.shape[-1])

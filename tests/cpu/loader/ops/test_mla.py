@@ -82,3 +82,19 @@ def test_fullgraph_compile_traces_mla_decode():
     got = compiled(case.q, case.k_cache, case.table, case.seq_lens)
     want = step(case.q, case.k_cache, case.table, case.seq_lens)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_fullgraph_compile_traces_decode_with_unequal_heads():
+    case = make_case([20, 40], d_qk=192, d_v=128, latent=False, kv_heads=2, group=4, seed=24)
+    latent = make_case([30], group=16, seed=25)
+
+    def step(q, k, v, table, lens, lq, lkv, ltable, llens):
+        a = loader.decode(q, k, v, table, lens)
+        b = loader.decode(lq, lkv, lkv[..., :512], ltable, llens)  # a latent view: V read on its own here
+        return a.float() + 1, b.float() * 2
+
+    args = (case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, latent.q, latent.k_cache, latent.table,
+            latent.seq_lens)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(*args)
+    want = step(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -98,3 +98,24 @@ def test_fullgraph_compile_traces_decode_with_unequal_heads():
     got = torch.compile(step, backend="aot_eager", fullgraph=True)(*args)
     want = step(*args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_plan_runs_layers_like_mla_decode_and_refuses_other_metadata():
+    layers = [make_case([33, 70], group=16, seed=40 + i) for i in range(2)]
+    first = layers[0]
+    plan = loader.MLADecodePlan(first.table, first.seq_lens, q=first.q, kv_cache=first.k_cache, return_lse=True)
+    for c in layers:
+        c.table, c.seq_lens = first.table, first.seq_lens  # one step: every layer reads the same pages
+        out = torch.full((2, 16, 512), float("nan"), dtype=torch.bfloat16)
+        got, lse = plan.run(c.q, c.k_cache, out)
+        want, want_lse = loader.mla_decode(c.q, c.k_cache, c.table, c.seq_lens, return_lse=True)
+        assert got is out and torch.equal(got, want) and torch.equal(lse, want_lse)
+    out = torch.empty(2, 16, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_cache: .* this MLADecodePlan was made for"):
+        plan.run(first.q, first.k_cache[:-1], out)
+    with pytest.raises(TypeError, match="q: .* this MLADecodePlan"):
+        plan.run(first.q.half(), first.k_cache, out)
+    with pytest.raises(ValueError, match="k_scale: this MLADecodePlan was made without a scale"):
+        plan.run(first.q, first.k_cache, out, k_scale=torch.ones(1))
+    with pytest.raises(ValueError, match="v_head_dim 600"):
+        loader.MLADecodePlan(first.table, first.seq_lens, q=first.q, kv_cache=first.k_cache, v_head_dim=600)

@@ -9,8 +9,8 @@ sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
 (kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
-Page size, window, group size and lengths are runtime arguments; split counts follow decode's
-rule (decode/spec.num_splits), never lengths.
+Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
+runtime arguments; split counts follow decode's rule (decode/spec.num_splits), never lengths.
 """
 from __future__ import annotations
 
@@ -146,9 +146,14 @@ def split_variants():
                     yield split_axes(q, q if kv == "q" else kv, d_qk, d_v, layout, tile)
 
 
+def _cuda(arch) -> bool:
+    # NVIDIA targets only: AMD's 64 KB of LDS has not been tried with these tiles, nor any AMD GPU.
+    return getattr(arch, "backend", "cuda") == "cuda"
+
+
 def split_launch(axes, arch: int) -> LaunchConfig | None:
     # "h64" holds a [64, D_V] fp32 accumulator: wgmma territory (sm90); not declared below it.
-    if axes["tile"] == "h64" and arch < 90:
+    if not _cuda(arch) or (axes["tile"] == "h64" and arch < 90):
         return None
     return LaunchConfig(num_warps=TILES[str(axes["tile"])][1], num_stages=2, launch_pdl=arch >= 90)
 
@@ -189,6 +194,10 @@ def merge_variants():
                 yield merge_axes(out, d_v, tile)
 
 
+def merge_launch(axes, arch: int) -> LaunchConfig | None:
+    return D.merge_launch(axes, arch) if _cuda(arch) else None
+
+
 MERGE = KernelSpec(
     name="mla_merge",
     module="aotc.kernels.decode.kernel",
@@ -198,7 +207,7 @@ MERGE = KernelSpec(
     constexpr_names=D.MERGE.constexpr_names,
     constexprs=D.merge_constexprs,
     variants=merge_variants,
-    launch=D.merge_launch,
+    launch=merge_launch,
 )
 
 KERNELS = (SPLIT, MERGE)

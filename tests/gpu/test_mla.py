@@ -103,3 +103,16 @@ def test_cuda_graph_replays_at_new_lengths():
         torch.cuda.synchronize()
         case.seq_lens = lens
         assert_close(out, case.reference(), f"graph replay at {new}")
+
+
+def test_plan_runs_layers_bit_for_bit_as_mla_decode():
+    layers = [make_case(LENS, group=128, page_size=64, device="cuda", seed=50 + i) for i in range(2)]
+    first = layers[0]
+    plan = aot(lambda: loader.MLADecodePlan(first.table, first.seq_lens, q=first.q, kv_cache=first.k_cache,
+                                            return_lse=True))
+    for c in layers:
+        c.table, c.seq_lens = first.table, first.seq_lens
+        out = torch.full((len(LENS), 128, 512), float("nan"), dtype=c.q.dtype, device="cuda")
+        got, lse = aot(lambda: plan.run(c.q, c.k_cache, out))
+        want, want_lse = aot(lambda: loader.mla_decode(c.q, c.k_cache, c.table, c.seq_lens, return_lse=True))
+        assert torch.equal(got, want) and torch.equal(lse, want_lse)

@@ -9,9 +9,9 @@ earlier vllm/attention/ops/triton_decode_attention.py). vLLM's conventions, as i
   [num_blocks, page_size, kv_heads, D] (vLLM indexes token page * page_size + offset with the
   buffer's stride(-3));
   req_to_token [batch, max_pages]: row b is request b's page table (token ids when page_size is 1);
-  b_seq_len [batch]; attn_logits [batch, heads, num_kv_splits, Lv + 1] fp32: vLLM's workspace for
-  its split partials; k_scale / v_scale: fp8 dequantization scales (one-element tensors), read
-  only for fp8 caches.
+  b_seq_len [batch]; is_mla: V is the first Lv channels of k_buffer; attn_logits [batch, heads,
+  num_kv_splits, Lv + 1] fp32: vLLM's workspace for its split partials; k_scale / v_scale: fp8
+  dequantization scales (one-element tensors), read only for fp8 caches.
 
 Prefill: `context_attention_fwd` (vllm/attention/ops/prefix_prefill.py, later
 vllm/v1/attention/ops/prefix_prefill.py) and `chunked_prefill_paged_decode`
@@ -63,20 +63,27 @@ def _as_pages(buf, page_size: int, name: str):
 
 
 def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits, num_kv_splits,
-                         sm_scale, page_size=1, logit_cap=0.0, k_scale=None, v_scale=None, *, validate=True):
-    """vLLM's `decode_attention_fwd` on `aotc.loader.decode`: writes o (and lse when not None).
+                         sm_scale, page_size=1, logit_cap=0.0, k_scale=None, v_scale=None, is_mla=False, *,
+                         validate=True):
+    """vLLM's `decode_attention_fwd` on `aotc.loader.decode` (and, for unequal key and value head
+    sizes or is_mla, its MLA family): writes o (and lse when not None).
 
-    Converted: req_to_token / b_seq_len int64 -> int32 (a copy each); a uint8 cache (vLLM's fp8
-    storage) -> a float8_e4m3fn view; a token-level buffer -> its [pages, page_size, ...] view;
-    a Python-number scale -> a one-element fp32 tensor. Scales given with an fp16/bf16 cache are
-    not read (as in vLLM).
+    is_mla: k_buffer is the latent cache and the value is its first v_buffer.shape[-1] channels
+    (v_buffer's data is not read, as in vLLM); each cache tile is read once for both products.
+    Converted: req_to_token / b_seq_len int64 -> int32 (a copy each), a 3-D req_to_token [batch,
+    n, m] -> its [batch, n * m] rows (vLLM reads each row flat from its stride(0)); a uint8 cache
+    (vLLM's fp8 storage) -> a float8_e4m3fn view; a token-level buffer -> its [pages, page_size,
+    ...] view; a Python-number scale -> a one-element fp32 tensor; lse in another float dtype
+    than fp32 (vLLM's tests allocate q's) -> written through an fp32 buffer and copied in. Scales
+    given with an fp16/bf16 cache are not read (as in vLLM).
     Ignored: attn_logits and num_kv_splits (vLLM's workspace and its split count: aotc keeps its
     own workspace and picks its split count from batch, heads and the GPU, never from lengths).
     Differs: a request of length 0 gets o = 0 and lse = -inf (vLLM's kernel divides 0 by 0).
-    Not implemented (NotImplementedError): logit_cap != 0 (tanh soft-capping) and MLA (v head dim
-    != k head dim). Other limits are decode's (head dims 64/96/128/256, page size a power of two),
-    raised as its ValueError. validate (keyword only, not vLLM's): decode's value check of lengths
-    and page ids, one device sync per eager call (skipped under CUDA graph capture).
+    Not implemented (NotImplementedError): logit_cap != 0 (tanh soft-capping). Other limits are
+    decode's (equal head sizes 64/96/128/256, or any multiples of 16 up to 576 / 512 on the MLA
+    family; page size a power of two), raised as its ValueError. validate (keyword only, not
+    vLLM's): the value check of lengths and page ids, one device sync per eager call (skipped
+    under CUDA graph capture).
     """
     from aotc import loader
     from aotc.loader.ops import guards
@@ -90,27 +97,47 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len,
     if not isinstance(q, torch.Tensor) or not isinstance(k_buffer, torch.Tensor) or not isinstance(v_buffer,
                                                                                                   torch.Tensor):
         raise TypeError("q, k_buffer and v_buffer must be torch.Tensors")
-    if k_buffer.shape[-1] != v_buffer.shape[-1]:
-        raise NotImplementedError(f"MLA (k head dim {k_buffer.shape[-1]} != v head dim {v_buffer.shape[-1]}) is not "
-                                  f"implemented in aotc's decode")
     if k_buffer.dtype in (torch.int8,) or v_buffer.dtype in (torch.int8,):
         raise NotImplementedError("int8 k_buffer/v_buffer: vLLM's decode_attention_fwd has no int8 cache; use "
                                   "aotc.loader.decode with per-group or per-channel scales")
-    kc, vc = _as_pages(k_buffer, page_size, "k_buffer"), _as_pages(v_buffer, page_size, "v_buffer")
+    kc = _as_pages(k_buffer, page_size, "k_buffer")
+    if is_mla:
+        d_v = v_buffer.shape[-1]
+        if not 0 < d_v <= kc.shape[-1]:
+            raise ValueError(f"is_mla: v_buffer's head size {d_v} must be in [1, {kc.shape[-1]}] (k_buffer's)")
+        vc = kc[..., :d_v]
+    else:
+        vc = _as_pages(v_buffer, page_size, "v_buffer")
     if kc.dtype == torch.uint8:  # vLLM stores fp8 ("fp8", "fp8_e4m3") caches as bytes
         kc, vc = kc.view(torch.float8_e4m3fn), vc.view(torch.float8_e4m3fn)
     if kc.dtype in _FP8:
         ks, vs = fp32_scale(k_scale, "k_scale", q.device), fp32_scale(v_scale, "v_scale", q.device)
+        if is_mla:
+            vs = ks  # one cache, one scale (vLLM's MLA path dequantizes its V from K with k_scale)
     else:
         ks = vs = None
+    if not isinstance(req_to_token, torch.Tensor):
+        raise TypeError(f"req_to_token must be a torch.Tensor, got {type(req_to_token).__name__}")
+    if req_to_token.dim() > 2:
+        req_to_token = req_to_token.flatten(1)
     table = int32_indices(req_to_token, "req_to_token", None if validate else False)
     lens = int32_indices(b_seq_len, "b_seq_len", None if validate else False)
-    if lse is None:
-        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, sm_scale=float(sm_scale), out=o,
-                      validate=validate)
+    kwargs = dict(k_scale=ks, v_scale=vs, sm_scale=float(sm_scale), out=o, validate=validate)
+    lse32 = lse
+    if lse is not None:
+        if not isinstance(lse, torch.Tensor) or not lse.dtype.is_floating_point:
+            raise TypeError(f"lse must be a floating-point torch.Tensor or None, got {getattr(lse, 'dtype', lse)}")
+        if lse.dtype != torch.float32:
+            lse32 = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
+        kwargs.update(return_lse=True, lse=lse32)
+    if is_mla and vc.shape[-1] < kc.shape[-1]:
+        from aotc.loader.ops.mla import split_heads_decode
+
+        split_heads_decode(q, kc, vc, table, lens, latent=True, **kwargs)
     else:
-        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, sm_scale=float(sm_scale), out=o,
-                      return_lse=True, lse=lse, validate=validate)
+        loader.decode(q, kc, vc, table, lens, **kwargs)
+    if lse32 is not lse:
+        lse.copy_(lse32)
 
 
 def _f32_tensor(t, name: str, device):

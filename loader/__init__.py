@@ -3,7 +3,9 @@
     from aotc import loader
     out = loader.decode(q, k_cache, v_cache, table, seq_lens)
 
-Public ops: `decode` (and `DecodePlan`: one step planned once, run per layer), `store_kv`,
+Public ops: `decode` (and `DecodePlan`: one step planned once, run per layer), `mla_decode`
+(a latent MLA cache, and `MLADecodePlan`; `decode` also takes key and value head sizes that
+differ), `store_kv`,
 `prefix_prefill`, `gated_delta_decode`, `gated_delta_prefill`. Artifacts come from `set_artifacts(...)`,
 `AOTC_ARTIFACTS` (a folder or `hf://ORG/NAME@REV`), or the `artifacts/` folder beside this
 package. Importing this module imports neither triton, click nor huggingface_hub; the ops are
@@ -13,6 +15,8 @@ from .artifacts import current_source, set_artifacts as _set_artifacts
 
 _OPS = {
     "decode": "aotc.loader.ops.decode",
+    "mla_decode": "aotc.loader.ops.mla",
+    "MLADecodePlan": "aotc.loader.ops.mla_plan",
     "store_kv": "aotc.loader.ops.store_kv",
     "prefix_prefill": "aotc.loader.ops.prefix_prefill",
     "gated_delta_decode": "aotc.loader.ops.gated_delta",
@@ -20,7 +24,7 @@ _OPS = {
     "gated_delta_prefill": "aotc.loader.ops.gated_delta_prefill",
 }
 
-__all__ = ["decode", "DecodePlan", "store_kv", "prefix_prefill", "gated_delta_decode", "gated_delta_prefill",
+__all__ = ["decode", "mla_decode", "MLADecodePlan", "DecodePlan", "store_kv", "prefix_prefill", "gated_delta_decode", "gated_delta_prefill",
            "set_artifacts", "current_source"]
 
 

@@ -529,6 +529,28 @@ library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, T
                "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()", _decode_op, _decode_fake)
 
 
+def _split_heads(q, k_cache, v_cache) -> bool:
+    """Calls the MLA family serves (loader/ops/mla.py): key and value head sizes that differ, or an
+    equal head size decode's kernel lacks (a multiple of 16 up to 512) over an fp16/bf16/fp8 cache."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache)) or k_cache.dim() not in (3, 4):
+        return False
+    d_k, d_v = k_cache.shape[-1], v_cache.shape[-1]
+    if d_k != d_v:
+        return True
+    return (d_k not in S.HEAD_DIMS and q.dim() == 3 and q.shape[-1] == d_k
+            and k_cache.dtype in (torch.float16, torch.bfloat16, *_FP8_DTYPES.values()))
+
+
+def _is_prefix_view(k_cache, v_cache) -> bool:
+    """v_cache is k_cache's first channels (MLA's latent cache passed twice): read it once. (Not
+    under torch.compile, where fake tensors have no address: V is then read on its own.)"""
+    if torch.compiler.is_compiling():
+        return False
+    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.dtype == k_cache.dtype
+            and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.stride() == k_cache.stride()
+            and v_cache.shape[-1] < k_cache.shape[-1])
+
+
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
            sm_scale=None, window=None, sinks=None, out=None, num_splits=None, return_lse=False, lse=None,
            scale_layout="group", validate=True):
@@ -571,6 +593,12 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                skipped under torch.compile and CUDA graph capture). The kernel clamps lengths to
                the table either way; out-of-range page ids are undefined behaviour.
 
+    Unequal head sizes: k_cache [..., D_QK] and v_cache [..., D_V] (multiples of 16, D_QK <= 576
+      and D_V <= 512, q [B, H, D_QK], out [B, H, D_V]; fp16/bf16/fp8 caches, fp8 scales one
+      element each; page size <= 128), and an equal head size outside 64/96/128/256 up to 512,
+      run on the MLA family (`aotc.loader.ops.mla`); a v_cache that is a view of k_cache's first
+      D_V channels (an MLA latent cache) is read once.
+
     Returns out, or (out, lse) with return_lse=True.
     Errors: TypeError for a wrong type or dtype (a bool is not a number: num_splits=True,
     sm_scale=True), ValueError for a wrong shape, device, stride (each naming the argument) or
@@ -580,6 +608,15 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
     head NaN in out and lse; other heads are unaffected).
     """
+    if _split_heads(q, k_cache, v_cache):
+        if scale_layout != "group":
+            raise NotImplementedError(f"scale_layout={scale_layout!r}: unequal head sizes take fp16/bf16/fp8 caches")
+        from .mla import split_heads_decode
+
+        return split_heads_decode(q, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale,
+                                  v_scale=v_scale, kv_format=kv_format, sm_scale=sm_scale, window=window, sinks=sinks,
+                                  out=out, num_splits=num_splits, return_lse=return_lse, lse=lse,
+                                  latent=_is_prefix_view(k_cache, v_cache), validate=validate)
     if lse is not None and not return_lse:
         raise ValueError("lse is written only with return_lse=True")
     if return_lse and lse is None and isinstance(q, torch.Tensor) and q.dim() == 3:

@@ -1,0 +1,1 @@
+"""aotc package."""

@@ -1,0 +1,45 @@
+"""Float32 torch reference of paged decode with unequal key and value head sizes (and MLA's latent
+cache, whose value is the first v_head_dim channels of the key: pass `k_cache[..., :d_v]`).
+
+Written to be read, not to be fast: one request at a time, on the device its inputs are on.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aotc.kernels.decode.reference import gather_tokens
+
+
+def mla_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scale=None, window=None, sinks=None,
+                  return_lse=False):
+    """q [batch, q_heads, d_qk]; k_cache [pages, page_size, kv_heads, d_qk] and v_cache [pages,
+    page_size, kv_heads, d_v] of real values (dequantize first); table [rows, max_pages];
+    seq_lens [batch]; req_idx [batch] or None (row b); window: the last `window` tokens only;
+    sinks [q_heads]: logits joined to the softmax denominator with no value. sm_scale default
+    1/sqrt(d_qk). Returns [batch, q_heads, d_v] float32 (zeros for a request of length 0) and,
+    with return_lse, the [batch, q_heads] natural-log log-sum-exp of the scaled scores attended
+    plus the sink (-inf where there is neither)."""
+    batch, q_heads, d_qk = q.shape
+    kv_heads, d_v = v_cache.shape[2], v_cache.shape[3]
+    group = q_heads // kv_heads
+    scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else sm_scale
+    out = torch.zeros(batch, q_heads, d_v, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, q_heads), float("-inf"), dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        row = int(req_idx[b]) if req_idx is not None else b
+        length = int(seq_lens[b])
+        start = max(0, length - window) if window else 0
+        # [tokens, q_heads, d]: query head h reads KV head h // group
+        k = gather_tokens(k_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
+        v = gather_tokens(v_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.float().view(q_heads, 1)], dim=1)
+        if scores.shape[1] == 0:
+            continue
+        lse[b] = torch.logsumexp(scores, dim=1)
+        p = torch.softmax(scores, dim=1)[:, : k.shape[0]]
+        out[b] = torch.einsum("ht,thd->hd", p, v)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,118 @@
+"""The MLA family (loader.mla_decode, and decode with unequal head sizes) on a GPU: against the
+float32 reference (tests/cpu/kernels/mla/cases.assert_close: bf16 2e-2 abs + rel, fp16 5e-3;
+lse within 2e-3 + 1e-3 |ref|), outputs poisoned with NaN first, and the AOT binaries' outputs
+against the JIT's bit for bit. Run after `aotc build --arch sm90` (the AOT runs turn a JIT
+fallback into an error, so an unbuilt key fails loudly)."""
+import warnings
+
+import pytest
+import torch
+
+from aotc import loader
+from aotc.loader.fallback import AotcJitFallbackWarning
+from tests.cpu.kernels.mla.cases import assert_close, assert_lse_close, make_case
+
+LENS = [0, 1, 63, 64, 65, 127, 128, 129, 4099, 16384]
+
+
+def aot(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
+        got = fn()
+    torch.cuda.synchronize()
+    return got
+
+
+@pytest.fixture
+def jit_only(tmp_path, monkeypatch):
+    """Switch the loader to an empty artifacts folder: every call runs through Triton's JIT."""
+    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
+
+    def jit(fn):
+        loader.set_artifacts(tmp_path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AotcJitFallbackWarning)
+                got = fn()
+            torch.cuda.synchronize()
+        finally:
+            loader.set_artifacts(None)
+        return got
+    yield jit
+    loader.set_artifacts(None)
+
+
+def _nan(batch, heads, d_v, dtype):
+    return (torch.full((batch, heads, d_v), float("nan"), dtype=dtype, device="cuda"),
+            torch.full((batch, heads), float("nan"), device="cuda"))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8_e4m3"])
+@pytest.mark.parametrize("group,page_size", [(16, 64), (128, 16), (32, 1), (20, 128)])
+def test_latent_against_reference_and_jit(fmt, group, page_size, jit_only):
+    case = make_case(LENS, fmt=fmt, group=group, page_size=page_size, device="cuda", seed=group + page_size)
+    if fmt == "fp8_e4m3":
+        case.q = case.q.to(torch.bfloat16)
+
+    def call():
+        out, lse = _nan(len(LENS), group, 512, case.q.dtype)
+        return loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, v_head_dim=512, out=out,
+                                 lse=lse, return_lse=True, **case.kwargs)
+
+    out, lse = aot(call)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, f"latent {fmt} group {group} page {page_size}")
+    assert_lse_close(lse, ref_lse)
+    jout, jlse = jit_only(call)
+    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+
+
+@pytest.mark.parametrize("d_qk,d_v,fmt", [(576, 512, "bf16"), (192, 128, "bf16"), (128, 512, "fp8_e4m3"),
+                                          (576, 128, "bf16"), (192, 512, "fp16")])
+def test_separate_caches_through_decode(d_qk, d_v, fmt, jit_only):
+    case = make_case(LENS, d_qk=d_qk, d_v=d_v, latent=False, fmt=fmt, kv_heads=4, group=8, page_size=16,
+                     device="cuda", seed=d_qk + d_v)
+    if fmt == "fp8_e4m3":
+        case.q = case.q.to(torch.bfloat16)
+
+    def call():
+        out, lse = _nan(len(LENS), 32, d_v, case.q.dtype)
+        return loader.decode(case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, out=out, lse=lse,
+                             return_lse=True, **case.kwargs)
+
+    out, lse = aot(call)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, f"separate {d_qk}/{d_v} {fmt}")
+    assert_lse_close(lse, ref_lse)
+    jout, jlse = jit_only(call)
+    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+
+
+def test_cuda_graph_replays_at_new_lengths():
+    case = make_case([4099, 70, 1], group=16, page_size=64, device="cuda", seed=9)
+    out = torch.empty(3, 16, 512, dtype=case.q.dtype, device="cuda")
+    lens = case.seq_lens.clone()
+    aot(lambda: loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False)
+    for new in ([10, 4099, 0], [1, 2, 3000]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        case.seq_lens = lens
+        assert_close(out, case.reference(), f"graph replay at {new}")
+
+
+def test_plan_runs_layers_bit_for_bit_as_mla_decode():
+    layers = [make_case(LENS, group=128, page_size=64, device="cuda", seed=50 + i) for i in range(2)]
+    first = layers[0]
+    plan = aot(lambda: loader.MLADecodePlan(first.table, first.seq_lens, q=first.q, kv_cache=first.k_cache,
+                                            return_lse=True))
+    for c in layers:
+        c.table, c.seq_lens = first.table, first.seq_lens
+        out = torch.full((len(LENS), 128, 512), float("nan"), dtype=c.q.dtype, device="cuda")
+        got, lse = aot(lambda: plan.run(c.q, c.k_cache, out))
+        want, want_lse = aot(lambda: loader.mla_decode(c.q, c.k_cache, c.table, c.seq_lens, return_lse=True))
+        assert torch.equal(got, want) and torch.equal(lse, want_lse)

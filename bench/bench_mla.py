@@ -11,7 +11,7 @@ vllm/v1/attention/ops/triton_decode_attention.py (taken from its sdist) as
 vllm/v1/attention/ops/_vllm_triton_decode_attention.py beside stub vllm.platforms /
 vllm.triton_utils modules; without it the vLLM rows are left out.
 `--sweep`: also time the split kernel at other tiles (heads a program, tokens a tile, warps,
-stages) through Triton's JIT, for choosing kernels/mla/spec.py's table.
+stages) through Triton's JIT, for choosing kernels/decode/mla_spec.py's table.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def vllm_call(vllm_fwd, q, kv, table, lens, sms):
 def sweep(rows, copy_bw, shapes):
     """The split kernel at other tiles through the JIT (merge as the loader runs it)."""
     from aotc.kernels.decode import spec as DS
-    from aotc.kernels.mla import spec as S
-    from aotc.kernels.mla.kernel import mla_split_kernel
+    from aotc.kernels.decode import mla_spec as S
+    from aotc.kernels.decode.mla_kernel import mla_split_kernel
     from aotc.loader import workspace
     from aotc.loader.dispatch import run_kernel
     from aotc.loader.ops import mla as M

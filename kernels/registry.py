@@ -11,7 +11,7 @@ from .variants import KernelSpec
 
 FAMILY_SPECS = (
     "aotc.kernels.decode.spec",
-    "aotc.kernels.mla.spec",
+    "aotc.kernels.decode.mla_spec",
     "aotc.kernels.prefix_prefill.spec",
     "aotc.kernels.gated_delta.spec",
     "aotc.kernels.gated_delta.chunk_spec",

@@ -1,6 +1,6 @@
 """Paged decode with unequal key and value head sizes: `mla_decode` (one latent cache whose first
 `v_head_dim` channels are the value, DeepSeek-style MLA) and the path `decode` takes when its
-k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/mla/.
+k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/decode/mla_kernel.py (its table: mla_spec.py).
 
 Also a `torch.library` op (`torch.ops.aotc.mla_decode`, mutating `out`/`lse`) with a fake, so
 `torch.compile(fullgraph=True)` traces through it. Plans are cached by the inputs' metadata as
@@ -15,7 +15,7 @@ import math
 import torch
 
 from aotc.kernels.decode import spec as DS
-from aotc.kernels.mla import spec as S
+from aotc.kernels.decode import mla_spec as S
 
 from .. import workspace
 from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel

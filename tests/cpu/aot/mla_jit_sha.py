@@ -9,7 +9,7 @@ import sys
 import torch
 
 from aotc.aot.triton_compat import compile_variant
-from aotc.kernels.mla import spec as S
+from aotc.kernels.decode import mla_spec as S
 from aotc.kernels.variants import VariantKey, as_target_arch
 from tests.cpu.aot.jit_sha import jit_sha
 

@@ -129,7 +129,7 @@ def test_plan_keys_follow_the_registered_specs_per_target():
     assert any("kv=int4" in k for k in gfx if k.startswith("decode_split"))
     product = ("decode_", "prefix_prefill", "gated_delta_decode", "gdn_chunk_")  # not the test suite's tiny kernel
     assert (len([k for k in sm90 if k.startswith(product)]), len([k for k in gfx if k.startswith(product)])) == (588, 576)
-    # the MLA family is declared for NVIDIA targets only (kernels/mla/spec.py)
+    # the MLA family is declared for NVIDIA targets only (kernels/decode/mla_spec.py)
     assert sm90 - gfx == {k for k in sm90 if k.startswith(("prefix_prefill_ws(", "mla_"))}
     sm80 = {str(k) for _, k in plan_keys(None, None, Target.from_name("sm80"))}
     assert sm80 and not any(k.startswith("prefix_prefill_ws(") for k in sm80)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from aotc.kernels.mla.reference import mla_reference
+from aotc.kernels.decode.mla_reference import mla_reference
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aotc import loader
-from aotc.kernels.mla import spec as S
+from aotc.kernels.decode import mla_spec as S
 
 from .cases import assert_close, assert_lse_close, make_case
 

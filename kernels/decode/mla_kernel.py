@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from aotc.kernels.decode.dequant import _INTERPRET, _fp8_bits_to_fp16
+from aotc.kernels.common.dequant import _INTERPRET, _fp8_bits_to_fp16
 
 LOG2E = tl.constexpr(1.4426950408889634)
 

@@ -1,4 +1,5 @@
-"""Variant table and launch geometry of the MLA / unequal-head decode family (`kernel.py`).
+"""Variant table and launch geometry of MLA / unequal-head decode (`mla_kernel.py`): a decode kernel
+beside decode's own, sharing its merge kernel and split rule.
 
 Split kernel axes: `q` (fp16, bf16), `kv` (the query's own dtype, fp8_e4m3, fp8_e5m2), `d_qk` and
 `d_v` (the key and value head sizes: multiples of 16 up to MAX_D_QK / MAX_D_V), `layout`
@@ -14,7 +15,7 @@ runtime arguments; split counts follow decode's rule (decode/spec.num_splits), n
 """
 from __future__ import annotations
 
-from ..decode import spec as D
+from . import spec as D
 from ..variants import Arg, KernelSpec, LaunchConfig
 
 Q_DTYPES = D.Q_DTYPES
@@ -160,7 +161,7 @@ def split_launch(axes, arch: int) -> LaunchConfig | None:
 
 SPLIT = KernelSpec(
     name="mla_split",
-    module="aotc.kernels.mla.kernel",
+    module="aotc.kernels.decode.mla_kernel",
     function="mla_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("D_QK", "D_V", "BLOCK_A", "BLOCK_B", "BLOCK_DV", "BLOCK_N", "BLOCK_H", "LATENT", "KV_KIND",
@@ -201,7 +202,7 @@ def merge_launch(axes, arch: int) -> LaunchConfig | None:
 MERGE = KernelSpec(
     name="mla_merge",
     module="aotc.kernels.decode.kernel",
-    sources=("kernel.py", "dequant.py"),
+    sources=("kernel.py",),
     function="decode_merge_kernel",
     args=D.MERGE_ARGS,
     constexpr_names=D.MERGE.constexpr_names,

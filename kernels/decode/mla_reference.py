@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from aotc.kernels.decode.reference import gather_tokens
+from .reference import gather_tokens
 
 
 def mla_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scale=None, window=None, sinks=None,

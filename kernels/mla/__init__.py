@@ -1,1 +1,0 @@
-"""aotc package."""

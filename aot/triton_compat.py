@@ -14,6 +14,7 @@ from aotc.kernels.variants import KernelSpec, VariantKey
 from aotc.loader import targets
 from aotc.loader.recipe import SUPPORTED_TRITON, compile_options, jit_function
 from aotc.loader.targets import TargetInfo
+
 BUILD_RECIPE = ("python -m venv aotc-build && aotc-build/bin/pip install 'aotc[build]' "
                 "(from a checkout: pip install -e '.[build]')")
 

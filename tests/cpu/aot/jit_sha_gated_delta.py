@@ -20,7 +20,7 @@ def args(aligned: bool) -> list:
     ptrs = [bf[off:], bf[8192 + off:], bf[16384 + off:], bf[24576 + off:], pool[off:], gates, gates[1:], gates[2:],
             gates[3:], idx]
     counts = [3, 32, 2, 100]  # T, HV, group, num_slots: never specialized
-    aligned_ints = [128, 8192, 4096, 128, 8192, 4096, 128, 8192, 4096, 128, 8192, 4096, 128, 524288, 16384, 128]
+    aligned_ints = [128, 128, 8192, 4096, 128, 8192, 4096, 128, 8192, 4096, 128, 8192, 4096, 128, 524288, 16384, 128]
     if not aligned:
         aligned_ints = [v + 1 for v in aligned_ints]  # none divisible by 16 (and none equal to 1)
     gate_ints = [96, 32, 1, 0, 96, 32, 1, 1, 0, 0, 0, 0, 0, 1, 0]

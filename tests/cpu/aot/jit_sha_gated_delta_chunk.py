@@ -22,9 +22,10 @@ def args(aligned: bool) -> list:
     ptrs = ([bf[i * 8192 + off:] for i in range(3)] + [f32[16384 + off:]] + [bf[i * 8192 + off:] for i in range(3, 6)]
             + [f32[off:], f32[32768 + off:], idx, idx[8:]])
     counts = [3, 40, 32, 2]  # num_seqs, num_slots, HV, group: never specialized
+    dims = [128, 128] if aligned else [127, 127]  # K_DIM, V_DIM (the head sizes inside the 128 tiles)
     q_out_strides = [2048, 128, 4096, 128] if aligned else [2049, 129, 4097, 129]
     pool_strides = [524288, 16384, 128, 1]  # never specialized
-    return ptrs + counts + q_out_strides + pool_strides
+    return ptrs + counts + dims + q_out_strides + pool_strides
 
 
 if __name__ == "__main__":

@@ -349,7 +349,8 @@ def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, MERGE_TF32: tl.constexpr,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
+    MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
@@ -404,9 +405,11 @@ def gdn_chunk_prep(
         decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
-    if KDA:
-        # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
-        # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
+    if SUBBLOCKS:
+        # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
+        # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
+        # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
+        # gate; k_j, G_j are reloaded.
         zero = tl.zeros([SUB, SUB], tl.float32)
         q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
@@ -483,8 +486,10 @@ def gdn_chunk_prep(
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
-    if KDA:  # the per-row factor of k: beta / |k| (GDN: _gdn_chunk_a's, with exp(G) too)
+    if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        if not KDA:
+            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
         if qk_l2norm != 0:
             ss = tl.zeros([CHUNK], tl.float32)
             for c0 in tl.static_range(0, HEAD_K, WCOL):

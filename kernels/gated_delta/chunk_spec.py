@@ -97,8 +97,17 @@ STATE_ARGS = (
 )
 
 
+def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
+    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
+    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
+    [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
+    return kda or (dtype == "fp32" and head_k > 128)
+
+
 def prep_constexprs(axes) -> dict:
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(axes["gate"] == "kda")}
+    kda = axes["gate"] == "kda"
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(kda),
+            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda))}
 
 
 def prep_target_constexprs(axes, arch) -> dict:
@@ -142,7 +151,7 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
     # 1.037 (K = V = 64 and sm80 not measured). KDA keeps no cap (not measured with one).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
-    cap = 168 if axes["gate"] == "gdn" and not big and axes["dtype"] != "fp32" else 0  # fp32: not measured
+    cap = 168 if axes["gate"] == "gdn" and not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 
 
@@ -164,14 +173,17 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     # BV 32 at one stage at K = V = 128 (4 or 8 warps) hit an illegal memory access on the H100
     # (Triton 3.6 miscompile): never declare it there (K, V = 256's 16-warp one stage matched).
     hk, hv, bv = int(axes["head_k"]), int(axes["head_v"]), int(axes["bv"])
-    blocks = state_block_vs(hk, hv, axes["dtype"])
+    blocks = state_block_vs(hk, hv, axes.get("dtype", "bf16"))
     if bv not in blocks:
         raise ValueError(f"gdn_chunk_state: bv {bv} is not one of {blocks} at head_k {hk}, head_v {hv}, "
-                         f"dtype {axes['dtype']}")
-    # fp32: W, q, Kg tiles twice the bytes (3 stages at K = 128 would need ~370 KiB): the one-stage
-    # 16-warp config K = V = 256 was found correct with (above). Not timed.
-    if hk > 128 or hv > 128 or axes["dtype"] == "fp32":
+                         f"dtype {axes.get('dtype')}")
+    if hk > 128 or hv > 128:
         return LaunchConfig(num_warps=16, num_stages=1)
+    if axes.get("dtype") == "fp32":
+        # Twice the bytes a tile: 2 stages (152 KiB of shared memory on sm90 at K = V = 128, 96 at
+        # 64; inside sm80's 163 too) keep clear of the one-stage miscompile above. Not timed. AMD:
+        # one stage (64 KiB of LDS), not run.
+        return LaunchConfig(num_warps=4, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
     if bv == NARROW_BV:
         # 3 stages on CUDA: Triton issues a chunk's copies at the end of the iteration before the
         # one that reads them (the last dots done), so at 2 stages their latency sits in every
@@ -196,7 +208,7 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "MERGE_TF32"),
+    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32"),
     constexprs=prep_constexprs,
     target_constexprs=prep_target_constexprs,
     variants=prep_variants,

@@ -87,9 +87,11 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     w = torch.empty(T, HV, K, dtype=dt, device=dev)
     u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    # q's rows for the state pass: KDA's gated copy Qg; GDN reads q itself (w, aligned like every
-    # workspace, stands in for the Qg the precompute never touches then), both scaled by fq.
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if kda else w
+    # q's rows for the state pass: the sub-block precompute's gated copy Qg (KDA); else q itself (w,
+    # aligned like every workspace, stands in for the Qg the precompute never touches then), both
+    # scaled by fq.
+    subblocks = _spec.prep_subblocks(name, K, kda)
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if subblocks else w
     fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
@@ -99,7 +101,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
-    if kda:
+    if subblocks:
         qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
     else:
         qs, group, s_qt, s_qh = q, HV // H, q.stride(1), q.stride(2)

@@ -125,6 +125,7 @@ def test_chunked_equals_decode_token_by_token(kda):
     (100, 60, True, torch.float32, "vmajor"),
     (60, 60, True, torch.bfloat16, "kmajor"),
     (32, 129, False, torch.float16, "vmajor"),
+    (130, 48, False, torch.float32, "vmajor"),  # GDN at fp32 in the 256 tile: the sub-block precompute
 ])
 def test_head_sizes_off_the_tiles_and_fp32(K, V, kda, dtype, state_layout):
     # K and V run in the next tile up (64, 128, 256) with the rest masked: the padded channels of

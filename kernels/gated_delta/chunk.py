@@ -424,8 +424,8 @@ def gdn_chunk_prep(
         Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R1, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
         a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R0, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
         a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
         q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
@@ -433,11 +433,11 @@ def gdn_chunk_prep(
         Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R2, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
         a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R0, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
         a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R1, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
         a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
         q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
@@ -445,14 +445,14 @@ def gdn_chunk_prep(
         Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R3, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
         a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R0, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
         a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R1, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
         a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
-        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm,
-                          R2, KDA)
+        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R2, KDA)
         a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 

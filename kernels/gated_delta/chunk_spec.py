@@ -14,7 +14,7 @@ specialization levels per target.
 """
 from __future__ import annotations
 
-from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
+from aotc.kernels.variants import ALIGNED, GENERIC, Arg, KernelSpec, LaunchConfig
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 128, 256)  # the tiles built; a head size is any value up to MAX_HEAD
@@ -195,6 +195,22 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     return LaunchConfig(num_warps=8, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
 
 
+def state_launch_generic(axes, arch: int) -> LaunchConfig:
+    # The GENERIC binaries (rows not 16-byte aligned: a head size off 16 such as 100, or a strided
+    # view) get no 16-byte async copies from Triton 3.6, so at 16-bit dtypes they compile as if at
+    # one stage (sm90, fp16, K = V = 128, BV 32, 4 warps: 68 KiB of shared memory, 255 registers and
+    # 1264 B of stack, against the aligned binary's 188 KiB / 244 / 0): the shape of the one-stage
+    # 4/8-warp binaries state_launch warns about. On the H100 (Triton 3.6) fla's test_chunk at
+    # K = V = 100 (fp16, the generic 128-tile binary at 4 warps) was followed by an illegal memory
+    # access. So from the 128 tile up the generic binaries take 16 warps at one stage, the config
+    # found correct at 256; not yet run on a GPU at 128. The 64 tile keeps state_launch's (fla's
+    # K = V = 60 fp16 cases ran clean).
+    if int(axes["head_k"]) >= 128 or int(axes["head_v"]) >= 128:
+        state_launch(axes, arch)  # the same declared tiles
+        return LaunchConfig(num_warps=16, num_stages=1)
+    return state_launch(axes, arch)
+
+
 def prep_axes(dtype: str, head_k: int, head_v: int, kda: bool) -> dict:
     return {"dtype": dtype, "head_k": head_k, "head_v": head_v, "gate": "kda" if kda else "gdn"}
 
@@ -216,6 +232,8 @@ GDN_CHUNK_PREP = KernelSpec(
     sources=("chunk.py",),
 )
 
+# One kernel, two specs: the ALIGNED binaries (state_launch) and the GENERIC ones
+# (state_launch_generic); the op routes a call by its alignment (gated_delta_prefill.launch_plan).
 GDN_CHUNK_STATE = KernelSpec(
     name="gdn_chunk_state",
     module="aotc.kernels.gated_delta.chunk",
@@ -227,6 +245,21 @@ GDN_CHUNK_STATE = KernelSpec(
     variants=state_variants,
     launch=state_launch,
     sources=("chunk.py",),
+    levels=(ALIGNED,),
 )
 
-KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE)
+GDN_CHUNK_STATE_GENERIC = KernelSpec(
+    name="gdn_chunk_state_generic",
+    module="aotc.kernels.gated_delta.chunk",
+    function="gdn_chunk_state",
+    args=STATE_ARGS,
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
+    constexprs=state_constexprs,
+    target_constexprs=state_target_constexprs,
+    variants=state_variants,
+    launch=state_launch_generic,
+    sources=("chunk.py",),
+    levels=(GENERIC,),
+)
+
+KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC)

@@ -109,10 +109,21 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
         s_v, s_k = state.stride(2), state.stride(3)
     else:
         s_k, s_v = state.stride(2), state.stride(3)
-    st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V, bv), (N, HV, V // bv), (
-        w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
-        K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
+    st_args = (w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
+               K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
+    st = (_state_spec(st_args), _spec.state_axes(name, K, V, bv), (N, HV, V // bv), st_args)
     return [prep, st]
+
+
+def _state_spec(args):
+    """The state pass's spec for these arguments: GDN_CHUNK_STATE where they meet its ALIGNED
+    assumptions, else GDN_CHUNK_STATE_GENERIC (its own launch config: chunk_spec.state_launch_generic)."""
+    from aotc.loader.dispatch import check_assumptions
+
+    spec = _spec.GDN_CHUNK_STATE
+    values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    return spec if check_assumptions(spec, spec.divisible_args("aligned"), values) is None \
+        else _spec.GDN_CHUNK_STATE_GENERIC
 
 
 def _prefill_op(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,

@@ -34,5 +34,6 @@ if __name__ == "__main__":
     dtype = sys.argv[3] if len(sys.argv) > 3 else "bf16"
     axes = dict(AXES, bv=int(sys.argv[2]) if len(sys.argv) > 2 else 32, dtype=dtype)
     dt = torch.float32 if dtype == "fp32" else torch.bfloat16
-    print(jit_sha("gdn_chunk_state", axes, args(True, dt), arch), jit_sha("gdn_chunk_state", axes, args(False, dt),
-                                                                          arch))
+    # the misaligned call's binary is GDN_CHUNK_STATE_GENERIC's (its own launch config)
+    print(jit_sha("gdn_chunk_state", axes, args(True, dt), arch),
+          jit_sha("gdn_chunk_state_generic", axes, args(False, dt), arch))

@@ -13,11 +13,25 @@ def test_registered_with_counts():
     specs = all_specs()
     assert specs["gdn_chunk_prep"] is chunk_spec.GDN_CHUNK_PREP
     assert specs["gdn_chunk_state"] is chunk_spec.GDN_CHUNK_STATE
+    assert specs["gdn_chunk_state_generic"] is chunk_spec.GDN_CHUNK_STATE_GENERIC
     assert len(list(chunk_spec.prep_variants())) == 18  # dtype x head tile (K == V) x gate
     # 16-bit dtypes x (head tile, bv): bv 32 and 64 at 64, 32 and 128 at 128, 32 at 256; fp32 bv 32 at
     # each tile; one binary serves GDN, KDA and both layouts
     assert len(list(chunk_spec.state_variants())) == 13
-    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) + len(chunk_spec.GDN_CHUNK_STATE.keys()) == 62  # x 2 levels
+    # x 2 levels: the state pass's aligned and generic binaries are two specs of one kernel
+    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) == 36
+    assert len(chunk_spec.GDN_CHUNK_STATE.keys()) == len(chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()) == 13
+    assert {k.level for k in chunk_spec.GDN_CHUNK_STATE.keys()} == {"aligned"}
+    assert {k.level for k in chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()} == {"generic"}
+
+
+def test_generic_state_binaries_take_16_warps_from_the_128_tile():
+    for axes in chunk_spec.state_variants():
+        cfg = chunk_spec.GDN_CHUNK_STATE_GENERIC.launch_config(axes, 90)
+        if axes["head_k"] >= 128:
+            assert (cfg.num_warps, cfg.num_stages) == (16, 1)
+        else:
+            assert cfg == chunk_spec.GDN_CHUNK_STATE.launch_config(axes, 90)
 
 
 def test_head_tile_rounds_up():

@@ -56,37 +56,38 @@ def _row(x, rows, r):
 
 
 @triton.jit
-def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm):
+def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm):
     """k of sub-block b (16 tokens) as fp32, normalized if asked; tokens at or past `end` read as
     zeros. Called once per use (an L1/L2 hit after the first), not kept live across the kernel."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
-    k = tl.load(K + t.to(tl.int64)[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None],
-                other=0.0).to(tl.float32)
+    k = tl.load(K + t.to(tl.int64)[:, None] * s_kt + hk * s_kh + offs_k[None, :],
+                mask=m[:, None] & (offs_k < K_DIM)[None, :], other=0.0).to(tl.float32)
     if qk_l2norm != 0:
         k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
     return k
 
 
 @triton.jit
-def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, KDA: tl.constexpr):
+def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA: tl.constexpr):
     """g and beta of sub-block b; past `end` beta = g = 0 (such tokens change nothing)."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
     t = t.to(tl.int64)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     if KDA:
-        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None], other=0.0)
+        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None] & (offs_k < K_DIM)[None, :],
+                    other=0.0)
     else:
         g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
     return g, beta
 
 
 @triton.jit
-def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA: tl.constexpr):
+def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA: tl.constexpr):
     """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
     blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
-    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
     if KDA:
         return tl.cumsum(g, 0) + R[None, :], beta
     else:
@@ -94,11 +95,11 @@ def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA: tl.c
 
 
 @triton.jit
-def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm, R,
+def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R,
              KDA: tl.constexpr):
     """(k, cumulative gate) of sub-block b, reloaded: the right operand of an off-diagonal pair."""
-    k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, R, KDA)
+    k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA)
     return k, Gb
 
 
@@ -122,23 +123,23 @@ def _gate(G, KDA: tl.constexpr):
 
 
 @triton.jit
-def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr):
+def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
     """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
     if KDA:
         right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
         left = tl.exp(Gi - Ri[None, :])  # <= 1
-        a = tl.dot((ki * left).to(DT), right)
-        aq = tl.dot((qi * left).to(DT), right)
+        a = _dot((ki * left).to(DT), right, TF32)
+        aq = _dot((qi * left).to(DT), right, TF32)
     else:
         kjd = tl.trans(kj.to(DT))
         decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
-        a = tl.dot(ki.to(DT), kjd) * decay
-        aq = tl.dot(qi.to(DT), kjd) * decay
+        a = _dot(ki.to(DT), kjd, TF32) * decay
+        aq = _dot(qi.to(DT), kjd, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr):
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
     if KDA:
         # The block as four 4-token quarters. Quarter s's rows against the quarters before it:
@@ -155,8 +156,8 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.const
             left = tl.exp(tl.where((quarter == s)[:, None], Gi - Rs[None, :], float("-inf")))
             right = tl.trans((ki * tl.exp(tl.where((quarter < s)[:, None], Rs[None, :] - Gi,
                                                    float("-inf")))).to(DT))
-            a += tl.dot((ki * left).to(DT), right)
-            aq += tl.dot((qi * left).to(DT), right)
+            a += _dot((ki * left).to(DT), right, TF32)
+            aq += _dot((qi * left).to(DT), right, TF32)
         within = rows % 4
         for c in tl.static_range(4):
             j = quarter * 4 + c  # [16]: row r's c-th quarter token
@@ -174,8 +175,8 @@ def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.const
         decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
         kb = ki.to(DT)
         kt = tl.trans(kb)
-        a = tl.where(rows[:, None] > cols[None, :], tl.dot(kb, kt) * decay, 0.0)
-        aq = tl.dot(qi.to(DT), kt) * decay
+        a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
+        aq = _dot(qi.to(DT), kt, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
@@ -199,14 +200,31 @@ def _inverse_diagonal(a00, a11, a22, a33):
 
 
 @triton.jit
-def _mm(a, b, TF32: tl.constexpr):
+def _dot(a, b, TF32: tl.constexpr):
+    """a @ b, fp32 accumulate. fp32 operands from fp32 inputs: tf32x3 on CUDA (three tf32 products,
+    about fp32's precision, on tensor cores), exact FMAs elsewhere, never one tf32 rounding (that
+    would be an fp16-sized error in an fp32 call). 16-bit operands: as they are."""
+    if a.dtype == tl.float32:
+        if TF32:
+            return tl.dot(a, b, input_precision="tf32x3")
+        else:
+            return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _mm(a, b, TF32: tl.constexpr, EXACT: tl.constexpr):
     # 16x16x16 products of the block merge, fp32 accumulate. TF32 (CUDA targets,
     # chunk_spec.prep_target_constexprs): on tensor cores in tf32, as flash-linear-attention's
     # solve_tril; X then enters the W/U dots as bf16 (bf16 inputs) or tf32 (fp16), both coarser.
     # H100, JIT, bf16, H = 16, HV = 32, K = V = 128, maxnreg 168: precompute 1 x 8192 0.406 ->
     # 0.373 ms, 8 x 2048 0.803 -> 0.735 vs exact fp32 FMAs ("ieee", the other targets' choice);
     # W and U moved by 0.34% of their largest value (one bf16 rounding step is 0.39%).
-    if TF32:
+    # EXACT (fp32 inputs): _dot's fp32 precision instead.
+    if EXACT:
+        return _dot(a, b, TF32)
+    elif TF32:
         return tl.dot(a, b, input_precision="tf32")
     else:
         return tl.dot(a, b, input_precision="ieee")
@@ -232,9 +250,9 @@ def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
 
 
 @triton.jit
-def _chunk_cols(P, t, m, s_t, off, c0, D: tl.constexpr):
+def _chunk_cols(P, t, m, s_t, off, c0, D):
     """Columns [c0, c0 + WCOL) of a chunk's rows t (int64) as fp32; rows past the end and columns
-    past D read as zeros."""
+    past D (the true head size) read as zeros."""
     c = c0 + tl.arange(0, WCOL)
     mask = m[:, None] & (c < D)[None, :]
     return tl.load(P + t[:, None] * s_t + off + c[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -281,7 +299,7 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 @triton.jit
 def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                 offs_k, qk_l2norm, scale, RL, HEAD_K: tl.constexpr):
+                 offs_k, K_DIM, qk_l2norm, scale, RL, HEAD_K: tl.constexpr, TF32: tl.constexpr):
     """GDN, whole chunk: writes Fq (q's row factor, see gdn_chunk_prep), Kg, Aqk rows; returns A's
     ten lower 16 x 16 blocks (diagonal ones first) and k's row factor for W (beta exp(G) / |k|).
     A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
@@ -294,7 +312,8 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
     rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
     dt = Q.dtype.element_ty
     # q, then k: each goes to the input dtype once used, so no two [64, K] fp32 tiles are live.
-    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    km = m[:, None] & (offs_k < K_DIM)[None, :]
+    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=km, other=0.0).to(tl.float32)
     fq = tl.exp(Gc) * scale
     if qk_l2norm != 0:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)
@@ -302,7 +321,7 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
         fq = fq * rq
     tl.store(Fq + t * HV + hv, fq, mask=m)
     qb = q.to(dt)
-    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=km, other=0.0).to(tl.float32)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
     fk = beta * tl.exp(Gc)  # G <= 0
     if qk_l2norm != 0:
@@ -314,9 +333,9 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
     kt = tl.trans(kb)
     r = tl.arange(0, CHUNK)
     decay = tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
-    aq = tl.dot(qb, kt) * decay * scale
+    aq = _dot(qb, kt, TF32) * decay * scale
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
-    a = tl.where(r[:, None] > r[None, :], tl.dot(kb, kt) * decay, 0.0) * beta[:, None]
+    a = tl.where(r[:, None] > r[None, :], _dot(kb, kt, TF32) * decay, 0.0) * beta[:, None]
     a4 = tl.reshape(a, [4, SUB, 4, SUB])
     return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
             _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
@@ -328,9 +347,10 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
-    scale, qk_l2norm, num_seqs, num_slots, HV, group,
+    scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, MERGE_TF32: tl.constexpr,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
+    MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
@@ -371,13 +391,13 @@ def gdn_chunk_prep(
         R0 = tl.zeros([HEAD_K], tl.float32)
     else:
         R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
-    g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
     R1 = R0 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
     R2 = R1 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
     R3 = R2 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, KDA)
+    g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
     RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
     if KDA:
         decay = tl.exp(RL)
@@ -385,53 +405,55 @@ def gdn_chunk_prep(
         decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
     tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
 
-    if KDA:
-        # Row block by row block: Qg, Kg rows, then A (with beta) and Aqk (with scale) in 16 x 16
-        # sub-blocks; Aqk rows go out at once. Block i holds its q, k, gate; k_j, G_j are reloaded.
+    if SUBBLOCKS:
+        # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
+        # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
+        # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
+        # gate; k_j, G_j are reloaded.
         zero = tl.zeros([SUB, SUB], tl.float32)
-        q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-        k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R0, KDA)
+        q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R0, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
-        q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-        k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R1, KDA)
+        q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R1, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
-        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R0, KDA)
-        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
-        q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-        k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R2, KDA)
+        q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R2, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
-        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R0, KDA)
-        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R1, KDA)
-        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
+        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
-        q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, qk_l2norm)
-        k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, R3, KDA)
+        q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R3, KDA)
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
-        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R0, KDA)
-        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R1, KDA)
-        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
-        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, qk_l2norm,
-                          R2, KDA)
-        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
+        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R2, KDA)
+        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
     else:
@@ -440,17 +462,18 @@ def gdn_chunk_prep(
         # blocks for the inverse.
         a00, a11, a22, a33, a10, a20, a21, a30, a31, a32, fk = _gdn_chunk_a(
             Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-            offs_k, qk_l2norm, scale, RL, HEAD_K)
+            offs_k, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
 
     # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
     x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
     TF: tl.constexpr = MERGE_TF32
-    x10 = -_mm(x11, _mm(a10, x00, TF), TF)
-    x21 = -_mm(x22, _mm(a21, x11, TF), TF)
-    x20 = -_mm(x22, _mm(a20, x00, TF) + _mm(a21, x10, TF), TF)
-    x32 = -_mm(x33, _mm(a32, x22, TF), TF)
-    x31 = -_mm(x33, _mm(a31, x11, TF) + _mm(a32, x21, TF), TF)
-    x30 = -_mm(x33, _mm(a30, x00, TF) + _mm(a31, x10, TF) + _mm(a32, x20, TF), TF)
+    EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
+    x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
+    x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
+    x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
+    x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
+    x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
+    x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
 
     # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
     # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
@@ -463,25 +486,27 @@ def gdn_chunk_prep(
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
-    if KDA:  # the per-row factor of k: beta / |k| (GDN: _gdn_chunk_a's, with exp(G) too)
+    if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        if not KDA:
+            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
         if qk_l2norm != 0:
             ss = tl.zeros([CHUNK], tl.float32)
             for c0 in tl.static_range(0, HEAD_K, WCOL):
-                kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K)
+                kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM)
                 ss += tl.sum(kc * kc, 1)
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
     for c0 in tl.static_range(0, HEAD_K, WCOL):
-        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, HEAD_K) * rs[:, None]
+        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
         if KDA:
-            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, HEAD_K), 0))
-        _store_cols(W, tl.dot(xw, _wy_operand(kc, W.dtype.element_ty)), t, m, hv64, HV, c0, HEAD_K)
+            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, K_DIM), 0))
+        _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
     bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
     for c0 in tl.static_range(0, HEAD_V, WCOL):
-        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, HEAD_V) * bv[:, None]
-        _store_cols(U, tl.dot(xw, _wy_operand(vc, W.dtype.element_ty)), t, m, hv64, HV, c0, HEAD_V)
+        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
+        _store_cols(U, _mm(xw, _wy_operand(vc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
 
 
 
@@ -501,8 +526,8 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state(
     W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
-    num_seqs, num_slots, HV, group, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr,
+    num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr,
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
     Grid (sequences, HV, HEAD_V // BV). The query rows are Qs[t, hv // group] (strides s_qt,
@@ -519,16 +544,19 @@ def gdn_chunk_state(
     offs_k = tl.arange(0, HEAD_K)
     offs_v = vt * BV + tl.arange(0, BV)
     offs_c = tl.arange(0, CHUNK)
+    k_in = offs_k < K_DIM  # the tiles are HEAD_K x HEAD_V; the head K_DIM x V_DIM (padding stays zero)
+    v_in = offs_v < V_DIM
     dt = Out.dtype.element_ty
     if (slot < 0) | (slot >= num_slots):  # a padded sequence: zeros out, state untouched
         for t0 in range(start, end, CHUNK):
             t = t0 + offs_c
             tl.store(Out + t.to(tl.int64)[:, None] * s_ot + hv * s_oh + offs_v[None, :],
-                     tl.zeros([CHUNK, BV], dt), mask=(t < end)[:, None])
+                     tl.zeros([CHUNK, BV], dt), mask=(t < end)[:, None] & v_in[None, :])
         return
     # h[k, v] = S[v, k]: K along rows so every dot below takes its operands as they are.
     s_ptrs = State + slot * s_sn + hv * s_sh + offs_v[None, :] * s_sv + offs_k[:, None] * s_sk
-    h = tl.load(s_ptrs)
+    s_mask = k_in[:, None] & v_in[None, :]
+    h = tl.load(s_ptrs, mask=s_mask, other=0.0)
     first_slot = start // CHUNK + n
     for c in range(0, tl.cdiv(end - start, CHUNK)):
         t = start + c * CHUNK + offs_c
@@ -537,14 +565,14 @@ def gdn_chunk_state(
         row_k = (t[:, None] * HV + hv) * HEAD_K
         w = tl.load(W + row_k + offs_k[None, :], mask=m, other=0.0)
         u = tl.load(U + (t[:, None] * HV + hv) * HEAD_V + offs_v[None, :], mask=m, other=0.0)
-        q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m, other=0.0)
+        q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m & k_in[None, :], other=0.0)
         fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
         kgt = tl.load(Kg + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
         aqk = tl.load(Aqk + (t[:, None] * HV + hv) * CHUNK + offs_c[None, :], mask=m, other=0.0)
         decay = tl.load(Decay + ((first_slot + c).to(tl.int64) * HV + hv) * HEAD_K + offs_k)
         hb = h.to(w.dtype)
-        vnew = (u.to(tl.float32) - tl.dot(w, hb)).to(w.dtype)
-        o = tl.dot(q, hb) * fq[:, None] + tl.dot(aqk, vnew)
-        tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m)
-        h = h * decay[:, None] + tl.dot(kgt, vnew)
-    tl.store(s_ptrs, h)
+        vnew = (u.to(tl.float32) - _dot(w, hb, TF32)).to(w.dtype)
+        o = _dot(q, hb, TF32) * fq[:, None] + _dot(aqk, vnew, TF32)
+        tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m & v_in[None, :])
+        h = h * decay[:, None] + _dot(kgt, vnew, TF32)
+    tl.store(s_ptrs, h, mask=s_mask)

@@ -1,20 +1,24 @@
 """Variants of the chunked gated delta rule (`chunk.py`): the per-chunk precompute and the state pass.
 
-Axes: `dtype` (q/k/v, output and workspace: fp16, bf16), `head_k`, `head_v` (64, 128, 256; built
-where they are equal, the shapes models use; other pairs run through the JIT fallback), for the
-precompute `gate` ("gdn": one log-gate a head; "kda": one a head and K channel), and for the state
-pass `bv` (value rows a program: 32, or the whole head_v where head_k, head_v <= 128; the op picks
-one per call with `state_block_v`). qk_l2norm, scale, GVA group, lengths and strides are runtime
-values; both state layouts share one binary (the pool is addressed by strides).
-2 x 3 x 2 = 12 precompute and 2 x (2 + 2 + 1) = 10 state variants, each built at two
+Axes: `dtype` (q/k/v, output and workspace: fp16, bf16, fp32), `head_k`, `head_v` (the K and V
+tiles: 64, 128, 256; built where they are equal, the shapes models use; other pairs run through
+the JIT fallback), for the precompute `gate` ("gdn": one log-gate a head; "kda": one a head and K
+channel), and for the state pass `bv` (value rows a program: 32, or the whole head_v where head_k,
+head_v <= 128 and the inputs are 16-bit; the op picks one per call with `state_block_v`). The head
+sizes K and V themselves are runtime ints up to their tiles (`head_tile`: K = 60 runs in the 64
+tile, 100 in the 128 one, the rest of the tile masked); qk_l2norm, scale, GVA group, lengths and
+strides are runtime values too; both state layouts share one binary (the pool is addressed by
+strides).
+3 x 3 x 2 = 18 precompute and 2 x (2 + 2 + 1) + 3 = 13 state variants, each built at two
 specialization levels per target.
 """
 from __future__ import annotations
 
-from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
+from aotc.kernels.variants import ALIGNED, GENERIC, Arg, KernelSpec, LaunchConfig
 
-DTYPES = ("fp16", "bf16")
-HEAD_DIMS = (64, 128, 256)
+DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIMS = (64, 128, 256)  # the tiles built; a head size is any value up to MAX_HEAD
+MAX_HEAD = 256
 GATES = ("gdn", "kda")
 CHUNK = 64  # tokens a chunk (kernel.CHUNK): the op sizes its workspace and grid with it
 
@@ -22,15 +26,22 @@ CHUNK = 64  # tokens a chunk (kernel.CHUNK): the op sizes its workspace and grid
 NARROW_BV = 32  # the state pass's narrow value tile, built for every head pair
 
 
-def state_block_vs(head_k: int, head_v: int) -> tuple[int, ...]:
+def head_tile(d: int) -> int:
+    """The tile (a `head_k` / `head_v` axis value) serving head size d <= MAX_HEAD: the smallest
+    built one >= d."""
+    return next(t for t in HEAD_DIMS if t >= d)
+
+
+def state_block_vs(head_k: int, head_v: int, dtype: str = "bf16") -> tuple[int, ...]:
     """The value tiles (BV) built for a head pair: 32, and the whole head_v where both head dims are
-    <= 128 and head_v > 32. At 256 only 32: the 16-warp one-stage config state_launch needs there."""
-    if head_k > 128 or head_v > 128 or head_v <= NARROW_BV:
+    <= 128, head_v > 32 and the inputs are 16-bit. At 256 only 32: the 16-warp one-stage config
+    state_launch needs there; fp32 only 32 too (its tiles take twice the shared memory)."""
+    if head_k > 128 or head_v > 128 or head_v <= NARROW_BV or dtype == "fp32":
         return (NARROW_BV,)
     return (NARROW_BV, head_v)
 
 
-def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) -> int:
+def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int, dtype: str = "bf16") -> int:
     """BV for a state-pass call with grid (num_seqs, hv, head_v // BV): the wide tile when it alone
     gives at least one program an SM (num_seqs * hv * (head_v // wide) >= sms), else 32.
 
@@ -48,7 +59,7 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int) ->
     Outputs and final states of every config that ran were bit-identical to BV32 w4 s2's. The
     threshold between the two shapes is not measured finer than that; BV64 at V = 64 not measured.
     """
-    wide = state_block_vs(head_k, head_v)[-1]
+    wide = state_block_vs(head_k, head_v, dtype)[-1]
     if wide > NARROW_BV and num_seqs * hv * (head_v // wide) >= sms:
         return wide
     return NARROW_BV
@@ -64,7 +75,7 @@ PREP_ARGS = (
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
        Arg("HV", "i32"),
-       Arg("group", "i32"))
+       Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
     # q/k/v token and head strides: multiples of 16 elements for contiguous tensors at these
     # head dims; the gate and beta strides are small (HV, 1) and never assumed.
     + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_vt", "s_vh"))
@@ -77,7 +88,8 @@ STATE_ARGS = (
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk", "Out"))
     + (Arg("State", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"), Arg("group", "i32"))
+       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"), Arg("group", "i32"),
+       Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
     # the query rows' strides (q's or the Qg workspace's), as the output's: multiples of 16
     + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_ot", "s_oh"))
     # pool strides: one of the last two is 1 (V-major or K-major), so none is assumed
@@ -85,8 +97,17 @@ STATE_ARGS = (
 )
 
 
+def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
+    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
+    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
+    [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
+    return kda or (dtype == "fp32" and head_k > 128)
+
+
 def prep_constexprs(axes) -> dict:
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(axes["gate"] == "kda")}
+    kda = axes["gate"] == "kda"
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(kda),
+            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda))}
 
 
 def prep_target_constexprs(axes, arch) -> dict:
@@ -94,6 +115,11 @@ def prep_target_constexprs(axes, arch) -> dict:
     fp32 elsewhere (Triton 3.6 allows tf32 dots on no AMD target but gfx942, and Iluvatar's is
     unknown)."""
     return {"MERGE_TF32": int(getattr(arch, "backend", "cuda") == "cuda")}
+
+
+def state_target_constexprs(axes, arch) -> dict:
+    """TF32: fp32 inputs' dots run as tf32x3 on CUDA, exact fp32 elsewhere (chunk._dot)."""
+    return {"TF32": int(getattr(arch, "backend", "cuda") == "cuda")}
 
 
 def state_constexprs(axes) -> dict:
@@ -110,7 +136,7 @@ def prep_variants():
 def state_variants():
     for dtype in DTYPES:
         for d in HEAD_DIMS:
-            for bv in state_block_vs(d, d):
+            for bv in state_block_vs(d, d, dtype):
                 yield {"dtype": dtype, "head_k": d, "head_v": d, "bv": bv}
 
 
@@ -125,7 +151,7 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
     # 1.037 (K = V = 64 and sm80 not measured). KDA keeps no cap (not measured with one).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
-    cap = 168 if axes["gate"] == "gdn" and not big else 0
+    cap = 168 if axes["gate"] == "gdn" and not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 
 
@@ -147,11 +173,17 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     # BV 32 at one stage at K = V = 128 (4 or 8 warps) hit an illegal memory access on the H100
     # (Triton 3.6 miscompile): never declare it there (K, V = 256's 16-warp one stage matched).
     hk, hv, bv = int(axes["head_k"]), int(axes["head_v"]), int(axes["bv"])
-    if bv not in state_block_vs(hk, hv):
-        raise ValueError(f"gdn_chunk_state: bv {bv} is not one of {state_block_vs(hk, hv)} at head_k {hk}, "
-                         f"head_v {hv}")
+    blocks = state_block_vs(hk, hv, axes.get("dtype", "bf16"))
+    if bv not in blocks:
+        raise ValueError(f"gdn_chunk_state: bv {bv} is not one of {blocks} at head_k {hk}, head_v {hv}, "
+                         f"dtype {axes.get('dtype')}")
     if hk > 128 or hv > 128:
         return LaunchConfig(num_warps=16, num_stages=1)
+    if axes.get("dtype") == "fp32":
+        # Twice the bytes a tile: 2 stages (152 KiB of shared memory on sm90 at K = V = 128, 96 at
+        # 64; inside sm80's 163 too) keep clear of the one-stage miscompile above. Not timed. AMD:
+        # one stage (64 KiB of LDS), not run.
+        return LaunchConfig(num_warps=4, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
     if bv == NARROW_BV:
         # 3 stages on CUDA: Triton issues a chunk's copies at the end of the iteration before the
         # one that reads them (the last dots done), so at 2 stages their latency sits in every
@@ -161,6 +193,25 @@ def state_launch(axes, arch: int) -> LaunchConfig:
         # (inside 163), not timed. Other backends keep 2 (hip: 64 KiB of LDS at 2 already).
         return LaunchConfig(num_warps=4, num_stages=3 if getattr(arch, "backend", "cuda") == "cuda" else 2)
     return LaunchConfig(num_warps=8, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
+
+
+def state_launch_generic(axes, arch: int) -> LaunchConfig:
+    # The GENERIC binaries (rows not 16-byte aligned: a head size off 16 such as 100, or a strided
+    # view) get no 16-byte async copies from Triton 3.6, so at 16-bit dtypes they compile as if at
+    # one stage (sm90, fp16, K = V = 128, BV 32, 4 warps: 68 KiB of shared memory, 255 registers and
+    # 1264 B of stack, against the aligned binary's 188 KiB / 244 / 0): the shape of the one-stage
+    # 4/8-warp binaries state_launch warns about. On the H100 (Triton 3.6) fla's test_chunk at
+    # K = V = 100 (fp16, the generic 128-tile binary at 4 warps) was followed by an illegal memory
+    # access. So from the 128 tile up the 16-bit generic binaries take 16 warps at one stage, the
+    # config found correct at 256; not yet run on a GPU at 128. The 64 tile keeps state_launch's
+    # (fla's K = V = 60 fp16 cases ran clean).
+    # fp32 keeps state_launch's: 4-byte elements still take async copies (152 KiB of shared memory
+    # at 128, pipelined), and its 16-warp one-stage binary came out of ptxas differently run to run
+    # (sm90, Triton 3.6: same PTX, two cubins), which no AOT == JIT parity survives.
+    if axes["dtype"] != "fp32" and (int(axes["head_k"]) >= 128 or int(axes["head_v"]) >= 128):
+        state_launch(axes, arch)  # the same declared tiles
+        return LaunchConfig(num_warps=16, num_stages=1)
+    return state_launch(axes, arch)
 
 
 def prep_axes(dtype: str, head_k: int, head_v: int, kda: bool) -> dict:
@@ -176,7 +227,7 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "MERGE_TF32"),
+    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32"),
     constexprs=prep_constexprs,
     target_constexprs=prep_target_constexprs,
     variants=prep_variants,
@@ -184,16 +235,34 @@ GDN_CHUNK_PREP = KernelSpec(
     sources=("chunk.py",),
 )
 
+# One kernel, two specs: the ALIGNED binaries (state_launch) and the GENERIC ones
+# (state_launch_generic); the op routes a call by its alignment (gated_delta_prefill.launch_plan).
 GDN_CHUNK_STATE = KernelSpec(
     name="gdn_chunk_state",
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV"),
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
     constexprs=state_constexprs,
+    target_constexprs=state_target_constexprs,
     variants=state_variants,
     launch=state_launch,
     sources=("chunk.py",),
+    levels=(ALIGNED,),
 )
 
-KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE)
+GDN_CHUNK_STATE_GENERIC = KernelSpec(
+    name="gdn_chunk_state_generic",
+    module="aotc.kernels.gated_delta.chunk",
+    function="gdn_chunk_state",
+    args=STATE_ARGS,
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
+    constexprs=state_constexprs,
+    target_constexprs=state_target_constexprs,
+    variants=state_variants,
+    launch=state_launch_generic,
+    sources=("chunk.py",),
+    levels=(GENERIC,),
+)
+
+KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC)

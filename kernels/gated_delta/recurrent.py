@@ -26,6 +26,11 @@ g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) here. Gate tensors (g
 A_log, dt_bias) arrive as byte pointers with a runtime dtype code each (0 fp32, 1 fp16, 2 bf16),
 so their dtype costs no binary: they are a few bytes a token next to the state.
 
+Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
+of two, a constexpr) and every load and store along K or V is masked, so K = 60 or 100 runs in
+the 64- or 128-column binary and the padded columns of the tile stay zero. q/k/v/out in fp32
+(the `dtype` axis) are read and written as they are: the update runs in fp32 in every case.
+
 A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
 state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
 """
@@ -37,15 +42,15 @@ SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # as torch.nn.functional.softplus and S
 
 
 @triton.jit
-def _load_f32(P, offs, code):
+def _load_f32(P, offs, code, mask):
     """Load a byte pointer `P` as fp32 (code 0), fp16 (1) or bf16 (2) elements at element
-    offsets `offs` (all in bounds), widened to fp32."""
+    offsets `offs` where `mask` holds (zeros elsewhere), widened to fp32."""
     if code == 0:
-        x = tl.load(P.to(tl.pointer_type(tl.float32), bitcast=True) + offs)
+        x = tl.load(P.to(tl.pointer_type(tl.float32), bitcast=True) + offs, mask=mask, other=0.0)
     elif code == 1:
-        x = tl.load(P.to(tl.pointer_type(tl.float16), bitcast=True) + offs).to(tl.float32)
+        x = tl.load(P.to(tl.pointer_type(tl.float16), bitcast=True) + offs, mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.load(P.to(tl.pointer_type(tl.bfloat16), bitcast=True) + offs).to(tl.float32)
+        x = tl.load(P.to(tl.pointer_type(tl.bfloat16), bitcast=True) + offs, mask=mask, other=0.0).to(tl.float32)
     return x
 
 
@@ -60,13 +65,13 @@ def _load_f32(P, offs, code):
 def gated_delta_decode_kernel(
     Q, K, V, Out, State, G, Beta, A_log, Dt_bias, Idx,
     scale,
-    T, HV, group, num_slots, V_DIM,
+    T, HV, group, num_slots, K_DIM, V_DIM,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh, stride_ob, stride_ot, stride_oh,
     stride_sn, stride_sh, stride_srow,
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
-    K_DIM: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_v = tl.cdiv(V_DIM, BV)
@@ -76,7 +81,8 @@ def gated_delta_decode_kernel(
     hv = bh % HV
     hq = hv // group
 
-    offs_k = tl.arange(0, K_DIM)
+    offs_k = tl.arange(0, BK)
+    k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
     offs_v = i_v * BV + tl.arange(0, BV)
     v_mask = offs_v < V_DIM
     slot = tl.load(Idx + b)
@@ -86,16 +92,16 @@ def gated_delta_decode_kernel(
         s_offs = offs_k[None, :].to(tl.int64) * stride_srow + offs_v[:, None]
     else:
         s_offs = offs_v[:, None].to(tl.int64) * stride_srow + offs_k[None, :]
-    s_mask = valid & v_mask[:, None]
+    s_mask = valid & v_mask[:, None] & k_mask[None, :]
     h = tl.load(base + s_offs, mask=s_mask, other=0.0)  # [BV, K] fp32
 
     if fused:
         # Per head: -exp(A_log) and dt_bias ([K] for KDA, stride_dk 0 for GDN), read once.
-        decay = -tl.exp(_load_f32(A_log, hv, alog_code))
-        dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code)
+        decay = -tl.exp(_load_f32(A_log, hv, alog_code, hv < HV))
+        dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
     else:
         decay = tl.full([], 0.0, tl.float32)
-        dt = tl.zeros([K_DIM], dtype=tl.float32)
+        dt = tl.zeros([BK], dtype=tl.float32)
 
     q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
     k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
@@ -104,14 +110,14 @@ def gated_delta_decode_kernel(
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
     for t in range(0, T):
-        q = tl.load(q_row + t * stride_qt + offs_k).to(tl.float32)
-        k = tl.load(k_row + t * stride_kt + offs_k).to(tl.float32)
+        q = tl.load(q_row + t * stride_qt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_row + t * stride_kt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)
         if qk_l2norm:
             q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
             k = k / tl.sqrt(tl.sum(k * k) + L2NORM_EPS)
-        g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code)  # [K]
-        beta = _load_f32(Beta, beta_row + t * stride_bt, beta_code)
+        g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code, k_mask)  # [BK]
+        beta = _load_f32(Beta, beta_row + t * stride_bt, beta_code, hv < HV)
         if fused:
             x = g + dt
             g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)

@@ -1,11 +1,12 @@
 """Variants of the gated delta rule's recurrent decode kernel (recurrent.py).
 
 Axes (constexpr in the kernel):
-  dtype   q/k/v and output: fp16, bf16
-  k_dim   K, the key/query head size: 64, 128, 256 (the state tile holds a whole row of K)
+  dtype   q/k/v and output: fp16, bf16, fp32
+  k_dim   the K tile BK: 64, 128, 256 (the state tile holds a whole row of K); K itself is a
+          runtime int, any value up to the tile (block_k(K) picks the tile; K = 60 runs at 64)
   layout  the state pool: vmajor [slots, HV, V, K] (K contiguous) or kmajor [slots, HV, K, V]
-2 * 3 * 2 = 12 variants, each built at two specialization levels per arch. Everything else is
-runtime: V (any multiple of 16 up to 512; the grid tiles it), T, heads and GVA group, GDN vs KDA
+3 * 3 * 2 = 18 variants, each built at two specialization levels per arch. Everything else is
+runtime: K, V (any size up to 512; the grid tiles it), T, heads and GVA group, GDN vs KDA
 gates (a K stride of 0 for GDN), the fused-gate form, q/k L2 norm, and the dtypes of the gate
 tensors (a code each: fp32, fp16, bf16).
 
@@ -27,19 +28,20 @@ from __future__ import annotations
 
 from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
 
-DTYPES = ("fp16", "bf16")
-K_DIMS = (64, 128, 256)
+DTYPES = ("fp16", "bf16", "fp32")
+K_DIMS = (64, 128, 256)  # the K tiles built; K itself is any size up to MAX_K
 LAYOUTS = ("vmajor", "kmajor")
 MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
-V_MULTIPLE, MAX_V = 16, 512
+MAX_K, MAX_V = 256, 512
 GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
 
 _ALIGNED_PTRS = ("Q", "K", "V", "Out", "State")
 _GATE_PTRS = ("G", "Beta", "A_log", "Dt_bias")
 _COUNTS = ("T", "HV", "group", "num_slots")
-# Strides of rows that hold whole 16-byte vectors (K, V multiples of 16): the ALIGNED binary
-# assumes them divisible by 16, which lets q/k/v/out and the state tile load as 16-byte vectors.
-_ALIGNED_INTS = ("V_DIM", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kt", "stride_kh",
+# Sizes and strides of rows that hold whole 16-byte vectors (K, V multiples of 16): the ALIGNED
+# binary assumes them divisible by 16, which lets q/k/v/out and the state tile load as 16-byte
+# vectors; other head sizes (60, 100) take the GENERIC binary.
+_ALIGNED_INTS = ("K_DIM", "V_DIM", "stride_qb", "stride_qt", "stride_qh", "stride_kb", "stride_kt", "stride_kh",
                  "stride_vb", "stride_vt", "stride_vh", "stride_ob", "stride_ot", "stride_oh",
                  "stride_sn", "stride_sh", "stride_srow")
 _GATE_INTS = ("stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "stride_bt", "stride_bh",
@@ -56,7 +58,12 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("K_DIM", "BV", "KMAJOR")
+CONSTEXPRS = ("BK", "BV", "KMAJOR")
+
+
+def block_k(k: int) -> int:
+    """The K tile (the `k_dim` axis) serving head size k <= MAX_K: the smallest built one >= k."""
+    return next(t for t in K_DIMS if t >= k)
 
 
 def block_v(k_dim: int, layout: str) -> int:
@@ -66,7 +73,7 @@ def block_v(k_dim: int, layout: str) -> int:
 
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
-    return {"K_DIM": k, "BV": block_v(k, axes["layout"]), "KMAJOR": int(axes["layout"] == "kmajor")}
+    return {"BK": k, "BV": block_v(k, axes["layout"]), "KMAJOR": int(axes["layout"] == "kmajor")}
 
 
 def variants():

@@ -20,7 +20,7 @@ from ..dispatch import prepare, register_plan_cache, run_kernel
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_decode"
-QKV_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+QKV_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 GATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 LAYOUTS = S.LAYOUTS
 _I32_MAX = 2 ** 31 - 1
@@ -63,17 +63,17 @@ def _unit_last(t, name, op):
         _fail(op, name, "contiguous in its last dim (stride 1)", f"strides {t.stride()}")
 
 
-def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE, max_v=S.MAX_V, min_t=1) -> Dims:
-    """q, k [B, T, H, K] and v [B, T, HV, V] (varlen: B = 1, T = total tokens): fp16/bf16 alike,
-    last dims contiguous, K in k_dims, V a multiple of v_multiple up to max_v, HV a multiple of H,
-    T >= min_t (<= max_t). The defaults are the decode kernel's."""
+def check_qkv(q, k, v, op, max_t=None, max_k=S.MAX_K, max_v=S.MAX_V, min_t=1) -> Dims:
+    """q, k [B, T, H, K] and v [B, T, HV, V] (varlen: B = 1, T = total tokens): fp16/bf16/fp32
+    alike, last dims contiguous, K in [1, max_k], V in [1, max_v], HV a multiple of H, T >= min_t
+    (<= max_t). The defaults are the decode kernel's."""
     check_tensor(q, "q", op, QKV_DTYPES, 4)
     dev = q.device
     check_tensor(k, "k", op, (q.dtype,), 4, dev)
     check_tensor(v, "v", op, (q.dtype,), 4, dev)
     B, T, H, K = q.shape
-    if K not in k_dims:
-        _fail(op, "q.shape[3] (K)", f"one of {tuple(k_dims)}", K)
+    if not 1 <= K <= max_k:
+        _fail(op, "q.shape[3] (K)", f"in [1, {max_k}]", K)
     if T < min_t or (max_t is not None and T > max_t):
         _fail(op, "q.shape[1] (T, tokens a row)", f"in [{min_t}, {max_t}]" if max_t else f">= {min_t}", T)
     if tuple(k.shape) != tuple(q.shape):
@@ -83,8 +83,8 @@ def check_qkv(q, k, v, op, max_t=None, k_dims=S.K_DIMS, v_multiple=S.V_MULTIPLE,
     HV, V = v.shape[2], v.shape[3]
     if H < 1 or HV < 1 or HV % H:
         _fail(op, "v.shape[2] (HV, value heads)", f"a positive multiple of H = {H}", HV)
-    if V < v_multiple or V % v_multiple or V > max_v:
-        _fail(op, "v.shape[3] (V)", f"a multiple of {v_multiple} in [{v_multiple}, {max_v}]", V)
+    if not 1 <= V <= max_v:
+        _fail(op, "v.shape[3] (V)", f"in [1, {max_v}]", V)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _unit_last(t, name, op)
     return Dims(B, T, H, K, HV, V)
@@ -212,7 +212,7 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
         check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
-    programs = S.grid(d.B, d.HV, d.V, S.block_v(d.K, state_layout))[0]
+    programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout))[0]
     if programs > _I32_MAX:
         _fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
               f"programs", f"{programs} programs")
@@ -246,7 +246,7 @@ class _Plan:
 def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    axes = S.axes_for(QKV_DTYPES[q.dtype], K, state_layout)
+    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout)
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
     gs, bs = _strides(gt, 4), _strides(bt, 3)
@@ -257,7 +257,7 @@ def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, 
     else:
         ds = (0, 0)
         codes = (S.GATE_CODES[GATE_DTYPES[g.dtype]], S.GATE_CODES[GATE_DTYPES[beta.dtype]], 0, 0)
-    ints = (float(scale), T, HV, HV // H, state.shape[0], V,
+    ints = (float(scale), T, HV, HV // H, state.shape[0], K, V,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             state.stride(0), state.stride(1), state.stride(2),
             *gs, *bs, *ds, *codes, int(fused), int(qk_l2norm))
@@ -339,8 +339,9 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     o = scale * h q, with h [V, K] fp32.
     Shapes (B requests, T in [1, 8] tokens each, H query/key heads, HV value heads, HV % H == 0:
     value head hv reads q/k head hv // (HV // H)):
-      q, k      [B, T, H, K] fp16 or bf16, K in (64, 128, 256); last dim contiguous.
-      v         [B, T, HV, V] q's dtype; V a multiple of 16 in [16, 512]; last dim contiguous.
+      q, k      [B, T, H, K] fp16, bf16 or fp32 (fp32 runs in fp32 throughout), K in [1, 256]
+                (the kernel's tile is K rounded up to 64, 128 or 256, masked); last dim contiguous.
+      v         [B, T, HV, V] q's dtype; V in [1, 512]; last dim contiguous.
       g         [B, T, HV] (Gated DeltaNet: one log-gate a head) or [B, T, HV, K] (KDA: one a
                 head and K channel); log space (<= 0); fp32, fp16 or bf16; any strides.
       beta      [B, T, HV]; fp32, fp16 or bf16.

@@ -25,12 +25,10 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     ones); returns the scale. state_indices and cu_seqlens may still be int64 here."""
     reads = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state_indices": state_indices, "cu_seqlens": cu_seqlens}
     guards.refuse_grad(OP, **reads, state=state, out=out)
-    d = check_qkv(q, k, v, OP, min_t=0)  # T = 0: an empty batch, a no-op
+    d = check_qkv(q, k, v, OP, max_k=_spec.MAX_HEAD, max_v=_spec.MAX_HEAD, min_t=0)  # T = 0: an empty batch, a no-op
     dev = q.device
     if d.B != 1:
         _fail("q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
-    if d.V not in _spec.HEAD_DIMS:
-        _fail("v.shape[3] (V)", f"one of {_spec.HEAD_DIMS}", d.V)
     check_gates(g, beta, d, dev, OP)
     check_state(state, state_layout, d, dev, OP)
     check_tensor(state_indices, "state_indices", OP, _INDEX_DTYPES, 1, dev)
@@ -78,30 +76,33 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     workspace (the bench reuses it). cu_seqlens and state_indices are int32 here. `bv`: the state
     pass's value tile, by default chunk_spec.state_block_v of the shapes and q's device's SMs (no
     length: one CUDA graph serves every length); one of chunk_spec.state_block_vs(K, V)."""
-    _, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    _, T, H, K_dim = q.shape
+    HV, V_dim = v.shape[2], v.shape[3]
+    K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)  # the tiles; workspaces are tile-wide
     N = state_indices.shape[0]
+    name = QKV_DTYPES[q.dtype]
     if bv is None:
-        bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device))
+        bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device), name)
     kda = g.dim() == 4
     dev, dt = q.device, q.dtype
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     w = torch.empty(T, HV, K, dtype=dt, device=dev)
     u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    # q's rows for the state pass: KDA's gated copy Qg; GDN reads q itself (w, aligned like every
-    # workspace, stands in for the Qg the precompute never touches then), both scaled by fq.
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if kda else w
+    # q's rows for the state pass: the sub-block precompute's gated copy Qg (KDA); else q itself (w,
+    # aligned like every workspace, stands in for the Qg the precompute never touches then), both
+    # scaled by fq.
+    subblocks = _spec.prep_subblocks(name, K, kda)
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if subblocks else w
     fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
     decay = torch.empty(slots, HV, K, dtype=torch.float32, device=dev)
-    name = QKV_DTYPES[dt]
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
         q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
-        float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H,
+        float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
-    if kda:
+    if subblocks:
         qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
     else:
         qs, group, s_qt, s_qh = q, HV // H, q.stride(1), q.stride(2)
@@ -109,10 +110,21 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
         s_v, s_k = state.stride(2), state.stride(3)
     else:
         s_k, s_v = state.stride(2), state.stride(3)
-    st = (_spec.GDN_CHUNK_STATE, _spec.state_axes(name, K, V, bv), (N, HV, V // bv), (
-        w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
-        s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k))
+    st_args = (w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
+               K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
+    st = (_state_spec(st_args), _spec.state_axes(name, K, V, bv), (N, HV, V // bv), st_args)
     return [prep, st]
+
+
+def _state_spec(args):
+    """The state pass's spec for these arguments: GDN_CHUNK_STATE where they meet its ALIGNED
+    assumptions, else GDN_CHUNK_STATE_GENERIC (its own launch config: chunk_spec.state_launch_generic)."""
+    from aotc.loader.dispatch import check_assumptions
+
+    spec = _spec.GDN_CHUNK_STATE
+    values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    return spec if check_assumptions(spec, spec.divisible_args("aligned"), values) is None \
+        else _spec.GDN_CHUNK_STATE_GENERIC
 
 
 def _prefill_op(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
@@ -146,8 +158,10 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
 
     Per value head and token: h *= exp(g); v' = beta (v - h k); h += v' k^T; o = scale h q
     (h [V, K]; see kernels/gated_delta/reference.py). Shapes (T packed tokens, N sequences):
-      q, k `[1, T, H, K]`, v `[1, T, HV, V]`: fp16 or bf16, last dim contiguous, HV a multiple of H
-        (value head hv reads q/k head hv // (HV // H)); K, V in (64, 128, 256).
+      q, k `[1, T, H, K]`, v `[1, T, HV, V]`: fp16, bf16 or fp32 (fp32 computed in fp32: workspace
+        fp32, dots tf32x3 on CUDA), last dim contiguous, HV a multiple of H (value head hv reads
+        q/k head hv // (HV // H)); K, V any size in [1, 256] (the kernels' tiles are 64, 128 or
+        256 wide, the rest masked).
       g: log-gates (<= 0), `[1, T, HV]` (GDN) or `[1, T, HV, K]` (KDA: one a K channel, last dim
         contiguous); beta `[1, T, HV]`. float32, or fp16/bf16 (converted to float32 first).
       state: float32 pool, `[slots, HV, V, K]` for state_layout="vmajor" (default) or
@@ -168,7 +182,7 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
       The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
       (chunk_spec.state_block_v): one captured CUDA graph serves every length.
-    Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V]` and the chunk's
+    Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's
       attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,

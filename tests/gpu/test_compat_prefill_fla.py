@@ -85,3 +85,18 @@ def test_fla_fused_recurrent_decode_k128():
     want_o, want_h = reference(t, h0, None)
     assert_close(o, want_o, torch.bfloat16, "o")
     assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+@pytest.mark.parametrize("entry", ["chunk_gated_delta_rule", "chunk_kda"])
+def test_fla_fp32_head_size_100(entry):
+    # fp32 through the ops (tf32x3 dots, fp32 workspace), K = V = 100 inside the 128 tiles.
+    kda = entry == "chunk_kda"
+    t, h0, cu = fla_inputs([1, 63, 64, 65, 1000], H=2, HV=4, K=100, V=100, kda=kda, dtype=torch.float32, device=DEV,
+                           seed=33)
+    o, ht = getattr(fla, entry)(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                cu_seqlens=cu)
+    torch.cuda.synchronize()
+    want_o, want_h = reference(t, h0, cu)
+    assert o.dtype == torch.float32
+    assert_close(o, want_o, torch.float32, "o")
+    assert_close(ht, want_h, torch.float32, "final_state")

@@ -40,6 +40,19 @@ def test_bench_shape_and_speculative_lengths(T):
     check_case(loader.gated_delta_decode, args, kw)
 
 
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+def test_fp32_and_head_sizes_off_the_tiles(layout):
+    # K = 60, 100, 200 in the 64 / 128 / 256 tiles (masked), V off 16 too; fp32 computed in fp32.
+    for K, V, dtype, kda in ((60, 60, torch.float32, False), (100, 100, torch.bfloat16, True),
+                             (200, 72, torch.float32, True), (128, 128, torch.float32, False)):
+        args, kw = make_case(B=64, T=3, H=2, HV=4, K=K, V=V, dtype=dtype, kda=kda, qk_l2norm=True, layout=layout,
+                             pads=(1, 9), slots=80, device=DEV, seed=K + V)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AotcJitFallbackWarning)  # every tile x dtype x layout is built
+            out, _ = check_case(loader.gated_delta_decode, args, kw)
+        assert out.dtype == dtype
+
+
 def test_k64_and_value_tails():
     for V, layout in ((64, "vmajor"), (48, "kmajor"), (80, "kmajor"), (512, "vmajor")):
         args, kw = make_case(B=40, T=2, H=1, HV=2, K=64, V=V, layout=layout, kda=True, pads=(1,), device=DEV, seed=V)
@@ -57,7 +70,7 @@ def jit_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_aot_equals_jit_bit_for_bit(jit_only, layout, dtype):
     args, kw = make_case(B=256, T=2, H=16, HV=32, K=128, V=128, dtype=dtype, kda=layout == "kmajor", fused=True,
                          qk_l2norm=True, layout=layout, pads=PADS, slots=260, device=DEV, seed=21)

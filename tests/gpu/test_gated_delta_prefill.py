@@ -20,7 +20,8 @@ from tests.cpu.kernels.gated_delta.chunk_cases import make_case, rel_err
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
-GPU_TOL = {torch.float16: 1e-2, torch.bfloat16: 3e-2}
+# fp32: tf32x3 dots and fp32 workspace, so about fp32's own rounding (chunk_cases.TOL[fp32] is 2e-4)
+GPU_TOL = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 5e-4}
 LONG = [1, 63, 64, 65, 1000, 0, 2500, 40]
 
 
@@ -87,6 +88,24 @@ def test_head_dims(head_dim, kda):
     check(case, out, pool, torch.bfloat16, qk_l2norm=False, scale=0.2)
 
 
+@pytest.mark.parametrize("K,V,kda,dtype", [(60, 60, False, torch.float32), (100, 100, True, torch.float32),
+                                           (128, 128, False, torch.float32), (256, 256, True, torch.float32),
+                                           (200, 200, False, torch.float32), (100, 100, False, torch.bfloat16),
+                                           (60, 60, True, torch.float16)])
+def test_fp32_and_head_sizes_off_the_tiles(K, V, kda, dtype):
+    # Built binaries at every pair here (K, V in one tile: 64, 128, 256); 200 at fp32 is GDN's
+    # sub-block precompute (chunk_spec.prep_subblocks). The V-major pool at odd K, the K-major at
+    # fp32 128.
+    layout = "kmajor" if K == 128 else "vmajor"
+    case = make_case([1, 63, 64, 65, 1000, 0, 300], H=2, HV=4, K=K, V=V, dtype=dtype, kda=kda, strong_gates=kda,
+                     padded=(5,), state_layout=layout, device=DEV, seed=K + kda)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AotcJitFallbackWarning)  # built: no JIT here
+        out, pool = run(case, qk_l2norm=True, state_layout=layout)
+    assert out.dtype == dtype
+    check(case, out, pool, dtype, qk_l2norm=True, state_layout=layout)
+
+
 def test_head_k_differs_from_head_v():
     # K = 128, V = 64: a pair that is not built (JIT fallback, with its warning).
     case = make_case([100, 7], H=1, HV=2, K=128, V=64, device=DEV, seed=3)
@@ -126,10 +145,11 @@ def test_value_tiles_bit_identical(state_layout, kda):
     assert torch.equal(narrow[1].view(torch.int32), wide[1].view(torch.int32))
 
 
-@pytest.mark.parametrize("bv", [32, 128])
+@pytest.mark.parametrize("bv,dtype,K", [(32, torch.bfloat16, 128), (128, torch.bfloat16, 128),
+                                        (32, torch.float32, 100)])
 @pytest.mark.parametrize("kda", [False, True])
-def test_aot_equals_jit_bit_for_bit(kda, bv, tmp_path, monkeypatch):
-    case = make_case([1, 64, 65, 700], H=2, HV=4, K=128, V=128, kda=kda, device=DEV, seed=5)
+def test_aot_equals_jit_bit_for_bit(kda, bv, dtype, K, tmp_path, monkeypatch):
+    case = make_case([1, 64, 65, 700], H=2, HV=4, K=K, V=K, dtype=dtype, kda=kda, device=DEV, seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
         try:
@@ -163,6 +183,10 @@ from tests.cpu.kernels.gated_delta.chunk_cases import make_case
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.ops.gated_delta_prefill import gated_delta_prefill, launch_plan
 for kda in (False, True):
+    for K, dt in ((100, torch.float32), (60, torch.bfloat16)):  # masked tiles
+        c = make_case([1, 63, 64, 65, 0, 130], H=1, HV=2, K=K, V=K, dtype=dt, kda=kda, padded=(2,), device="cuda")
+        gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
+                            c["cu_seqlens"], qk_l2norm=True)
     c = make_case([1, 63, 64, 65, 0, 130], H=1, HV=2, K=128, V=128, kda=kda, padded=(2,), device="cuda")
     gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
                         c["cu_seqlens"], qk_l2norm=True)

@@ -1,7 +1,7 @@
 """The AOT binaries of one key of each gated delta kernel (the recurrent decode, and the chunked
 prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
 specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
-for the tiny kernel; the state pass at both value tiles (bv 32 and 128). Each kernel's JIT calls
+for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both. Each kernel's JIT calls
 are in its script (jit_sha_gated_delta*.py)."""
 import importlib
 import os
@@ -19,12 +19,21 @@ from .conftest import REPO
 # case -> (kernel, script, the script's extra arguments, the name of its axes there)
 CASES = {"gated_delta_decode": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", [], "AXES"),
          "gdn_chunk_state_bv32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32"], "AXES"),
-         "gdn_chunk_state_bv128": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["128"], "WIDE")}
+         "gdn_chunk_state_bv128": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["128"], "WIDE"),
+         # fp32 inputs (tf32x3 dots, two stages) and, misaligned, head sizes inside the 128 tile
+         "gated_delta_decode_fp32": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["fp32"], "FP32"),
+         "gdn_chunk_state_fp32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32", "fp32"],
+                                  "FP32")}
 
 
-def _key(case):
+# The state pass's GENERIC binaries are a spec of their own (chunk_spec.GDN_CHUNK_STATE_GENERIC).
+GENERIC_SPEC = {"gdn_chunk_state": "gdn_chunk_state_generic"}
+
+
+def _key(case, level="aligned"):
     kernel, script, _, axes = CASES[case]
-    return VariantKey.make(kernel, getattr(importlib.import_module(script), axes))
+    name = GENERIC_SPEC.get(kernel, kernel) if level == "generic" else kernel
+    return VariantKey.make(name, getattr(importlib.import_module(script), axes), level)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +41,8 @@ def artifacts(tmp_path_factory):
     out = tmp_path_factory.mktemp("gdn-artifacts")
     # The miss-log path builds exactly these keys (both levels); kernels= keeps the rest of the
     # table out (the tiny fixture kernel: two binaries a target).
-    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=[(_key(c), None) for c in CASES],
+    misses = [(_key(c, level), None) for c in CASES for level in ("aligned", "generic")]
+    report = build(out, ["sm80", "sm90"], kernels=["tiny_axpy"], misses=misses,
                    jobs=2, progress=False)
     assert report.ok, report.failed
     return out
@@ -49,7 +59,6 @@ def test_jit_compiles_the_same_bytes_as_the_build(artifacts, case, target, tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     jit_aligned, jit_generic = out.stdout.split()
     entries = read_manifest(artifacts / target).by_key()
-    key = _key(case)
-    assert entries[str(key)].sha256 == jit_aligned
-    assert entries[str(key.with_level("generic"))].sha256 == jit_generic
+    assert entries[str(_key(case))].sha256 == jit_aligned
+    assert entries[str(_key(case, "generic"))].sha256 == jit_generic
     assert jit_aligned != jit_generic

@@ -1,8 +1,10 @@
 """aotc.compat.fla with flash-linear-attention's conventions (initial_state [N, HV, K, V], not
 modified; (o, final_state) returned; cu_seqlens int64; equal-length batches [B, T]) against the
 float32 per-token reference. Tolerance: chunk_cases.TOL, max |got - want| over max |want| of the
-whole output or state (bf16 2.5e-2, fp16 5e-3). Lengths 1, 63, 64, 65 (the chunk is 64), GVA
-(HV = 2H), K = V = 64."""
+whole output or state (bf16 2.5e-2, fp16 5e-3, fp32 2e-4). Lengths 1, 63, 64, 65 (the chunk is
+64), GVA (HV = 2H), K = V = 64 and head sizes off the tiles (60, 100); fp32 and mixed dtypes;
+KDA's two entry points with fla's gate forms; the autograd guard. Outputs start NaN-free only if
+the ops wrote every element (chunk_cases.assert_close rejects NaN through its max)."""
 import pytest
 import torch
 
@@ -118,8 +120,6 @@ def test_unsupported_and_bad_arguments_raise():
         fla.chunk_gated_delta_rule(**t, head_first=True)
     with pytest.raises(NotImplementedError, match="one a value channel"):
         fla.chunk_gated_delta_rule(**{**t, "beta": torch.rand(2, 4, 2, 64)})
-    with pytest.raises(NotImplementedError, match="float32"):
-        fla.chunk_gated_delta_rule(**{**t, "q": t["q"].float(), "k": t["k"].float(), "v": t["v"].float()})
     with pytest.raises(ValueError, match=r"initial_state must be \[N, HV, K, V\]"):
         fla.chunk_gated_delta_rule(**t, initial_state=h0[:1])
     with pytest.raises(ValueError, match="batch size must be 1"):
@@ -132,3 +132,93 @@ def test_unsupported_and_bad_arguments_raise():
         fla.fused_recurrent_gated_delta_rule(**t, allow_neg_eigval=True)
     with pytest.raises(ValueError, match="give g"):
         fla.fused_recurrent_gated_delta_rule(**{**t, "g": None})
+
+
+def test_unsupported_kda_and_deprecated_arguments():
+    t, h0, cu = fla_inputs([4, 4], equal=True, kda=True, H=1, HV=2, seed=29)
+    with pytest.raises(ValueError, match=r"`chunk_size` must be either 32 or 64"):  # fla's own test's pattern
+        fla.chunk_kda(**t, chunk_size=16)
+    with pytest.raises(NotImplementedError, match="return_intermediate_states"):
+        fla.chunk_kda(**t, return_intermediate_states=True)
+    with pytest.raises(ValueError, match=r"g must be \[B, T, HV, K\]"):
+        fla.chunk_kda(**{**t, "g": t["g"][..., 0]})
+    with pytest.raises(ValueError, match="lower_bound"):
+        fla.chunk_kda(**t, use_gate_in_kernel=True, safe_gate=True, A_log=torch.zeros(2))
+    with pytest.raises(ValueError, match="A_log"):
+        fla.fused_recurrent_kda(**t, use_gate_in_kernel=True)
+    with pytest.warns(DeprecationWarning):
+        fla.fused_recurrent_kda(**t, transpose_state_layout=True)
+    with pytest.raises(ValueError, match="not both"):
+        fla.fused_recurrent_kda(**t, state_v_first=True, transpose_state_layout=True)
+
+
+@pytest.mark.parametrize("K,V", [(60, 100), (100, 60)])
+def test_fp32_and_head_sizes_off_the_tiles(K, V):
+    # fp32 q/k/v computed in fp32 (TOL[fp32] is ~100x under one bf16 rounding), K and V padded
+    # inside the kernels' 64 / 128 tiles; chunked and recurrent entry points, both state layouts.
+    t, h0, cu = fla_inputs([1, 63, 65], K=K, V=V, H=1, HV=2, dtype=torch.float32, seed=K)
+    for v_first in (False, True):
+        h = h0.transpose(-1, -2).contiguous() if v_first else h0
+        want_o, want_h = reference(t, h, cu, v_first=v_first)
+        for fn in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule):
+            o, ht = fn(**t, initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                       state_v_first=v_first)
+            assert o.dtype == torch.float32 and o.shape == (1, 129, 2, V)
+            assert_close(o, want_o, torch.float32, "o")
+            assert_close(ht, want_h, torch.float32, "final_state")
+
+
+def test_mixed_dtypes_run_in_the_widest_and_return_vs_dtype():
+    # fla's test_fused_recurrent passes fp32 q/k with fp16 v and beta; fla returns o in v's dtype.
+    t, h0, _ = fla_inputs([5, 5], equal=True, H=1, HV=2, dtype=torch.float32, seed=30)
+    t["v"], t["beta"] = t["v"].half(), t["beta"].half()
+    for fn, T in ((fla.fused_recurrent_gated_delta_rule, 5), (fla.chunk_gated_delta_rule, 5)):
+        o, ht = fn(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        want_o, want_h = reference(t, h0, None)
+        assert o.dtype == torch.float16
+        assert_close(o, want_o, torch.float16, "o")
+        assert_close(ht, want_h, torch.float32, "final_state")
+
+
+@pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda"])
+def test_kda_entry_points_with_fla_gate_forms(entry):
+    # Precomputed per-channel gates, then fla's in-kernel forms: -exp(A_log) softplus(g + dt_bias)
+    # with dt_bias [HV * K], and lower_bound sigmoid(exp(A_log) (g + dt_bias)); beta sigmoid x 2.
+    fn = getattr(fla, entry)
+    t, h0, cu = fla_inputs([1, 63, 66], kda=True, H=1, HV=2, K=60, V=64, dtype=torch.bfloat16, seed=33)
+    o, ht = fn(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    want_o, want_h = reference(t, h0, cu)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+    gen = torch.Generator().manual_seed(34)
+    raw_g, raw_b = torch.randn(1, 130, 2, 60, generator=gen), torch.randn(1, 130, 2, generator=gen)
+    a_log, dt_bias = torch.log(torch.tensor([0.7, 3.0])), torch.randn(2 * 60, generator=gen)
+    x = raw_g + dt_bias.view(2, 60)
+    for lower_bound, g in ((None, -a_log.exp().view(2, 1) * torch.nn.functional.softplus(x)),
+                           (-5.0, -5.0 * torch.sigmoid(a_log.exp().view(2, 1) * x))):
+        o, ht = fn(**{**t, "g": raw_g, "beta": raw_b}, initial_state=h0, output_final_state=True,
+                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                   lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, cu_seqlens=cu)
+        want_o, want_h = reference({**t, "g": g, "beta": 2 * torch.sigmoid(raw_b)}, h0, cu)
+        assert_close(o, want_o, torch.bfloat16, "o")
+        assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
+@pytest.mark.parametrize("entry", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
+                                   "fused_recurrent_kda"])
+def test_inputs_requiring_grad_get_outputs_whose_backward_raises(entry):
+    t, h0, _ = fla_inputs([3, 3], equal=True, kda="kda" in entry, H=1, HV=2, dtype=torch.float32, seed=35)
+    fn = getattr(fla, entry)
+    want_o, want_h = fn(**t, initial_state=h0, output_final_state=True)
+    assert want_o.grad_fn is None and not want_o.requires_grad
+    leaf = {n: x.clone().requires_grad_() for n, x in t.items()}
+    o, ht = fn(**leaf, initial_state=h0, output_final_state=True)
+    # the forward is the same computation; the graph ends in a node that refuses to differentiate
+    assert torch.equal(o, want_o) and torch.equal(ht, want_h)
+    assert o.requires_grad and ht.requires_grad
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        (o.sum() + ht.sum()).backward()
+    assert all(x.grad is None for x in leaf.values())
+    with torch.no_grad():
+        o, _ = fn(**leaf, initial_state=h0)
+    assert not o.requires_grad

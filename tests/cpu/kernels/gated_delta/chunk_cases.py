@@ -11,7 +11,9 @@ from aotc.kernels.gated_delta.reference import l2norm
 # chunk's attention and the state tile reach the dots in the input dtype (as in fla), so the
 # error is a few units of its rounding. Measured on the CPU interpreter (bf16 up to ~6e-3, fp16
 # ~1e-3 at T <= 200); the GPU adds tf32 rounding in the precompute.
-TOL = {torch.float16: 5e-3, torch.bfloat16: 2.5e-2}
+# fp32 inputs: nothing is rounded to 16 bits (fp32 workspace; tf32x3 dots on the GPU), so only
+# summation order and exp/log differ from the reference.
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2.5e-2, torch.float32: 2e-4}
 
 
 def make_case(lengths, *, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, kda=False, l2norm_in_kernel=True,

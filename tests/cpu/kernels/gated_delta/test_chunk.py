@@ -120,6 +120,24 @@ def test_chunked_equals_decode_token_by_token(kda):
 
 
 
+@pytest.mark.parametrize("K,V,kda,dtype,state_layout", [
+    (60, 100, False, torch.float32, "kmajor"),
+    (100, 60, True, torch.float32, "vmajor"),
+    (60, 60, True, torch.bfloat16, "kmajor"),
+    (32, 129, False, torch.float16, "vmajor"),
+    (130, 48, False, torch.float32, "vmajor"),  # GDN at fp32 in the 256 tile: the sub-block precompute
+])
+def test_head_sizes_off_the_tiles_and_fp32(K, V, kda, dtype, state_layout):
+    # K and V run in the next tile up (64, 128, 256) with the rest masked: the padded channels of
+    # q, k, the KDA gate and the state read as zeros and are never written. fp32 inputs compute in
+    # fp32 (TOL[fp32] is ~100x below one bf16 rounding).
+    case = make_case([1, 63, 65, 0, 70], H=1, HV=2, K=K, V=V, kda=kda, dtype=dtype, padded=(3,),
+                     state_layout=state_layout, strong_gates=kda, seed=K + V)
+    out, pool, ref_out, ref_pool = run(case, dtype=dtype, state_layout=state_layout)
+    assert out.dtype == dtype
+    check(case, out, pool, ref_out, ref_pool, dtype)
+
+
 @pytest.mark.parametrize("state_layout,kda", [("vmajor", False), ("kmajor", True)])
 def test_state_pass_value_tiles_agree(state_layout, kda):
     # K = V = 64 builds the state pass at bv 32 and 64 (chunk_spec.state_block_vs); the op picks one

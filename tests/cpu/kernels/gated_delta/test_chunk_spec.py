@@ -13,11 +13,30 @@ def test_registered_with_counts():
     specs = all_specs()
     assert specs["gdn_chunk_prep"] is chunk_spec.GDN_CHUNK_PREP
     assert specs["gdn_chunk_state"] is chunk_spec.GDN_CHUNK_STATE
-    assert len(list(chunk_spec.prep_variants())) == 12  # dtype x head dim (K == V) x gate
-    # dtype x (head dim, bv): bv 32 and 64 at 64, 32 and 128 at 128, 32 at 256; one binary serves GDN,
-    # KDA and both layouts
-    assert len(list(chunk_spec.state_variants())) == 10
-    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) + len(chunk_spec.GDN_CHUNK_STATE.keys()) == 44  # x 2 levels
+    assert specs["gdn_chunk_state_generic"] is chunk_spec.GDN_CHUNK_STATE_GENERIC
+    assert len(list(chunk_spec.prep_variants())) == 18  # dtype x head tile (K == V) x gate
+    # 16-bit dtypes x (head tile, bv): bv 32 and 64 at 64, 32 and 128 at 128, 32 at 256; fp32 bv 32 at
+    # each tile; one binary serves GDN, KDA and both layouts
+    assert len(list(chunk_spec.state_variants())) == 13
+    # x 2 levels: the state pass's aligned and generic binaries are two specs of one kernel
+    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) == 36
+    assert len(chunk_spec.GDN_CHUNK_STATE.keys()) == len(chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()) == 13
+    assert {k.level for k in chunk_spec.GDN_CHUNK_STATE.keys()} == {"aligned"}
+    assert {k.level for k in chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()} == {"generic"}
+
+
+def test_16_bit_generic_state_binaries_take_16_warps_from_the_128_tile():
+    for axes in chunk_spec.state_variants():
+        cfg = chunk_spec.GDN_CHUNK_STATE_GENERIC.launch_config(axes, 90)
+        if axes["head_k"] >= 128 and axes["dtype"] != "fp32":
+            assert (cfg.num_warps, cfg.num_stages) == (16, 1)
+        else:
+            assert cfg == chunk_spec.GDN_CHUNK_STATE.launch_config(axes, 90)
+
+
+def test_head_tile_rounds_up():
+    assert [chunk_spec.head_tile(d) for d in (1, 32, 60, 64, 65, 100, 128, 129, 256)] == [
+        64, 64, 64, 64, 128, 128, 128, 256, 256]
 
 
 def test_keys_round_trip():
@@ -53,6 +72,8 @@ def test_launch_configs():
             cfg = chunk_spec.state_launch(axes, arch)
             if d == 256:  # the one config Triton 3.6 compiled right there (state_launch)
                 expected = (16, 1)
+            elif axes["dtype"] == "fp32":
+                expected = (4, 2)
             else:
                 expected = (4, 3) if bv == 32 else (8, 2)  # BV 32: 3 stages on CUDA
             assert (cfg.num_warps, cfg.num_stages, cfg.maxnreg) == (*expected, 0)
@@ -61,7 +82,10 @@ def test_launch_configs():
     assert seen == {(64, 32), (64, 64), (128, 32), (128, 128), (256, 32)}
     assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128, "gate": "gdn"}, 90).num_warps == 4
     assert chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True)) == {
-        "HEAD_K": 128, "HEAD_V": 128, "KDA": 1}
+        "HEAD_K": 128, "HEAD_V": 128, "KDA": 1, "SUBBLOCKS": 1}
+    # GDN takes the sub-block path only at fp32 with the 256 tile (shared memory)
+    assert [chunk_spec.prep_constexprs(chunk_spec.prep_axes(dt, d, d, False))["SUBBLOCKS"]
+            for dt, d in (("bf16", 256), ("fp32", 128), ("fp32", 256))] == [0, 0, 1]
 
 
 def test_state_tiles_fit_amd_lds():
@@ -91,7 +115,7 @@ def test_prep_caps_registers_for_gdn_up_to_128():
     for axes in chunk_spec.prep_variants():
         cfg = chunk_spec.prep_launch(axes, 90)
         small = axes["head_k"] <= 128
-        assert cfg.maxnreg == (168 if axes["gate"] == "gdn" and small else 0)
+        assert cfg.maxnreg == (168 if axes["gate"] == "gdn" and small and axes["dtype"] != "fp32" else 0)
         assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small else (8, 1))
     # the cap is a CUDA compile option: dropped on AMD
     from aotc.loader import targets
@@ -107,6 +131,8 @@ def test_block_vs_per_head_pair():
     assert chunk_spec.state_block_vs(256, 256) == (32,)
     assert chunk_spec.state_block_vs(256, 128) == (32,) and chunk_spec.state_block_vs(128, 256) == (32,)
     assert chunk_spec.state_block_vs(64, 32) == (32,)
+    assert chunk_spec.state_block_vs(128, 128, "fp32") == (32,) and chunk_spec.state_block_v(8, 32, 128, 128, 132,
+                                                                                             "fp32") == 32
 
 
 def test_state_block_v_choice():

@@ -45,6 +45,27 @@ def test_input_and_gate_dtypes(dtype, gate_dtype):
         check_case(gated_delta_decode, args, kw)
 
 
+@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+@pytest.mark.parametrize("K,V", [(60, 100), (100, 60), (16, 33), (129, 48)])
+def test_head_sizes_off_the_tiles(layout, K, V):
+    # K runs in the next tile up (64, 128, 256) with the rest of the tile masked; V tails are
+    # masked rows (V-major) or columns (K-major) of the last value tile. KDA gates and fp32 inputs
+    # on half the cases: per-channel gates must skip the padded channels too.
+    n = [(60, 100), (100, 60), (16, 33), (129, 48)].index((K, V))
+    args, kw = make_case(B=3, T=3, H=1, HV=2, K=K, V=V, kda=n % 2 == 0, fused=n == 2, qk_l2norm=n < 2,
+                         dtype=torch.float32 if n % 2 else torch.bfloat16, layout=layout, seed=40 + n)
+    check_case(gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("kda", [False, True])
+def test_fp32_inputs_run_in_fp32(kda):
+    # fp32 q/k/v give fp32 outputs within the state's tolerance of the float32 reference: nothing on
+    # the way is rounded to a 16-bit type (bf16 rounding alone would be ~1e-2 off here).
+    args, kw = make_case(B=2, T=8, H=2, HV=4, K=64, V=64, dtype=torch.float32, kda=kda, qk_l2norm=True, seed=50)
+    out, _ = check_case(gated_delta_decode, args, kw)
+    assert out.dtype == torch.float32
+
+
 def test_head_size_128_and_custom_scale():
     args, kw = make_case(B=2, T=2, H=1, HV=1, K=128, V=128, qk_l2norm=True, pads=(0,), seed=5)
     check_case(gated_delta_decode, args, kw, scale=0.3)

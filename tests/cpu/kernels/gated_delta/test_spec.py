@@ -17,11 +17,15 @@ from aotc.kernels.variants import VariantKey
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    assert len(variants) == 12  # dtype 2 x K 3 x layout 2
+    assert len(variants) == 18  # dtype 3 x K tile 3 x layout 2
     keys = spec.DECODE.keys()
-    assert len(set(map(str, keys))) == 24
+    assert len(set(map(str, keys))) == 36
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("gated_delta_decode") is spec.DECODE
+
+
+def test_block_k_rounds_head_sizes_up_to_a_built_tile():
+    assert [spec.block_k(k) for k in (1, 60, 64, 65, 100, 128, 129, 256)] == [64, 64, 64, 128, 128, 128, 256, 256]
 
 
 def _as_jit(fn):
@@ -51,11 +55,9 @@ def test_decorator_matches_declared_alignment():
 def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
     cx = spec.constexprs(axes)
     cfg = spec.launch(axes, 90)
-    assert cx["BV"] * cx["K_DIM"] == 32 * 32 * cfg.num_warps
+    assert cx["BV"] * cx["BK"] == 32 * 32 * cfg.num_warps
     assert cx["BV"] & (cx["BV"] - 1) == 0 and cx["KMAJOR"] == (axes["layout"] == "kmajor")
-    if axes["layout"] == "vmajor":
-        assert spec.V_MULTIPLE % cx["BV"] == 0  # every allowed V is whole tiles: no masked rows
-    else:
+    if axes["layout"] == "kmajor":
         assert cx["BV"] * 4 >= 128  # each K row of a K-major tile is a full 128-byte line
     assert spec.launch(axes, 80) == cfg
     assert spec.grid(3, 5, 80, cx["BV"]) == (3 * 5 * -(-80 // cx["BV"]), 1, 1)

@@ -24,9 +24,10 @@ def _drop(d, *names):
 # layout's shape is told apart.
 BAD = [
     ("q type", lambda a, k: a.update(q=a["q"].tolist()), TypeError, "q must be a torch.Tensor"),
-    ("q dtype", lambda a, k: a.update(q=a["q"].float()), TypeError, "q must be of dtype"),
+    ("q dtype", lambda a, k: a.update(q=a["q"].double()), TypeError, "q must be of dtype"),
     ("q dims", lambda a, k: a.update(q=a["q"][0]), ValueError, "q must be 4-D"),
-    ("K size", lambda a, k: a.update(q=a["q"][..., :48], k=a["k"][..., :48]), ValueError, "(K) must be one of"),
+    ("K size", lambda a, k: a.update(q=torch.randn(3, 2, 1, 264).bfloat16(), k=torch.randn(3, 2, 1, 264).bfloat16()),
+     ValueError, "(K) must be in [1, 256]"),
     ("T past 8", lambda a, k: a.update(**{n: a[n].repeat(1, 5, *[1] * (a[n].dim() - 2))
                                           for n in ("q", "k", "v", "g", "beta")}),
      ValueError, "(T, tokens a row) must be in [1, 8]"),
@@ -39,7 +40,7 @@ BAD = [
     ("v rows", lambda a, k: a.update(v=a["v"][:, :1]), ValueError, "v must be [3, 2, HV, V]"),
     ("HV not a multiple of H", lambda a, k: a.update(q=a["q"].repeat(1, 1, 2, 1), k=a["k"].repeat(1, 1, 2, 1),
                                                      v=a["v"][:, :, :1]), ValueError, "HV, value heads"),
-    ("V size", lambda a, k: a.update(v=a["v"][..., :24]), ValueError, "(V) must be a multiple of 16"),
+    ("V size", lambda a, k: a.update(v=torch.randn(3, 2, 2, 520).bfloat16()), ValueError, "(V) must be in [1, 512]"),
     ("v stride", lambda a, k: a.update(v=torch.stack([a["v"], a["v"]], -1)[..., 0]), ValueError,
      "v must be contiguous in its last dim"),
     ("g missing", lambda a, k: a.update(g=None), ValueError, "g and beta are required"),

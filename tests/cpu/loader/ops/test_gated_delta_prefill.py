@@ -28,13 +28,16 @@ def no_launch(monkeypatch):
 
 
 BAD = [  # (name, change(case, options), exception, words the message must hold)
-    ("q dtype", lambda c, o: c.update(q=c["q"].float()), TypeError, "q must be of dtype"),
+    ("q dtype", lambda c, o: c.update(q=c["q"].double()), TypeError, "q must be of dtype"),
     ("q not a tensor", lambda c, o: c.update(q=c["q"].tolist()), TypeError, "q must be a torch.Tensor"),
     ("k dtype", lambda c, o: c.update(k=c["k"].half()), TypeError, "k must be of dtype"),
     ("batch of 2", lambda c, o: c.update(q=c["q"].expand(2, -1, -1, -1), k=c["k"].expand(2, -1, -1, -1),
                                          v=c["v"].expand(2, -1, -1, -1)), ValueError, "q.shape[0] must be 1"),
-    ("K not supported", lambda c, o: c.update(q=c["q"][..., :32], k=c["k"][..., :32]), ValueError, "K"),
-    ("V not supported", lambda c, o: c.update(v=c["v"][..., :48].contiguous()), ValueError, "v.shape[3] (V)"),
+    ("K past 256", lambda c, o: c.update(q=torch.randn(1, 73, 1, 264).bfloat16(),
+                                         k=torch.randn(1, 73, 1, 264).bfloat16()), ValueError,
+     "q.shape[3] (K) must be in [1, 256]"),
+    ("V past 256", lambda c, o: c.update(v=torch.randn(1, 73, 2, 264).bfloat16()), ValueError,
+     "v.shape[3] (V) must be in [1, 256]"),
     ("HV not a multiple", lambda c, o: c.update(q=torch.cat([c["q"]] * 3, 2), k=torch.cat([c["k"]] * 3, 2)),
      ValueError, "HV"),
     ("v tokens", lambda c, o: c.update(v=c["v"][:, :-1]), ValueError, "v must be"),
@@ -165,3 +168,18 @@ def test_the_op_launches_the_chosen_tile(monkeypatch):
     op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"], c["cu_seqlens"])
     assert [(n, a.get("bv"), g) for n, a, g in launched] == [("gdn_chunk_prep", None, (2, 66, 1)),
                                                               ("gdn_chunk_state", 64, (2, 66, 1))]
+
+
+def test_misaligned_calls_route_to_the_generic_state_spec(monkeypatch):
+    # K = V = 100 (rows not 16-byte multiples): the state pass runs GDN_CHUNK_STATE_GENERIC's binary
+    # (chunk_spec.state_launch_generic); K = V = 64 the aligned spec's.
+    import aotc.loader.dispatch as dispatch
+
+    for K, want in ((100, "gdn_chunk_state_generic"), (64, "gdn_chunk_state")):
+        launched = []
+        monkeypatch.setattr(dispatch, "run_kernel", lambda spec, axes, grid, args: launched.append((spec.name, axes)))
+        c = make_case([3, 70], H=1, HV=2, K=K, V=K, seed=14)
+        op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"],
+                               c["cu_seqlens"])
+        assert [n for n, _ in launched] == ["gdn_chunk_prep", want]
+        assert launched[1][1]["head_k"] == (128 if K == 100 else 64)

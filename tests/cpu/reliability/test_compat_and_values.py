@@ -117,12 +117,18 @@ def test_a_compat_input_requiring_grad_is_refused(launches, entry, arg):
 
 @pytest.mark.parametrize("who", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
 @pytest.mark.parametrize("arg", ["q", "k", "v", "g", "beta", "initial_state"])
-def test_fla_inputs_requiring_grad_are_refused(launches, who, arg):
+def test_fla_inputs_requiring_grad_give_outputs_whose_backward_raises(who, arg):
+    # fla's tests build every input with requires_grad and compare forwards before any backward:
+    # the forward runs, and the graph ends in a node that refuses to differentiate (compat/_fla_args).
     t, h0, cu = fla_inputs([3, 5], seed=3)
-    kw = dict(t, initial_state=h0, cu_seqlens=cu)
+    kw = dict(t, initial_state=h0, cu_seqlens=cu, output_final_state=True)
     kw[arg] = kw[arg].clone().requires_grad_()
     with torch.enable_grad():
-        _refused(getattr(fla, who), kw, launches, arg, "aotc is inference-only", NotImplementedError)
+        o, ht = getattr(fla, who)(**kw)
+        assert o.requires_grad and ht.requires_grad
+        with pytest.raises(NotImplementedError, match="inference-only"):
+            (o.float().sum() + ht.sum()).backward()
+    assert kw[arg].grad is None
 
 
 @pytest.mark.parametrize("entry, name, value", [

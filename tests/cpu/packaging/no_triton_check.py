@@ -83,7 +83,7 @@ table = torch.zeros(2, 4, dtype=torch.int32)
 lens = torch.tensor([5, 17], dtype=torch.int32)
 for bad_args, err, words in (((q.float(), cache, cache, table, lens), TypeError, "q"),
                              ((q, cache, cache, table.long(), lens), TypeError, "table"),
-                             ((q, cache, cache[..., :32], table, lens), ValueError, "v_cache")):
+                             ((q, cache, cache[:, :, :1], table, lens), ValueError, "v_cache")):
     try:
         loader.decode(*bad_args)
         raise AssertionError(f"no error for a bad {words}")

@@ -66,11 +66,22 @@ ARGS = (
     + tuple(Arg(n, "i32", aligned=True) for n in _strides)
 )
 
+# kernel.py's runtime score options after the shared arguments (kernel_ws.py takes ARGS only and
+# serves none of them): ALiBi slopes [q_heads] fp32 with alibi_mode 0 off, 1 linear (slope * (key
+# position - context length)), 2 vLLM's sqrt variant (-slope * sqrt(query - key position)); softcap
+# (0: off) applied before ALiBi, as vLLM's unified attention does; kv_from_cache 1: the new tokens'
+# keys and values are read from the cache too (k/v not read), the causal part ending at seq_len.
+OPTION_ARGS = (Arg("Alibi_slopes", "ptr", dtype="=fp32"), Arg("softcap", "fp32"), Arg("alibi_mode", "i32"),
+               Arg("kv_from_cache", "i32"))
+KERNEL_ARGS = ARGS + OPTION_ARGS
+
 CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX")
-# Both kernels' decorator switches, read off ARGS (the build's check_consistency holds them to it):
-# ints that never specialize, and pointers whose alignment is never assumed.
+# The kernels' decorator switches, read off their arguments (the build's check_consistency holds
+# them to it): ints that never specialize, and pointers whose alignment is never assumed.
 DO_NOT_SPECIALIZE = [a.name for a in ARGS if a.kind == "i32" and not a.aligned]
 DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in ARGS if a.kind == "ptr" and not a.aligned]
+KERNEL_DO_NOT_SPECIALIZE = [a.name for a in KERNEL_ARGS if a.kind == "i32" and not a.aligned]
+KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in KERNEL_ARGS if a.kind == "ptr" and not a.aligned]
 
 
 def block_d(head_dim: int, kv: str = "same") -> int:
@@ -169,7 +180,7 @@ PREFIX_PREFILL = KernelSpec(
     name="prefix_prefill",
     module="aotc.kernels.prefix_prefill.kernel",
     function="prefix_prefill_kernel",
-    args=ARGS,
+    args=KERNEL_ARGS,
     constexpr_names=CONSTEXPRS,
     constexprs=constexprs,
     variants=variants,

@@ -5,7 +5,7 @@ context held in the paged cache (fp16/bf16, fp8 bits with a scale, or int8/int4 
 per-token, per-group or per-channel scales: quant.py), then over the request's own new keys (read from
 `K`/`V`, not from the cache) with the causal mask. Online softmax in base 2, optional attention
 sinks, optional sliding window, optional fp8 output; runtime options (spec.OPTION_ARGS): softcap
-and ALiBi on the scores, and kv_from_cache (the new tokens' keys and values read from the cache
+and ALiBi on the scores (read by SCORE_MOD binaries only), and kv_from_cache (the new tokens' keys and values read from the cache
 after the context, for callers whose cache already holds them: vLLM's unified attention).
 
 head_dim is a runtime value: tiles are BLOCK_D wide (a power of two) and masked on d < head_dim,
@@ -83,30 +83,29 @@ def _fp32_to_e4m3_bits(x):
 def _score_mod(s, rel_q, rel_k, softcap, slope, alibi_mode):
     """Natural-log scores s [BLOCK_M, BLOCK_N] capped to softcap * tanh(s / softcap) (softcap > 0),
     then ALiBi's bias added (vLLM's order): alibi_mode 1 slope * rel_k, 2 -slope * sqrt(rel_q -
-    rel_k) for keys at or before the query. rel_q / rel_k: query / key positions less the context
-    length."""
-    if softcap > 0:
-        # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
-        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
-    if alibi_mode == 1:
-        s = s + slope * rel_k[None, :].to(tl.float32)
-    elif alibi_mode == 2:
-        s = s - slope * tl.sqrt(tl.maximum((rel_q[:, None] - rel_k[None, :]).to(tl.float32), 0.0))
-    return s
+    rel_k) for keys at or before the query (slope is 0 with alibi_mode 0). rel_q / rel_k: query /
+    key positions less the context length. Selects, no branches: a runtime branch on a tile made
+    sm80's fp8 binary need 232 KiB of shared memory (spec's SCORE_MOD note)."""
+    cap = tl.where(softcap > 0, softcap, 1.0)
+    # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
+    s = tl.where(softcap > 0, cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)), s)
+    dist = (rel_q[:, None] - rel_k[None, :]).to(tl.float32)
+    bias = tl.where(alibi_mode == 2, -tl.sqrt(tl.maximum(dist, 0.0)), rel_k[None, :].to(tl.float32))
+    return s + slope * bias
 
 
 @triton.jit
 def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, rel_q, rel_k, softcap, slope, alibi_mode,
-            MASKED: tl.constexpr):
+            MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs
     (MASKED tiles only). k and v are already zero where their keys are masked, so no 0 * NaN.
-    Softcap and ALiBi (runtime options, off: one scalar branch a tile) modify the scores first."""
+    SCORE_MOD binaries apply softcap and ALiBi (_score_mod) to the scores first."""
     qk = tl.dot(q, tl.trans(k))
-    sc = qk_scale
-    if (softcap > 0) | (alibi_mode != 0):
+    if SCORE_MOD:
         qk = _score_mod(qk * (qk_scale / LOG2E), rel_q, rel_k, softcap, slope, alibi_mode) * LOG2E
-        sc = qk_scale * 0.0 + 1.0
-    p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, mask, sc, MASKED)
+        p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, mask, 1.0, MASKED)
+    else:
+        p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -186,7 +185,7 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
                   stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
                   kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode, BLOCK_D: tl.constexpr,
                   BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr,
-                  PTX: tl.constexpr):
+                  PTX: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Keys start..start+BLOCK_N of a float or fp8 context, keys below ctx_len (the context
     length ctx0, or with kv_from_cache up to the tile's last query). Unmasked tiles lie wholly
     inside the context, before every row's query and inside every row's window, so they skip all
@@ -200,13 +199,13 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
         v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, q_pos - ctx0, n - ctx0, softcap, slope, alibi_mode,
-                   MASKED)
+                   MASKED, SCORE_MOD)
 
 
 @triton.jit
 def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
               stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope, alibi_mode,
-              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
     the diagonal and inside every row's window."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -219,7 +218,8 @@ def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_star
     v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
                  MASKED)
     mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
-    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, offs_m, n, softcap, slope, alibi_mode, MASKED)
+    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, offs_m, n, softcap, slope, alibi_mode, MASKED,
+                   SCORE_MOD)
 
 
 @triton.jit
@@ -227,7 +227,7 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                    block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct,
                    stride_vch, stride_vcd, kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr,
-                   PTX: tl.constexpr):
+                   PTX: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Cached keys [first, ctx_len) (see _context_tile); ctx0 is the context length."""
     rel_q = q_pos - ctx0
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
@@ -235,7 +235,7 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                       ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
-                                      PTX)
+                                      PTX, SCORE_MOD)
     if KV_VLLM or KV_FORMAT != 0:
         # Rows that go through registers anyway (fp8 bits converted, the vllm layout gathered):
         # tile i + 1 loaded while tile i computes, its blocks read a tile earlier still. Triton
@@ -261,7 +261,8 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                 k = _fp8_bits_to_half(k, KV_FORMAT, PTX).to(q.dtype)
                 v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
             acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, rel_q,
-                                    start + tl.arange(0, BLOCK_N) - ctx0, softcap, slope, alibi_mode, False)
+                                    start + tl.arange(0, BLOCK_N) - ctx0, softcap, slope, alibi_mode, False,
+                                    SCORE_MOD)
     elif BLOCK_D <= 128:
         # Plain fp16/bf16 rows: the mask-free tiles go by chunks of CHUNK, the chunk's block ids read
         # at once (one a key, the next chunk's while this one computes) and each tile's picked in
@@ -285,7 +286,7 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                                         False)
                 acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, rel_q,
                                         c0 + t * BLOCK_N + tl.arange(0, BLOCK_N) - ctx0, softcap, slope, alibi_mode,
-                                        False)
+                                        False, SCORE_MOD)
             blkc = blkc_next
     else:
         for start in range(inner_lo, inner_hi, BLOCK_N):
@@ -293,13 +294,13 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                                           block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                           stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                           ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT,
-                                          False, PTX)
+                                          False, PTX, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                       ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
-                                      PTX)
+                                      PTX, SCORE_MOD)
     return acc, m_i, l_i
 
 
@@ -315,6 +316,7 @@ def prefix_prefill_kernel(
     Alibi_slopes, softcap, alibi_mode, kv_from_cache,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
@@ -416,7 +418,7 @@ def prefix_prefill_kernel(
                                        Kc, Vc, bt_row, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
                                        stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,
                                        ctx_qk_scale, ctx_len, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM,
-                                       KV_FORMAT, PTX)
+                                       KV_FORMAT, PTX, SCORE_MOD)
         if KV_FORMAT != 0:
             # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
             acc = acc * (tl.load(V_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit)
@@ -434,15 +436,15 @@ def prefix_prefill_kernel(
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
-                                  alibi_mode, BLOCK_D, BLOCK_N, True)
+                                  alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
-                                  alibi_mode, BLOCK_D, BLOCK_N, False)
+                                  alibi_mode, BLOCK_D, BLOCK_N, False, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
-                                  alibi_mode, BLOCK_D, BLOCK_N, True)
+                                  alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
 
     # A row that saw no key and no sink has l == 0: write zeros, not NaN. (Through the op every
     # row sees at least its own key: a window w >= 1 holds distance 0.)

@@ -300,9 +300,10 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     return cache
 
 
-def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
+def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, from_cache=False):
     """Data checks on host copies of the metadata (plain device-to-host copies, one sync, no GPU
-    kernel): offsets, lengths within block_table's width, used block ids within the cache."""
+    kernel): offsets, lengths within block_table's width, used block ids within the cache (the
+    context's blocks, or with from_cache the whole sequence's)."""
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     _need(qsl[0] == 0, "query_start_loc[0]", "0", qsl[0])
@@ -312,9 +313,9 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
     used = []
     for b, (ql, sl) in enumerate(zip(q_lens, lens)):
         _need(sl >= ql, f"seq_lens[{b}]", f">= its {ql} new tokens", sl)
-        used.append(-(-(sl - ql) // bs))
-        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"a context of at most {block_table.shape[1]} "
-              f"blocks of {bs} tokens (block_table's width)", sl)
+        used.append(-(-(sl if from_cache else sl - ql) // bs))
+        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"{'a sequence' if from_cache else 'a context'} "
+              f"of at most {block_table.shape[1]} blocks of {bs} tokens (block_table's width)", sl)
     width = max(used, default=0)
     if width == 0:
         return
@@ -340,7 +341,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     from_cache = k is None
     if from_cache:  # never read (kv_from_cache): q stands in for the pointers and strides
         k = v = q
-    axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd")
+    axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd",
+                          "mod" if softcap or alibi_slopes is not None else "plain")
     block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8
@@ -374,6 +376,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 # "0" sends every call to kernel.py (the Triton kernel), e.g. to compare the two.
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
+_FROM_CACHE = _spec.PREFIX_PREFILL.arg_index["kv_from_cache"]
 
 
 def kernel_for(axes, args):
@@ -391,13 +394,14 @@ def kernel_for(axes, args):
     device = q.get_device()
     gpu = dispatch.device_of(device)
     ws = _spec.PREFIX_PREFILL_WS
-    if any(args[len(ws.args):][i] for i in (1, 2, 3)):  # softcap, ALiBi, kv_from_cache: kernel.py's only
+    if len(args) > _FROM_CACHE and args[_FROM_CACHE]:  # kernel.py's only (as are softcap and ALiBi: ws_variant)
         return _spec.PREFIX_PREFILL
     values = [a.data_ptr() if arg.kind == "ptr" else a for arg, a in zip(ws.args, args)]
     aligned = dispatch.check_assumptions(ws, ws.divisible_args(ALIGNED), values) is None  # its only binary's
     if not (gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned)):
         return _spec.PREFIX_PREFILL
-    if not dispatch.is_built(ws, axes, device) and dispatch.is_built(_spec.PREFIX_PREFILL, axes, device):
+    if not dispatch.is_built(ws, _spec.ws_axes(axes), device) and dispatch.is_built(_spec.PREFIX_PREFILL, axes,
+                                                                                      device):
         return _spec.PREFIX_PREFILL
     return ws
 
@@ -416,10 +420,12 @@ def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
                          f"bytes at a time); it is a view at an odd byte offset")
     if validate:
         bs = args[16]  # block_size
-        _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs)
+        _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs, k is None)
     if block_table.shape[0] == 0 or q.shape[1] == 0:
         return
     spec = kernel_for(axes, args)
+    if spec is not _spec.PREFIX_PREFILL:
+        axes = _spec.ws_axes(axes)
     run_kernel(spec, axes, grid, args[:len(spec.args)])
 
 

@@ -1,8 +1,8 @@
 """Run vLLM 0.33.0's own attention kernel tests against aotc.compat.vllm and against vLLM's kernels.
 
     python -m tests.gpu.conformance.vllm_runner [--peer SDIST_OR_DIR] [--impl aotc --impl vllm]
-        [--file prefix_prefill --file unified --file decode] [--sample N] [--timeout S] [--jobs J]
-        [--json OUT]
+        [--file prefix_prefill --file unified --file decode] [--sample N | --sample FILE=N ...]
+        [--timeout S] [--jobs J] [--json OUT]
 
 The peer comes from `--peer` (the sdist, checked against its sha256, or a folder it was extracted
 to), else AOTC_VLLM_PEER, else PyPI (pinned URL and sha256, cached under ~/.cache/aotc/peers).
@@ -11,7 +11,9 @@ folder per implementation with vLLM's three test files, vLLM's Triton kernel fil
 for the few `vllm` imports they need (vllm_shims.py), binds the entry points to aotc.compat.vllm
 (impl "aotc") or leaves vLLM's own (impl "vllm"), runs pytest there in a process of its own and
 prints passes per test function for each. --sample N keeps every Nth case of each function (the
-same cases for both). A file over --timeout seconds reports what finished.
+same cases for both; FILE=N for one file). A file over --timeout seconds reports what finished.
+On an H100 test_prefix_prefill.py's cases take ~2.6 s each (its setup copies tokens one by one),
+so its 426 cases outlast one 10-minute device call: sample it.
 
 Rows marked `internal` are tests of vLLM's kernel internals (reduce_segments, softmax_step, tile
 bounds, which launches unified_attention makes: INTERNAL): in the aotc sandbox they still run
@@ -247,7 +249,8 @@ def reasons(results: dict, impl: str, limit: int = 12) -> str:
 
 def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), sample=1, timeout=600.0, jobs=1,
         workdir=None) -> dict:
-    """{impl: {file: run_file's result}}. Raises PeerMissing without vLLM's files."""
+    """{impl: {file: run_file's result}}; sample: N for every file or {file: N}. Raises PeerMissing
+    without vLLM's files."""
     from concurrent.futures import ThreadPoolExecutor
 
     workdir = workdir or tempfile.mkdtemp(prefix="aotc-vllm-conformance-")
@@ -257,7 +260,8 @@ def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), 
 
     def one(job):
         i, f = job
-        return job, run_file(sandboxes[i], FILES[f], sample, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"))
+        n = sample.get(f, 1) if isinstance(sample, dict) else sample
+        return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"))
 
     results: dict = {i: {} for i in impls}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -273,26 +277,33 @@ def main(argv=None) -> int:
     p.add_argument("--peer", help="vLLM 0.33.0's sdist (.tar.gz) or a folder it was extracted to")
     p.add_argument("--impl", action="append", choices=("aotc", "vllm"))
     p.add_argument("--file", action="append", choices=tuple(FILES))
-    p.add_argument("--sample", type=int, default=1, help="keep every Nth case of each test function")
+    p.add_argument("--sample", action="append", default=[],
+                   help="N: keep every Nth case of each test function; FILE=N: of that file's only")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per test file and implementation")
     p.add_argument("--jobs", type=int, default=1, help="test files run at once")
     p.add_argument("--json", help="write the per-case results here")
     a = p.parse_args(argv)
     impls = tuple(a.impl or ("aotc", "vllm"))
     files = tuple(a.file or ("prefix_prefill", "unified"))
+    sample = {f: 1 for f in files}
+    for item in sorted(a.sample, key=lambda item: "=" in item):  # N first, then FILE=N
+        name, _, n = item.rpartition("=")
+        if name and name not in FILES:
+            p.error(f"--sample {item}: FILE is one of {tuple(FILES)}")
+        sample.update({name: int(n)} if name else {f: int(n) for f in files})
     try:
         import torch
 
         if not torch.cuda.is_available():
             print("skipped: no CUDA device")
             return 0
-        results = run(a.peer, impls, files, a.sample, a.timeout, a.jobs)
+        results = run(a.peer, impls, files, sample, a.timeout, a.jobs)
     except PeerMissing as e:
         print(f"skipped: {e}")
         return 0
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"version": VERSION, "sample": a.sample, "results": results}, f)
+            json.dump({"version": VERSION, "sample": sample, "results": results}, f)
     print(table(results, impls))
     for i in impls:
         print(reasons(results, i))

@@ -156,6 +156,15 @@ ENVS = '''
 VLLM_BATCH_INVARIANT = False
 '''
 
+PLATFORMS_ROCM = '''
+"""Shim of vllm.platforms.rocm: chunked_prefill_paged_decode asks it whether to run ROCm's custom
+paged attention, which never applies on CUDA."""
+
+
+def use_rocm_custom_paged_attention(*args, **kwargs):
+    return False
+'''
+
 CUSTOM_OPS = '''
 """Shim of vllm._custom_ops: vLLM's compiled ops are not in the sandbox (the Triton kernels the
 tests exercise do not call them on CUDA)."""
@@ -183,6 +192,7 @@ class KVQuantMode(IntEnum):
 COMMON = {
     "vllm/__init__.py": '"""Shim package of vLLM for the conformance sandbox."""\n',
     "vllm/platforms/__init__.py": PLATFORMS,
+    "vllm/platforms/rocm.py": PLATFORMS_ROCM,
     "vllm/triton_utils/__init__.py": TRITON_UTILS,
     "vllm/utils/__init__.py": "",
     "vllm/utils/math_utils.py": MATH_UTILS,

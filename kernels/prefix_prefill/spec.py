@@ -27,6 +27,7 @@ Build cost (sm90, CPU seconds a key, sampled on the shared 2-core machine): 9.6 
 before (6 keys), so ~1470 vs ~1270 CPU-s a target (152 keys vs 120): ~92 vs ~80 s on 16 cores.
 With per-group scales (2026-11-25, `aotc build --arch sm90 --kernel prefix_prefill -j 1`, two such
 builds side by side on that machine): 180 keys in 683 s (565 CPU-s) against 152 in 537 s (421).
+With the score axis: 276 keys (not yet timed; BENCHMARKS.md's vLLM conformance section).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
 

@@ -5,8 +5,9 @@ context held in the paged cache (fp16/bf16, fp8 bits with a scale, or int8/int4 
 per-token, per-group or per-channel scales: quant.py), then over the request's own new keys (read from
 `K`/`V`, not from the cache) with the causal mask. Online softmax in base 2, optional attention
 sinks, optional sliding window, optional fp8 output; runtime options (spec.OPTION_ARGS): softcap
-and ALiBi on the scores (read by SCORE_MOD binaries only), and kv_from_cache (the new tokens' keys and values read from the cache
-after the context, for callers whose cache already holds them: vLLM's unified attention).
+and ALiBi on the scores (read by SCORE_MOD binaries only), and kv_from_cache (the new tokens' keys
+and values read from the cache after the context, for callers whose cache already holds them:
+vLLM's unified attention).
 
 head_dim is a runtime value: tiles are BLOCK_D wide (a power of two) and masked on d < head_dim,
 so one binary serves every head size of its bucket (24 and 32; 40..64; 72..128; 136..256).
@@ -84,8 +85,8 @@ def _score_mod(s, rel_q, rel_k, softcap, slope, alibi_mode):
     """Natural-log scores s [BLOCK_M, BLOCK_N] capped to softcap * tanh(s / softcap) (softcap > 0),
     then ALiBi's bias added (vLLM's order): alibi_mode 1 slope * rel_k, 2 -slope * sqrt(rel_q -
     rel_k) for keys at or before the query (slope is 0 with alibi_mode 0). rel_q / rel_k: query /
-    key positions less the context length. Selects, no branches: a runtime branch on a tile made
-    sm80's fp8 binary need 232 KiB of shared memory (spec's SCORE_MOD note)."""
+    key positions less the context length. Selects, not branches: a branch on a tile costs shared
+    memory (spec.py, the score axis)."""
     cap = tl.where(softcap > 0, softcap, 1.0)
     # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
     s = tl.where(softcap > 0, cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)), s)

@@ -438,7 +438,8 @@ def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc
 library.define("prefix_prefill(Tensor q, Tensor? k, Tensor? v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
                "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
                "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
-               "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, float softcap) -> ()",
+               "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, "
+               "float softcap) -> ()",
                _prefix_prefill_op, _prefix_prefill_fake)
 
 

@@ -54,7 +54,8 @@ def test_wrong_sdist_is_refused(tmp_path):
 
 def test_table_totals_leave_internal_tests_out():
     rows = [{"nodeid": "tests/t.py::test_triton_unified_attn[a]", "outcome": "passed", "reason": ""},
-            {"nodeid": "tests/t.py::test_triton_unified_attn[b]", "outcome": "failed", "reason": "NotImplementedError: x"},
+            {"nodeid": "tests/t.py::test_triton_unified_attn[b]", "outcome": "failed",
+             "reason": "NotImplementedError: x"},
             {"nodeid": "tests/t.py::test_reduce_segments_ignores_empty_softmax_states[c]", "outcome": "passed",
              "reason": ""}]
     results = {i: {"unified": {"rows": rows, "timed_out": False}} for i in ("aotc", "vllm")}

@@ -37,8 +37,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION = "0.33.0"
-SDIST_URL = ("https://files.pythonhosted.org/packages/f7/25/aa5684e9c59d6fc75f78926b7f15e8d9adc7de2d9e6e7575b80776ad8169/"
-             f"vllm-{VERSION}.tar.gz")
+SDIST_URL = ("https://files.pythonhosted.org/packages/f7/25/"
+             f"aa5684e9c59d6fc75f78926b7f15e8d9adc7de2d9e6e7575b80776ad8169/vllm-{VERSION}.tar.gz")
 SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
 TEST_DIR = "tests/kernels/attention"
 OPS_DIR = "vllm/v1/attention/ops"

@@ -8,6 +8,9 @@
     vllm.chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache,
                                       block_table, query_start_loc, seq_lens, max_seq_len,
                                       max_query_len, k_scale, v_scale)
+    vllm.unified_attention(q, k_cache, v_cache, out, cu_seqlens_q, max_seqlen_q, seqused_k,
+                           max_seqlen_k, softmax_scale, causal, window_size, block_table, softcap,
+                           q_descale, k_descale, v_descale)
     o, final_state = fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                                 output_final_state=True, cu_seqlens=cu_seqlens)
     lightllm.token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale, cache_v,

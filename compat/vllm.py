@@ -31,7 +31,14 @@ and its Triton ops use them:
   an fp8 output scale: o = clamp(out / scale) in e4m3 (vLLM multiplies by its inverse); sinks
     [heads] logits joined to the softmax normalizer;
   max_seq_len and max_input_len / max_query_len are accepted and unused: aotc's grid never
-  depends on lengths.
+  depends on lengths;
+  vLLM 0.33.0's later options: k = v = None (the cache already holds the new tokens), alibi_slopes
+    [heads], interleaved V caches (V [num_blocks, kv_heads, block_size // P, D, P] in V's 4-D shape,
+    P = interleaved_v_pack_factor, or 16 // element size with use_interleaved_v_cache) and block
+    tables of addresses (is_block_table_ptr).
+
+Unified attention: `unified_attention` (vllm/v1/attention/ops/triton_unified_attention.py), in
+vllm_unified.py and re-exported here with vLLM's `KVQuantMode` values.
 """
 from __future__ import annotations
 
@@ -146,20 +153,30 @@ def _f32_tensor(t, name: str, device):
     return t if t is None or t.dtype == torch.float32 else t.float()
 
 
+def _block_ids(b_loc, k_cache, is_block_table_ptr: bool, name: str):
+    """int32 block ids; with is_block_table_ptr, vLLM's table of block addresses (entries > 0: byte
+    addresses in k_cache's pool, as vLLM converts them: (address - base) // block bytes)."""
+    if not is_block_table_ptr:
+        return int32_indices(b_loc, name)
+    if not isinstance(b_loc, torch.Tensor) or b_loc.dtype != torch.int64:
+        raise TypeError(f"{name}: block addresses must be an int64 tensor (is_block_table_ptr=True), got "
+                        f"{getattr(b_loc, 'dtype', type(b_loc).__name__)}")
+    block_bytes = k_cache.stride(0) * k_cache.element_size()
+    return torch.where(b_loc > 0, (b_loc - k_cache.data_ptr()) // block_bytes, b_loc).to(torch.int32)
+
+
 def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, k_scale, v_scale,
-             alibi_slopes, sliding_window, sm_scale, skip_decode, out_scale, sinks, causal=True):
+             alibi_slopes, sliding_window, sm_scale, skip_decode, out_scale, sinks, is_block_table_ptr, v_pack,
+             causal=True):
     """The shared body of context_attention_fwd and chunked_prefill_paged_decode."""
     from aotc.loader.ops import guards
     from aotc.loader.ops.prefix_prefill import prefix_prefill
 
-    if alibi_slopes is not None:
-        raise NotImplementedError(f"{who}: alibi_slopes is not supported by aotc's prefix_prefill")
     if not causal:
         raise NotImplementedError(f"{who}: causal=False (bidirectional new tokens) is not supported by aotc's "
                                   f"prefix_prefill")
-    if k is None or v is None:
-        raise NotImplementedError(f"{who}: key/value None (cross-attention over a cache only) is not supported by "
-                                  f"aotc's prefix_prefill")
+    if (k is None) != (v is None):
+        raise ValueError(f"{who}: k and v must both be None (cached-K/V path) or both be tensors")
     if isinstance(q, torch.Tensor) and q.dtype == torch.float32:
         raise NotImplementedError(f"{who}: float32 q/k/v are not supported (fp16 or bf16)")
     if kv_cache_dtype not in _PREFILL_FORMATS:
@@ -174,36 +191,48 @@ def _prefill(who, q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_l
     window = int(sliding_window) if sliding_window is not None and sliding_window > 0 else None
     names = (("b_loc", "b_start_loc", "b_seq_len") if who == "context_attention_fwd"  # the caller's own names
              else ("block_table", "query_start_loc", "seq_lens"))
-    prefix_prefill(q, k, v, k_cache, v_cache, int32_indices(b_loc, names[0]),
+    prefix_prefill(q, k, v, k_cache, v_cache, _block_ids(b_loc, k_cache, is_block_table_ptr, names[0]),
                    int32_indices(b_start_loc, names[1]), int32_indices(b_seq_len, names[2]),
                    kv_layout="vllm", kv_format=fmt, k_scale=_f32_tensor(k_scale, "k_scale", dev) if fp8 else None,
                    v_scale=_f32_tensor(v_scale, "v_scale", dev) if fp8 else None, sm_scale=sm_scale, window=window,
                    sinks=_f32_tensor(sinks, "sinks", dev), out_scale=_f32_tensor(out_scale, "output scale", dev),
-                   skip_decode=bool(skip_decode), out=o)
+                   skip_decode=bool(skip_decode), out=o, v_pack=int(v_pack or 0),
+                   alibi_slopes=_f32_tensor(alibi_slopes, "alibi_slopes", dev))
 
 
 def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len, max_seq_len,
                           max_input_len, k_scale, v_scale, alibi_slopes=None, sliding_window=None, sm_scale=None,
-                          skip_decode=False, fp8_out_scale=None, sinks=None, causal=True) -> None:
+                          skip_decode=False, fp8_out_scale=None, sinks=None, is_block_table_ptr=False,
+                          interleaved_v_pack_factor=0, causal=True) -> None:
     """vLLM's `context_attention_fwd` on `aotc.loader.prefix_prefill`: writes o, returns None.
 
     Conventions in the module docstring. skip_decode: requests with one new token are left
-    unwritten. Converted: index tensors int64 -> int32 (a copy each), Python-number or non-fp32
-    scales and sinks -> float32. Not implemented (NotImplementedError): alibi_slopes, causal=False,
-    k/v None, float32 q/k/v. Other limits are prefix_prefill's (D a multiple of 8 up to 256, x a
-    multiple of 8), raised as its ValueError/TypeError.
+    unwritten. k = v = None: the cache already holds the new tokens (vLLM's cached-K/V path), read
+    from there. alibi_slopes [heads] (vLLM's prefix ALiBi: slope * (key - query position), the
+    same softmax as aotc's slope * (key position - context length)). interleaved_v_pack_factor:
+    vLLM's interleaved V cache. is_block_table_ptr: b_loc holds block addresses in k_cache's pool
+    (converted to ids, one small tensor op). Converted: index tensors int64 -> int32 (a copy
+    each), Python-number or non-fp32 scales, sinks and slopes -> float32. Not implemented
+    (NotImplementedError): causal=False, float32 q/k/v, and, as in vLLM, ALiBi with k/v None.
+    Other limits are prefix_prefill's (D a multiple of 8 up to 256, x a multiple of 8), raised as
+    its ValueError/TypeError.
     """
     guard_call("context_attention_fwd", {"o": o}, {
         "q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "b_loc": b_loc, "b_start_loc": b_start_loc,
-        "b_seq_len": b_seq_len, "k_scale": k_scale, "v_scale": v_scale, "fp8_out_scale": fp8_out_scale, "sinks": sinks})
+        "b_seq_len": b_seq_len, "k_scale": k_scale, "v_scale": v_scale, "fp8_out_scale": fp8_out_scale, "sinks": sinks,
+        "alibi_slopes": alibi_slopes})
+    if k is None and alibi_slopes is not None:
+        raise NotImplementedError("context_attention_fwd: cached K/V (k=None) together with alibi_slopes is not "
+                                  "supported (vLLM 0.33.0 raises the same)")
     _prefill("context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
-             k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks, causal)
+             k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks,
+             is_block_table_ptr, interleaved_v_pack_factor, causal)
 
 
 def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache, block_table,
                                  query_start_loc, seq_lens, max_seq_len, max_query_len, k_scale, v_scale,
                                  alibi_slopes=None, sliding_window=None, sm_scale=None, output_scale=None, sinks=None,
-                                 is_block_table_ptr=False, causal=True) -> None:
+                                 is_block_table_ptr=False, use_interleaved_v_cache=False, causal=True) -> None:
     """vLLM's `chunked_prefill_paged_decode` on one `aotc.loader.prefix_prefill` call: writes output.
 
     vLLM runs context_attention_fwd(skip_decode=True) for requests with several new tokens and a
@@ -211,22 +240,24 @@ def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_
     prefill row (context from the cache, the token itself from key/value), so one call covers
     both and needs no host read of the lengths. Differs: a decode row's own key/value come from
     `key`/`value`, not from the cache slot vLLM wrote them to: identical for fp16/bf16 caches,
-    unquantized (more exact) for fp8 ones. Cost (estimated, not measured): a one-token request
-    occupies a whole 128-row query tile per query head, so decode-heavy batches do far more MMA
-    work than a decode kernel (it stays one pass over the cache per query head); aotc's decode
-    does not read vLLM's x-packed K layout, so it cannot take those rows yet.
-    bench/bench_compat_decode_rows.py measures one call against prefill + decode calls.
-    Conventions in the module docstring; sm_scale default 1/sqrt(D); output_scale: fp8 output.
-    Not implemented (NotImplementedError): alibi_slopes, is_block_table_ptr=True (a table of
-    block addresses), causal=False, key/value None (cross-attention decode), float32 inputs.
+    unquantized (more exact) for fp8 ones. key = value = None reads every row's keys from the
+    cache. Cost (estimated, not measured): a one-token request occupies a whole 128-row query
+    tile per query head, so decode-heavy batches do far more MMA work than a decode kernel (it
+    stays one pass over the cache per query head); aotc's decode does not read vLLM's x-packed K
+    layout, so it cannot take those rows yet. bench/bench_compat_decode_rows.py measures one call
+    against prefill + decode calls. Conventions in the module docstring; sm_scale default
+    1/sqrt(D); output_scale: fp8 output; use_interleaved_v_cache: vLLM's interleaved V cache, pack
+    factor 16 // value_cache's element size (as vLLM). Not implemented (NotImplementedError):
+    causal=False, float32 inputs.
     """
-    if is_block_table_ptr:
-        raise NotImplementedError("chunked_prefill_paged_decode: is_block_table_ptr=True (block addresses instead "
-                                  "of block ids) is not supported; pass block ids")
     guard_call("chunked_prefill_paged_decode", {"output": output}, {
         "query": query, "key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
         "block_table": block_table, "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale,
-        "v_scale": v_scale, "output_scale": output_scale, "sinks": sinks})
+        "v_scale": v_scale, "output_scale": output_scale, "sinks": sinks, "alibi_slopes": alibi_slopes})
+    pack = 16 // value_cache.element_size() if use_interleaved_v_cache else 0
     _prefill("chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
              block_table, query_start_loc, seq_lens, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, False,
-             output_scale, sinks, causal)
+             output_scale, sinks, is_block_table_ptr, pack, causal)
+
+
+from .vllm_unified import KVQuantMode, unified_attention  # noqa: E402,F401  (vLLM's Triton attention backend)

@@ -4,7 +4,10 @@ One program computes BLOCK_M new tokens of one request for one query head: first
 context held in the paged cache (fp16/bf16, fp8 bits with a scale, or int8/int4 codes with
 per-token, per-group or per-channel scales: quant.py), then over the request's own new keys (read from
 `K`/`V`, not from the cache) with the causal mask. Online softmax in base 2, optional attention
-sinks, optional sliding window, optional fp8 output.
+sinks, optional sliding window, optional fp8 output; runtime options (spec.OPTION_ARGS): softcap
+and ALiBi on the scores (read by SCORE_MOD binaries only), and kv_from_cache (the new tokens' keys
+and values read from the cache after the context, for callers whose cache already holds them:
+vLLM's unified attention).
 
 head_dim is a runtime value: tiles are BLOCK_D wide (a power of two) and masked on d < head_dim,
 so one binary serves every head size of its bucket (24 and 32; 40..64; 72..128; 136..256).
@@ -27,6 +30,8 @@ Cache strides (in elements of the cache dtype), per layout:
         (a head-major cache [blocks, kv_heads, block_size, D] is the same path with other strides)
   vllm  K [blocks, kv_heads, D//X, block_size, X]: addr = blk*s_b + head*s_h + (d//X)*s_d + tok*X + d%X
         V [blocks, kv_heads, D, block_size]:      addr = blk*s_b + head*s_h + d*s_d + tok
+        or vLLM's interleaved V (pack factor P = s_t, s_d = P): addr = blk*s_b + head*s_h +
+          (tok // P)*D*P + d*P + tok % P; plain V passes s_t = block_size (tok // s_t = 0)
         X is runtime (kv_xg = X // 8): vLLM packs X = 8 even for one-byte fp8 caches, and 16 // size
         elsewhere. Offsets are written from d // 8 and d % 8 so that runs of 8 stay contiguous and
         8-aligned to the compiler (16-byte vector loads for fp16/bf16, as with a constexpr X).
@@ -39,7 +44,7 @@ from aotc.kernels.common.dequant import _fp8_bits_to_fp16
 from aotc.kernels.common.schedule import owner_of_block
 
 from .quant import int_context, softmax_step
-from .spec import DO_NOT_SPECIALIZE, DO_NOT_SPECIALIZE_ON_ALIGNMENT
+from .spec import KERNEL_DO_NOT_SPECIALIZE, KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # Finite "minus infinity" for the running max: exp2(m_old - m_new) stays 0 or 1, never NaN,
@@ -74,10 +79,32 @@ def _fp32_to_e4m3_bits(x):
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED: tl.constexpr):
+def _score_mod(s, rel_q, rel_k, softcap, slope, alibi_mode):
+    """Natural-log scores s [BLOCK_M, BLOCK_N] capped to softcap * tanh(s / softcap) (softcap > 0),
+    then ALiBi's bias added (vLLM's order): alibi_mode 1 slope * rel_k, 2 -slope * sqrt(rel_q -
+    rel_k) for keys at or before the query (slope is 0 with alibi_mode 0). rel_q / rel_k: query /
+    key positions less the context length. Selects, not branches: a branch on a tile costs shared
+    memory (spec.py, the score axis)."""
+    cap = tl.where(softcap > 0, softcap, 1.0)
+    # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
+    s = tl.where(softcap > 0, cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)), s)
+    dist = (rel_q[:, None] - rel_k[None, :]).to(tl.float32)
+    bias = tl.where(alibi_mode == 2, -tl.sqrt(tl.maximum(dist, 0.0)), rel_k[None, :].to(tl.float32))
+    return s + slope * bias
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, rel_q, rel_k, softcap, slope, alibi_mode,
+            MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """One online-softmax step over a K/V tile; `mask` [BLOCK_M, BLOCK_N] marks allowed pairs
-    (MASKED tiles only). k and v are already zero where their keys are masked, so no 0 * NaN."""
-    p, alpha, m_new, l_i = softmax_step(tl.dot(q, tl.trans(k)), m_i, l_i, mask, qk_scale, MASKED)
+    (MASKED tiles only). k and v are already zero where their keys are masked, so no 0 * NaN.
+    SCORE_MOD binaries apply softcap and ALiBi (_score_mod) to the scores first."""
+    qk = tl.dot(q, tl.trans(k))
+    if SCORE_MOD:
+        qk = _score_mod(qk * (qk_scale / LOG2E), rel_q, rel_k, softcap, slope, alibi_mode) * LOG2E
+        p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, mask, 1.0, MASKED)
+    else:
+        p, alpha, m_new, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -94,10 +121,11 @@ def _load_kv(ptrs, row_valid, d_valid, MASK_ROWS: tl.constexpr):
 
 @triton.jit
 def _ctx_offsets(start, key_lo, ctx_len, blk, block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
-                 stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 KV_VLLM: tl.constexpr):
+                 stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr):
     """(K offsets, V offsets, key positions, which keys count) of the context tile at `start`
-    whose keys lie in blocks `blk`."""
+    whose keys lie in blocks `blk`. vllm layout: V's tokens go in groups of stride_vct (the block
+    size; vLLM's interleaved V cache: its pack factor, groups [D, pack] apart by D * pack)."""
     offs_d = tl.arange(0, BLOCK_D)
     n = start + tl.arange(0, BLOCK_N)
     n_valid = (n < ctx_len) & (n >= key_lo)
@@ -106,7 +134,8 @@ def _ctx_offsets(start, key_lo, ctx_len, blk, block_size, kv_head, stride_kcb, s
         d_hi = offs_d // 8
         k_d = (d_hi // kv_xg) * stride_kcd + (d_hi % kv_xg) * 8 + offs_d % 8
         k_off = (blk * stride_kcb + kv_head * stride_kch + slot * (kv_xg * 8))[:, None] + k_d[None, :]
-        v_off = (blk * stride_vcb + kv_head * stride_vch + slot)[:, None] + (offs_d * stride_vcd)[None, :]
+        v_tok = (slot // stride_vct) * (head_dim * stride_vct) + slot % stride_vct
+        v_off = (blk * stride_vcb + kv_head * stride_vch + v_tok)[:, None] + (offs_d * stride_vcd)[None, :]
     else:
         k_off = (blk * stride_kcb + slot * stride_kct + kv_head * stride_kch)[:, None] + offs_d[None, :]
         v_off = (blk * stride_vcb + slot * stride_vct + kv_head * stride_vch)[:, None] + offs_d[None, :]
@@ -145,7 +174,7 @@ def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_
     lie in blocks `blk`; MASKED: keys outside [key_lo, ctx_len) read as 0."""
     k_off, v_off, n, n_valid = _ctx_offsets(start, key_lo, ctx_len, blk, block_size, kv_head, stride_kcb,
                                             stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch,
-                                            stride_vcd, kv_xg, BLOCK_D, BLOCK_N, KV_VLLM)
+                                            stride_vcd, kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM)
     d_valid = tl.arange(0, BLOCK_D) < head_dim
     return _load_kv(Kc + k_off, n_valid, d_valid, MASKED), _load_kv(Vc + v_off, n_valid, d_valid, MASKED), n, n_valid
 
@@ -153,10 +182,13 @@ def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_
 @triton.jit
 def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row, block_size, kv_head,
                   stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-                  kv_xg, head_dim, qk_scale, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr, PTX: tl.constexpr):
-    """Keys start..start+BLOCK_N of a float or fp8 context. Unmasked tiles lie wholly inside the
-    context and inside every row's window, so they skip all key masks."""
+                  kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr,
+                  PTX: tl.constexpr, SCORE_MOD: tl.constexpr):
+    """Keys start..start+BLOCK_N of a float or fp8 context, keys below ctx_len (the context
+    length ctx0, or with kv_from_cache up to the tile's last query). Unmasked tiles lie wholly
+    inside the context, before every row's query and inside every row's window, so they skip all
+    key masks."""
     blk = _ctx_blocks(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     k, v, n, n_valid = _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct,
                                   stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg,
@@ -164,14 +196,15 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
     if KV_FORMAT != 0:
         k = _fp8_bits_to_half(k, KV_FORMAT, PTX).to(q.dtype)
         v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
-    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
-    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED)
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
+    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, q_pos - ctx0, n - ctx0, softcap, slope, alibi_mode,
+                   MASKED, SCORE_MOD)
 
 
 @triton.jit
 def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-              stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale,
-              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+              stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope, alibi_mode,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
     the diagonal and inside every row's window."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -184,19 +217,24 @@ def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_star
     v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
                  MASKED)
     mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
-    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, MASKED)
+    return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, offs_m, n, softcap, slope, alibi_mode, MASKED,
+                   SCORE_MOD)
 
 
 @triton.jit
 def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi, Kc, Vc, bt_row,
                    block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct,
-                   stride_vch, stride_vcd, kv_xg, head_dim, qk_scale, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, PTX: tl.constexpr):
+                   stride_vch, stride_vcd, kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr,
+                   PTX: tl.constexpr, SCORE_MOD: tl.constexpr):
+    """Cached keys [first, ctx_len) (see _context_tile); ctx0 is the context length."""
+    rel_q = q_pos - ctx0
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
-                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True, PTX)
+                                      ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
+                                      PTX, SCORE_MOD)
     if KV_VLLM or KV_FORMAT != 0:
         # Rows that go through registers anyway (fp8 bits converted, the vllm layout gathered):
         # tile i + 1 loaded while tile i computes, its blocks read a tile earlier still. Triton
@@ -218,7 +256,9 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
             if KV_FORMAT != 0:
                 k = _fp8_bits_to_half(k, KV_FORMAT, PTX).to(q.dtype)
                 v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
-            acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, False)
+            acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, rel_q,
+                                    start + tl.arange(0, BLOCK_N) - ctx0, softcap, slope, alibi_mode, False,
+                                    SCORE_MOD)
     elif BLOCK_D <= 128:
         # Plain fp16/bf16 rows: the mask-free tiles go by chunks of CHUNK, the chunk's block ids read
         # at once (one a key, the next chunk's while this one computes) and each tile's picked in
@@ -236,23 +276,28 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
                                         block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb,
                                         stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, BLOCK_D, BLOCK_N, KV_VLLM,
                                         False)
-                acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, False)
+                acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, None, qk_scale, rel_q,
+                                        c0 + t * BLOCK_N + tl.arange(0, BLOCK_N) - ctx0, softcap, slope, alibi_mode,
+                                        False, SCORE_MOD)
             blkc = blkc_next
     else:
         for start in range(inner_lo, inner_hi, BLOCK_N):
             acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
                                           block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                           stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
-                                          BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, False, PTX)
+                                          ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT,
+                                          False, PTX, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
-                                      BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True, PTX)
+                                      ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
+                                      PTX, SCORE_MOD)
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=DO_NOT_SPECIALIZE_ON_ALIGNMENT)
+@triton.jit(do_not_specialize=KERNEL_DO_NOT_SPECIALIZE,
+            do_not_specialize_on_alignment=KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT)
 def prefix_prefill_kernel(
     Q, K, V, K_cache, V_cache, Out,
     Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
@@ -260,8 +305,10 @@ def prefix_prefill_kernel(
     skip_decode, kv_xg, scale_kind, stride_ksb, stride_kst, stride_ksh,
     head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
+    Alibi_slopes, softcap, alibi_mode, kv_from_cache,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
@@ -323,6 +370,13 @@ def prefix_prefill_kernel(
     first = key_lo // BLOCK_N * BLOCK_N
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
+    # kv_from_cache: the new tokens' keys come from the cache too, after the context: keys up to
+    # the tile's last query, mask-free below its first (float and fp8 caches only: the op says so).
+    ctx_hi = ctx_len
+    if kv_from_cache != 0:
+        ctx_hi = ctx_len + last_row + 1
+        inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
+    slope = tl.load(Alibi_slopes + head, mask=alibi_mode != 0, other=0.0)
 
     # ---- context from the paged cache ----
     if KV_FORMAT >= 3:  # int8 / int4 codes, scales fused on the tiles (quant.py)
@@ -348,10 +402,11 @@ def prefix_prefill_kernel(
             # e4m3 decodes as value * 2^-8 (see _fp8_bits_to_half): put the 2^8 back in the scales.
             fp8_unit = 256.0 if KV_FORMAT == 1 else 1.0
             ctx_qk_scale = qk_scale * tl.load(K_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit
-        acc, m_i, l_i = _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
+        acc, m_i, l_i = _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_hi, win, first, inner_lo, inner_hi,
                                        Kc, Vc, bt_row, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
                                        stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,
-                                       ctx_qk_scale, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, PTX)
+                                       ctx_qk_scale, ctx_len, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM,
+                                       KV_FORMAT, PTX, SCORE_MOD)
         if KV_FORMAT != 0:
             # The context's V scale, applied once: later rescaling by exp2(m_old - m_new) is linear.
             acc = acc * (tl.load(V_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit)
@@ -362,18 +417,22 @@ def prefix_prefill_kernel(
     first = new_lo // BLOCK_N * BLOCK_N
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = qblk * BLOCK_M  # keys below the tile's first row: no causal mask (BLOCK_N divides BLOCK_M)
+    if kv_from_cache != 0:  # read with the context above: no tile here
+        first = new_hi
+        inner_lo = new_hi
+        inner_hi = new_hi
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
-                                  True)
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
+                                  alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
-                                  False)
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
+                                  alibi_mode, BLOCK_D, BLOCK_N, False, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
         acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, BLOCK_D, BLOCK_N,
-                                  True)
+                                  stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
+                                  alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
 
     # A row that saw no key and no sink has l == 0: write zeros, not NaN. (Through the op every
     # row sees at least its own key: a window w >= 1 holds distance 0.)

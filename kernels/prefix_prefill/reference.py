@@ -3,7 +3,10 @@
 Request b has ctx = seq_lens[b] - q_len context tokens in the paged cache (pages listed in
 block_table[b]) and q_len new tokens in q/k/v rows query_start_loc[b]:query_start_loc[b+1].
 New token i sits at absolute position ctx + i; it sees key position j when j <= ctx + i and,
-with a window w > 0, when (ctx + i) - j < w. Quantized caches (fp8, int8, int4) are dequantized
+with a window w > 0, when (ctx + i) - j < w. Scores s (natural log, times sm_scale) are capped to
+softcap * tanh(s / softcap) and then get ALiBi's bias slope * (j - ctx), or in the sqrt form
+-slope * sqrt((ctx + i) - j). With k = v = None the new tokens' keys and values are the cache's
+positions ctx.. (the cache holds the whole sequence). Quantized caches (fp8, int8, int4) are dequantized
 to float32 first (decode's reference formats), then attended.
 """
 from __future__ import annotations
@@ -18,13 +21,17 @@ FP8_E4M3_MAX = 448.0
 
 
 def gather_cache(cache: torch.Tensor, pages: torch.Tensor, length: int, layout: str, which: str,
-                 scale: torch.Tensor | None) -> torch.Tensor:
-    """The first `length` tokens of one request from a paged cache, as float32 [length, heads, D]."""
+                 scale: torch.Tensor | None, v_pack: int = 0) -> torch.Tensor:
+    """The first `length` tokens of one request from a paged cache, as float32 [length, heads, D].
+    v_pack: vLLM's interleaved V, [n, heads, block_size // v_pack, D, v_pack] in V's 4-D shape."""
     blocks = cache[pages.long()].float()
     if layout == "nhd":  # [n, block_size, heads, D]
         tokens = blocks
     elif which == "k":  # [n, heads, D // x, block_size, x] -> [n, block_size, heads, D // x, x]
         tokens = blocks.permute(0, 3, 1, 2, 4).flatten(3)
+    elif v_pack:  # [n, heads, bs // P, D, P] -> [n, bs // P, P, heads, D] -> [n, block_size, heads, D]
+        n, h, d, bs = blocks.shape
+        tokens = blocks.reshape(n, h, bs // v_pack, d, v_pack).permute(0, 2, 4, 1, 3).reshape(n, bs, h, d)
     else:  # [n, heads, D, block_size] -> [n, block_size, heads, D]
         tokens = blocks.permute(0, 3, 1, 2)
     tokens = tokens.reshape(-1, tokens.shape[2], tokens.shape[3])[:length]
@@ -68,13 +75,14 @@ def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_
 
 def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *,
                        kv_layout="nhd", kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None,
-                       sinks=None) -> torch.Tensor:
+                       sinks=None, softcap=0.0, alibi_slopes=None, alibi_sqrt=False, v_pack=0) -> torch.Tensor:
     """float32 [num_tokens, q_heads, D]; rows that belong to no request are 0. kv_format "auto"
     infers the format as the op does (an int8 cache of last dim D / 2, or uint8, is int4)."""
     k_cache, v_cache, kv_layout, k_scale, v_scale = _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale,
                                                                  v_scale, q.shape[-1])
     num_tokens, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
+    from_cache = k is None
+    kv_heads = k_cache.shape[2 if kv_layout == "nhd" else 1] if from_cache else k.shape[1]
     group = q_heads // kv_heads
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     bs = block_size_of(k_cache, kv_layout)
@@ -86,9 +94,14 @@ def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         if q_len == 0:
             continue
         ctx = seq_len - q_len
-        pages = block_table[b, : (ctx + bs - 1) // bs]
-        keys = torch.cat([gather_cache(k_cache, pages, ctx, kv_layout, "k", k_scale), k[q0:q1].float()])
-        vals = torch.cat([gather_cache(v_cache, pages, ctx, kv_layout, "v", v_scale), v[q0:q1].float()])
+        if from_cache:
+            pages = block_table[b, : (seq_len + bs - 1) // bs]
+            keys = gather_cache(k_cache, pages, seq_len, kv_layout, "k", k_scale)
+            vals = gather_cache(v_cache, pages, seq_len, kv_layout, "v", v_scale, v_pack)
+        else:
+            pages = block_table[b, : (ctx + bs - 1) // bs]
+            keys = torch.cat([gather_cache(k_cache, pages, ctx, kv_layout, "k", k_scale), k[q0:q1].float()])
+            vals = torch.cat([gather_cache(v_cache, pages, ctx, kv_layout, "v", v_scale, v_pack), v[q0:q1].float()])
         keys = keys.repeat_interleave(group, dim=1)  # [seq, q_heads, D]
         vals = vals.repeat_interleave(group, dim=1)
 
@@ -99,6 +112,14 @@ def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
             allowed &= (q_pos - k_pos) < window
 
         scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), keys) * sm_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.float()[:, None, None]
+            if alibi_sqrt:
+                scores = scores - slopes * (q_pos - k_pos).clamp_min(0).float().sqrt()
+            else:
+                scores = scores + slopes * (k_pos - ctx).float()
         scores = scores.masked_fill(~allowed, float("-inf"))
         if sinks is not None:  # a logit in the normalizer with no value (gpt-oss)
             sink_col = sinks.float()[:, None, None].expand(q_heads, q_len, 1)

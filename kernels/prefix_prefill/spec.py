@@ -11,11 +11,17 @@ Axes (constexpr in the kernel; everything else is a runtime value):
   block_d   the tile width, a power of two: head_dim is runtime, masked to it (any multiple of 8
             in (block_d / 2, block_d], and 8..32 in 32); int4 starts at 64 (a 16-wide dot a part)
   layout    nhd [blocks, block_size, kv_heads, D] (any block/token/head strides: head-major too)
-            or vllm (K split in groups of x, x runtime; V transposed); int8/int4 nhd only
+            or vllm (K split in groups of x, x runtime; V transposed, or vLLM's interleaved V with
+            its pack factor runtime); int8/int4 nhd only
+  score     float/fp8 caches: "plain", or "mod": softcap and ALiBi applied to the scores (their
+            values runtime). A runtime switch inside the tile loop cost shared memory (sm80's fp8
+            vllm d128 binary 160 -> 232 KiB, over its 163) and would cost every call; int8/int4
+            have "plain" only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
-dtype (and the int group size) are runtime, so they cost no binaries: 2 * 3 * 4 * 2 = 48
-float/fp8 variants plus 2 * 3 * (4 + 3) = 42 int8/int4 ones, 90 in all, each built at two
-specialization levels per arch (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
+dtype (and the int group size), V's pack factor and kv_from_cache (new keys read from the
+cache) are runtime, so they cost no binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus
+2 * 3 * (4 + 3) = 42 int8/int4 ones, 138 in all, each built at two specialization levels per arch
+(build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
 
@@ -38,6 +44,7 @@ SCALES = ("none", "token", "channel", "group")
 BLOCK_DS = (32, 64, 128, 256)
 MAX_HEAD_DIM = 256
 LAYOUTS = ("nhd", "vllm")
+SCORES = ("plain", "mod")
 
 _ptr = ("Q", "K", "V", "K_cache", "V_cache", "Out")
 _meta = ("Block_table", "Query_start_loc", "Seq_lens")
@@ -61,11 +68,22 @@ ARGS = (
     + tuple(Arg(n, "i32", aligned=True) for n in _strides)
 )
 
-CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX")
-# Both kernels' decorator switches, read off ARGS (the build's check_consistency holds them to it):
-# ints that never specialize, and pointers whose alignment is never assumed.
+# kernel.py's runtime score options after the shared arguments (kernel_ws.py takes ARGS only and
+# serves none of them): ALiBi slopes [q_heads] fp32 with alibi_mode 0 off, 1 linear (slope * (key
+# position - context length)), 2 vLLM's sqrt variant (-slope * sqrt(query - key position)); softcap
+# (0: off) applied before ALiBi, as vLLM's unified attention does; kv_from_cache 1: the new tokens'
+# keys and values are read from the cache too (k/v not read), the causal part ending at seq_len.
+OPTION_ARGS = (Arg("Alibi_slopes", "ptr", dtype="=fp32"), Arg("softcap", "fp32"), Arg("alibi_mode", "i32"),
+               Arg("kv_from_cache", "i32"))
+KERNEL_ARGS = ARGS + OPTION_ARGS
+
+CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX", "SCORE_MOD")
+# The kernels' decorator switches, read off their arguments (the build's check_consistency holds
+# them to it): ints that never specialize, and pointers whose alignment is never assumed.
 DO_NOT_SPECIALIZE = [a.name for a in ARGS if a.kind == "i32" and not a.aligned]
 DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in ARGS if a.kind == "ptr" and not a.aligned]
+KERNEL_DO_NOT_SPECIALIZE = [a.name for a in KERNEL_ARGS if a.kind == "i32" and not a.aligned]
+KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in KERNEL_ARGS if a.kind == "ptr" and not a.aligned]
 
 
 def block_d(head_dim: int, kv: str = "same") -> int:
@@ -94,6 +112,7 @@ def constexprs(axes) -> dict:
         "KV_VLLM": int(axes["layout"] == "vllm"),
         "KV_FORMAT": KV_FORMATS.index(axes["kv"]),
         "SCALES": SCALES.index(axes["scales"]),
+        "SCORE_MOD": SCORES.index(axes["score"]),
     }
 
 
@@ -105,7 +124,9 @@ def variants():
                     if kv == "int4" and bd < 64:
                         continue
                     for layout in (("nhd",) if kv in INT_FORMATS else LAYOUTS):
-                        yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout}
+                        for score in (("plain",) if kv in INT_FORMATS else SCORES):
+                            yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout,
+                                   "score": score}
 
 
 def _two_programs_an_sm(axes, arch) -> bool:
@@ -139,16 +160,22 @@ def launch(axes, arch: int) -> LaunchConfig:
     return LaunchConfig(num_warps=warps, num_stages=2)
 
 
-def axes_for(dtype: str, kv: str, scales: str, head_dim: int, layout: str) -> dict:
+def axes_for(dtype: str, kv: str, scales: str, head_dim: int, layout: str, score: str = "plain") -> dict:
     """The variant axes for a call (the op passes torch dtypes already mapped to names)."""
-    return {"dtype": dtype, "kv": kv, "scales": scales, "block_d": block_d(head_dim, kv), "layout": layout}
+    return {"dtype": dtype, "kv": kv, "scales": scales, "block_d": block_d(head_dim, kv), "layout": layout,
+            "score": score}
+
+
+def ws_axes(axes) -> dict:
+    """kernel_ws.py's axes for a call's axes: no "score" (it serves "plain" calls only)."""
+    return {k: v for k, v in axes.items() if k != "score"}
 
 
 PREFIX_PREFILL = KernelSpec(
     name="prefix_prefill",
     module="aotc.kernels.prefix_prefill.kernel",
     function="prefix_prefill_kernel",
-    args=ARGS,
+    args=KERNEL_ARGS,
     constexpr_names=CONSTEXPRS,
     constexprs=constexprs,
     variants=variants,
@@ -160,8 +187,9 @@ PREFIX_PREFILL = KernelSpec(
 def ws_variant(axes) -> bool:
     """The axes kernel_ws.py implements: int8/int4 with any of their scales (per token, group or
     channel), 128-wide tiles (head dims 72..128; ws_serves keeps the multiples of 16), nhd-family
-    caches."""
-    return axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
+    caches, plain scores."""
+    return (axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
+            and axes.get("score", "plain") == "plain")
 
 
 def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -> bool:

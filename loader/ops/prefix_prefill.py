@@ -103,7 +103,8 @@ def _format(kv_format, k_cache, q, head_dim, kv_layout) -> str:
                     f"bytes needs kv_format='fp8_e4m3' or 'fp8_e5m2'")
 
 
-def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale) -> _Cache:
+def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale,
+                 v_pack=0) -> _Cache:
     dev = q.device
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"prefix_prefill: kv_layout must be one of {_LAYOUTS}, got {kv_layout!r}")
@@ -124,10 +125,18 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
               f"strides {k_cache.stride()}")
         _need(tuple(v_cache.shape) == (nb, kv_heads, head_dim, bs), "v_cache",
               f"[{nb}, {kv_heads}, {head_dim}, {bs}] (vllm layout)", tuple(v_cache.shape))
-        # K token stride is x and V token stride 1: implied, passed as 0.
+        # K token stride is x: implied, passed as 0. V's token slot goes as groups of s_t tokens:
+        # the whole block (plain V, token stride 1), or vLLM's interleaved groups of v_pack.
         kc = (k_cache.stride(0), 0, k_cache.stride(1), k_cache.stride(2))
-        vc = (v_cache.stride(0), 0, v_cache.stride(1), v_cache.stride(2))
+        if v_pack:
+            _need(bs % v_pack == 0, "v_pack", f"a divisor of the block size {bs}", v_pack)
+            _need(v_cache.stride(3) == 1 and v_cache.stride(2) == bs, "v_cache", f"contiguous within a head (strides "
+                  f"(..., {bs}, 1)) for the interleaved layout", f"strides {v_cache.stride()}")
+            vc = (v_cache.stride(0), v_pack, v_cache.stride(1), v_pack)
+        else:
+            vc = (v_cache.stride(0), bs, v_cache.stride(1), v_cache.stride(2))
     else:
+        _need(not v_pack, "v_pack", "0 (an interleaved V cache is the vllm layout's)", v_pack)
         x = 0
         hnd = kv_layout == "hnd"
         bs = k_cache.shape[2 if hnd else 1]
@@ -201,26 +210,65 @@ def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, 
     return ("token", strides, 0) if groups == 1 else ("group", strides, group.bit_length() - 1)
 
 
+def _kv_heads(k, k_cache, kv_layout) -> int:
+    """kv heads: k's, or with k None (new keys in the cache) the cache's."""
+    if k is not None:
+        return k.shape[1]
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 3:
+        raise TypeError(f"prefix_prefill: k_cache must be a 4-D (5-D vllm) torch.Tensor, got "
+                        f"{type(k_cache).__name__}")
+    return k_cache.shape[2] if kv_layout == "nhd" else k_cache.shape[1]
+
+
+def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, softcap):
+    """The score and layout options (spec.OPTION_ARGS): types and shapes, and what int caches lack."""
+    if (k is None) != (v is None):
+        raise ValueError("prefix_prefill: k and v must both be tensors, or both None (the new tokens' keys and "
+                         "values read from the cache)")
+    if isinstance(v_pack, bool) or not isinstance(v_pack, int) or v_pack < 0:
+        raise ValueError(f"prefix_prefill: v_pack must be an int >= 0 (0: plain V), got {v_pack!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (0 <= softcap < math.inf):
+        raise ValueError(f"prefix_prefill: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        _tensor("alibi_slopes", alibi_slopes, (torch.float32,), 1, q.device)
+        _need(alibi_slopes.shape[0] == q.shape[1], "alibi_slopes", f"[q_heads] = [{q.shape[1]}]",
+              tuple(alibi_slopes.shape))
+    elif alibi_sqrt:
+        raise ValueError("prefix_prefill: alibi_sqrt=True needs alibi_slopes")
+    if fmt in _spec.INT_FORMATS:
+        for on, name in ((k is None, "k/v None (new keys from the cache)"), (softcap, "softcap"),
+                         (alibi_slopes is not None, "alibi_slopes")):
+            if on:
+                raise NotImplementedError(f"prefix_prefill: {name} with an {fmt} cache is not implemented (fp16, "
+                                          f"bf16 and fp8 caches)")
+
+
 def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
-              v_scale, sm_scale, window, sinks, out_scale, out) -> _Cache:
+              v_scale, sm_scale, window, sinks, out_scale, out, v_pack=0, alibi_slopes=None, alibi_sqrt=False,
+              softcap=0.0) -> _Cache:
     reads = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
              "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
-             "sinks": sinks, "out_scale": out_scale}
+             "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes}
     guards.refuse_grad("prefix_prefill", **reads, out=out)
     _tensor("q", q, tuple(_DTYPES), 3)
     dev = q.device
-    _tensor("k", k, (q.dtype,), 3, dev)
-    _tensor("v", v, (q.dtype,), 3, dev)
     tokens, q_heads, head_dim = q.shape
     _need(head_dim % 8 == 0 and 8 <= head_dim <= _spec.MAX_HEAD_DIM, "q.shape[2] (head_dim)",
           f"a multiple of 8 in [8, {_spec.MAX_HEAD_DIM}]", head_dim)
-    _need(k.shape[0] == tokens and k.shape[2] == head_dim, "k", f"[{tokens}, kv_heads, {head_dim}]",
-          tuple(k.shape))
-    _need(v.shape == k.shape, "v", f"shaped like k {tuple(k.shape)}", tuple(v.shape))
-    kv_heads = k.shape[1]
-    _need(kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)", f"a divisor of q_heads={q_heads}",
-          kv_heads)
-    cache = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale)
+    if k is not None:
+        _tensor("k", k, (q.dtype,), 3, dev)
+        _tensor("v", v, (q.dtype,), 3, dev)
+        _need(k.shape[0] == tokens and k.shape[2] == head_dim, "k", f"[{tokens}, kv_heads, {head_dim}]",
+              tuple(k.shape))
+        _need(v.shape == k.shape, "v", f"shaped like k {tuple(k.shape)}", tuple(v.shape))
+    elif v is not None:
+        raise ValueError("prefix_prefill: k and v must both be tensors, or both None (the new tokens' keys and "
+                         "values read from the cache)")
+    kv_heads = _kv_heads(k, k_cache, kv_layout)
+    _need(kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)" if k is not None else
+          "k_cache's kv_heads", f"a divisor of q_heads={q_heads}", kv_heads)
+    cache = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale, v_pack)
+    _check_options(q, k, v, kv_layout, cache.fmt, v_pack, alibi_slopes, alibi_sqrt, softcap)
     _tensor("block_table", block_table, (torch.int32,), 2, dev)
     batch = block_table.shape[0]
     _tensor("query_start_loc", query_start_loc, (torch.int32,), 1, dev)
@@ -252,9 +300,10 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     return cache
 
 
-def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
+def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, from_cache=False):
     """Data checks on host copies of the metadata (plain device-to-host copies, one sync, no GPU
-    kernel): offsets, lengths within block_table's width, used block ids within the cache."""
+    kernel): offsets, lengths within block_table's width, used block ids within the cache (the
+    context's blocks, or with from_cache the whole sequence's)."""
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     _need(qsl[0] == 0, "query_start_loc[0]", "0", qsl[0])
@@ -264,9 +313,9 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
     used = []
     for b, (ql, sl) in enumerate(zip(q_lens, lens)):
         _need(sl >= ql, f"seq_lens[{b}]", f">= its {ql} new tokens", sl)
-        used.append(-(-(sl - ql) // bs))
-        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"a context of at most {block_table.shape[1]} "
-              f"blocks of {bs} tokens (block_table's width)", sl)
+        used.append(-(-(sl if from_cache else sl - ql) // bs))
+        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"{'a sequence' if from_cache else 'a context'} "
+              f"of at most {block_table.shape[1]} blocks of {bs} tokens (block_table's width)", sl)
     width = max(used, default=0)
     if width == 0:
         return
@@ -281,13 +330,19 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs):
 
 
 def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
-                k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode):
-    """(axes, grid, args) of the kernel launch for validated arguments (the bench reuses it)."""
+                k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, v_pack=0, alibi_slopes=None,
+                alibi_sqrt=False, softcap=0.0):
+    """(axes, grid, args) of the kernel launch for validated arguments (the bench reuses it); args
+    in spec.KERNEL_ARGS order (kernel_ws.py takes the first len(spec.ARGS))."""
     tokens, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads = _kv_heads(k, k_cache, kv_layout)
     batch = block_table.shape[0]
-    c = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale)
-    axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd")
+    c = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale, v_pack)
+    from_cache = k is None
+    if from_cache:  # never read (kv_from_cache): q stands in for the pointers and strides
+        k = v = q
+    axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd",
+                          "mod" if softcap or alibi_slopes is not None else "plain")
     block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8
@@ -312,6 +367,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
         (_SCALE_KINDS[k_scale.dtype] | c.quant_shift << 2) if c.scales != "none" else 0, *c.sc,
         head_dim, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
         out.stride(1), *c.kc, *c.vc,
+        alibi_slopes if alibi_slopes is not None else dummy, float(softcap),
+        0 if alibi_slopes is None else 2 if alibi_sqrt else 1, int(from_cache),
     )
     return axes, grid, args
 
@@ -319,6 +376,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 # "0" sends every call to kernel.py (the Triton kernel), e.g. to compare the two.
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
+_FROM_CACHE = _spec.PREFIX_PREFILL.arg_index["kv_from_cache"]
 
 
 def kernel_for(axes, args):
@@ -336,56 +394,69 @@ def kernel_for(axes, args):
     device = q.get_device()
     gpu = dispatch.device_of(device)
     ws = _spec.PREFIX_PREFILL_WS
+    if len(args) > _FROM_CACHE and args[_FROM_CACHE]:  # kernel.py's only (as are softcap and ALiBi: ws_variant)
+        return _spec.PREFIX_PREFILL
     values = [a.data_ptr() if arg.kind == "ptr" else a for arg, a in zip(ws.args, args)]
     aligned = dispatch.check_assumptions(ws, ws.divisible_args(ALIGNED), values) is None  # its only binary's
     if not (gpu.vendor == "nvidia" and _spec.ws_serves(axes, gpu.capability, bool(args[_OUT_FP8]), aligned)):
         return _spec.PREFIX_PREFILL
-    if not dispatch.is_built(ws, axes, device) and dispatch.is_built(_spec.PREFIX_PREFILL, axes, device):
+    if not dispatch.is_built(ws, _spec.ws_axes(axes), device) and dispatch.is_built(_spec.PREFIX_PREFILL, axes,
+                                                                                      device):
         return _spec.PREFIX_PREFILL
     return ws
 
 
 def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
-                       k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
+                       k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate, v_pack,
+                       alibi_slopes, alibi_sqrt, softcap) -> None:
     from aotc.loader.dispatch import run_kernel
 
     # called as torch.ops.aotc.prefix_prefill directly, no public checks ran: no gradient dropped either way
     guards.refuse_grad("prefix_prefill", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale,
-                       v_scale=v_scale, sinks=sinks, out_scale=out_scale, out=out)
+                       v_scale=v_scale, sinks=sinks, out_scale=out_scale, alibi_slopes=alibi_slopes, out=out)
     axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
                                    kv_layout, kv_format, k_scale, v_scale, sm_scale, window, sinks, out_scale,
-                                   skip_decode)
+                                   skip_decode, v_pack, alibi_slopes, alibi_sqrt, softcap)
     if axes["kv"] in _spec.INT_FORMATS and (k_cache.data_ptr() | v_cache.data_ptr()) & 1:
         name = "k_cache" if k_cache.data_ptr() & 1 else "v_cache"
         raise ValueError(f"prefix_prefill: {name} must start at an even address (an {axes['kv']} cache is read two "
                          f"bytes at a time); it is a view at an odd byte offset")
     if validate:
         bs = args[16]  # block_size
-        _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs)
+        _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs, k is None)
     if block_table.shape[0] == 0 or q.shape[1] == 0:
         return
-    run_kernel(kernel_for(axes, args), axes, grid, args)
+    spec = kernel_for(axes, args)
+    if spec is not _spec.PREFIX_PREFILL:
+        axes = _spec.ws_axes(axes)
+    run_kernel(spec, axes, grid, args[:len(spec.args)])
 
 
 def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
-                         k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate) -> None:
+                         k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate, v_pack,
+                         alibi_slopes, alibi_sqrt, softcap) -> None:
     return None  # the public function validated every argument before calling the op
 
 
-library.define("prefix_prefill(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+library.define("prefix_prefill(Tensor q, Tensor? k, Tensor? v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
                "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
                "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
-               "bool skip_decode, bool validate) -> ()", _prefix_prefill_op, _prefix_prefill_fake)
+               "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, "
+               "float softcap) -> ()",
+               _prefix_prefill_op, _prefix_prefill_fake)
 
 
 def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout="nhd",
                    kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None, sinks=None, out_scale=None,
-                   skip_decode=False, out=None, validate=None) -> torch.Tensor:
+                   skip_decode=False, out=None, validate=None, v_pack=0, alibi_slopes=None, alibi_sqrt=False,
+                   softcap=0.0) -> torch.Tensor:
     """Attention of new tokens over a paged context plus, causally, themselves.
 
     Shapes (T new tokens over all requests, B requests, D = head_dim):
       q `[T, q_heads, D]`; k, v `[T, kv_heads, D]`: the new tokens (not read from the cache);
-        fp16 or bf16, last dim contiguous; q_heads a multiple of kv_heads.
+        fp16 or bf16, last dim contiguous; q_heads a multiple of kv_heads. k = v = None: the cache
+        already holds the new tokens' keys and values after the context (positions seq_lens[b] -
+        q_len ..), and they are read from there (float and fp8 caches).
       k_cache, v_cache: kv_layout "nhd": `[num_blocks, block_size, kv_heads, Dc]` each; "hnd":
         `[num_blocks, kv_heads, block_size, Dc]` (Iluvatar's); "vllm": K `[num_blocks, kv_heads, D // x,
         block_size, x]`, V `[num_blocks, kv_heads, D, block_size]`, x read from K's shape (a multiple of
@@ -416,6 +487,11 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
       sinks `[q_heads]` float32 logits joined to each row's softmax normalizer; out_scale: a
       one-element float32 tensor, and the output is float8_e4m3fn = clamp(out / out_scale, +-448);
       skip_decode: requests with exactly one new token are skipped (their rows are not written);
+      softcap > 0: natural-log scores s become softcap * tanh(s / softcap); alibi_slopes `[q_heads]`
+      float32: then s += slope * (key position - context length), or with alibi_sqrt
+      s -= slope * sqrt(query position - key position) (vLLM's two ALiBi forms; float and fp8
+      caches); v_pack (vllm layout): vLLM's interleaved V cache, tokens in groups of v_pack
+      (`[num_blocks, kv_heads, block_size // v_pack, D, v_pack]` in V's 4-D shape);
       out: the result tensor (like q, or float8_e4m3fn with out_scale); allocated when None.
       validate: copy the lengths and the used block-table entries to the host and check them
       (query_start_loc non-decreasing from 0, contexts within block_table's width, block ids
@@ -433,7 +509,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     non-finite values; other rows are unaffected).
     """
     _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
-              v_scale, sm_scale, window, sinks, out_scale, out)
+              v_scale, sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,
                           device=q.device)
@@ -444,5 +520,6 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     # milliseconds, so its few microseconds do not matter here as they do for decode.
     torch.ops.aotc.prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
                                   kv_format, k_scale, v_scale, sm, int(window or 0), sinks, out_scale,
-                                  bool(skip_decode), bool(validate))
+                                  bool(skip_decode), bool(validate), int(v_pack), alibi_slopes, bool(alibi_sqrt),
+                                  float(softcap))
     return out

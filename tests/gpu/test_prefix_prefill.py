@@ -269,10 +269,15 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
     ws_built = [v for v in variants if v.startswith("prefix_prefill_ws(")]
     assert ws_built or torch.cuda.get_device_capability() != (9, 0), "sm90 artifacts without the Gluon kernel"
     variants = [v for v in variants if v not in ws_built]
-    if os.environ.get("AOTC_PP_PARITY") != "all":
+    only = os.environ.get("AOTC_PP_PARITY", "")
+    if only not in ("", "all"):  # e.g. "score=mod+block_d=128": the built keys holding every part
+        variants = [v for v in variants if all(part in v for part in only.split("+"))]
+        ws_built = []
+    elif only != "all":
         # Each JIT compile takes ~10-20 s: by default the variants new with issue 20/21 at one
         # dtype each (int8/int4 x token/channel at their smallest and at 128-wide tiles, and the
-        # 32-wide float tiles); AOTC_PP_PARITY=all checks every built variant.
+        # 32-wide float tiles); AOTC_PP_PARITY=all checks every built variant, and parts joined by
+        # "+" the keys that hold them all.
         variants = [v for v in variants if ("kv=int" in v and ("dtype=bf16" in v) == ("scales=token" in v)
                                             and ("block_d=128" in v or "block_d=32" in v or
                                                  ("block_d=64" in v and "kv=int4" in v)))
@@ -286,7 +291,10 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
         for key_text in variants:
             axes = {k: (int(v) if v.isdigit() else v) for k, v in
                     (p.split("=") for p in key_text[key_text.index("(") + 1:-1].split(","))}
-            assert spec.axes_for(axes["dtype"], axes["kv"], axes["scales"], axes["block_d"], axes["layout"]) == axes
+            score = axes.get("score", "plain")  # the Gluon kernel's keys have no score axis
+            assert spec.axes_for(axes["dtype"], axes["kv"], axes["scales"], axes["block_d"], axes["layout"],
+                                 score) == dict(axes, score=score)
+            mods = dict(softcap=30.0, alibi_slopes=torch.rand(8, device=DEV)) if score == "mod" else {}
             quant = axes["kv"] in spec.INT_FORMATS
             case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
                                  dtype=torch_dt[axes["dtype"]], cache_dtype=fp8.get(axes["kv"]),
@@ -298,11 +306,11 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
             monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "1" if kernel is spec.PREFIX_PREFILL_WS else "0")
             with warnings.catch_warnings():
                 warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
-                aot = prefix_prefill(**case, **kw, window=200, sinks=sinks)
+                aot = prefix_prefill(**case, **kw, window=200, sinks=sinks, **mods)
             loader.set_artifacts(tmp_path)  # an empty folder: the JIT compiles the same key
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", AotcJitFallbackWarning)
-                jit = prefix_prefill(**case, **kw, window=200, sinks=sinks)
+                jit = prefix_prefill(**case, **kw, window=200, sinks=sinks, **mods)
             loader.set_artifacts(None)
             torch.cuda.synchronize()
             assert torch.equal(aot, jit), key_text
@@ -334,3 +342,27 @@ def test_lightllm_int8kv_prefill_entry_point():
         torch.cuda.synchronize()
         ref = prefill_reference(q, kv, state, kv_buffer, scale_buffer, fmt)
         assert_close(out.view(ref.shape), ref, f"lightllm prefill {fmt}")
+
+
+@pytest.mark.parametrize("layout,dtype,cache_dtype", [("nhd", torch.bfloat16, None), ("vllm", torch.float16, None),
+                                                      ("nhd", torch.float16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("cached_kv", [False, True])
+def test_softcap_alibi_cached_kv_interleaved_v(layout, dtype, cache_dtype, cached_kv):
+    # the runtime options vLLM's entry points need (spec.OPTION_ARGS), at d128 and llama-like lengths
+    from tests.cpu.kernels.prefix_prefill.test_options import interleave_v
+
+    ctx, qlen = [0, 300, 17, 1000], [70, 1, 130, 256]
+    full = [c + n for c, n in zip(ctx, qlen)]
+    case, kw = make_case(full if cached_kv else ctx, qlen, q_heads=8, kv_heads=2, head_dim=128, dtype=dtype,
+                         cache_dtype=cache_dtype, layout=layout, device=DEV, seed=5)
+    if cached_kv:
+        case["seq_lens"] = torch.tensor(full, dtype=torch.int32, device=DEV)
+        case["k"] = case["v"] = None
+    extra = dict(softcap=20.0, alibi_slopes=torch.rand(8, device=DEV), alibi_sqrt=cached_kv, window=500,
+                 sinks=torch.randn(8, device=DEV))
+    if layout == "vllm":
+        case["v_cache"] = interleave_v(case["v_cache"], 8)
+        extra["v_pack"] = 8
+    out = torch.full(case["q"].shape, float("nan"), dtype=dtype, device=DEV)
+    prefix_prefill(**case, **kw, **extra, out=out, validate=True)
+    assert_matches(out, prefix_prefill_ref(**case, **kw, **extra), dtype)

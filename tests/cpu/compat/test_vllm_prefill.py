@@ -59,8 +59,6 @@ def test_sinks_skip_decode_and_fp8_output():
 def test_unsupported_options_raise():
     case, kw = make_case([10], [3], layout="vllm", seed=9)
     args = _vllm_args(case, kw)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        vllm.context_attention_fwd(*args, alibi_slopes=torch.ones(4))
     args32 = list(args)
     args32[0], args32[1], args32[2] = (t.float() for t in args[:3])
     with pytest.raises(NotImplementedError, match="float32"):
@@ -69,8 +67,35 @@ def test_unsupported_options_raise():
         vllm.context_attention_fwd(*args[:4], "int8", *args[5:])
     with pytest.raises(NotImplementedError, match="causal=False"):
         vllm.context_attention_fwd(*args, causal=False)
-    with pytest.raises(NotImplementedError, match="key/value None"):
-        vllm.context_attention_fwd(args[0], None, None, *args[3:])
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):  # vLLM 0.33.0 raises this too
+        vllm.context_attention_fwd(args[0], None, None, *args[3:], alibi_slopes=torch.ones(4))
+    assert torch.isnan(args[3]).all()  # nothing was launched
+
+
+def _interleave_v(v_cache, pack):
+    nb, h, d, bs = v_cache.shape
+    return v_cache.view(nb, h, d, bs // pack, pack).permute(0, 1, 3, 2, 4).contiguous().view(nb, h, d, bs)
+
+
+@pytest.mark.parametrize("cached_kv", [False, True])
+def test_alibi_interleaved_v_cached_kv_and_block_addresses(cached_kv):
+    """vLLM 0.33.0's later options: alibi_slopes, interleaved_v_pack_factor, k = v = None (the cache
+    holds the new tokens too) and is_block_table_ptr (block addresses in k_cache's pool)."""
+    ctx, qlen = [0, 15, 40], [20, 1, 9]
+    full = [c + n for c, n in zip(ctx, qlen)]
+    case, kw = make_case(full if cached_kv else ctx, qlen, head_dim=24, layout="vllm", block_size=32, seed=10)
+    if cached_kv:
+        case["seq_lens"] = torch.tensor(full, dtype=torch.int32)
+        case["k"] = case["v"] = None
+    case["v_cache"] = _interleave_v(case["v_cache"], 8)
+    args = _vllm_args(case, kw)
+    block_bytes = case["k_cache"].stride(0) * case["k_cache"].element_size()
+    args[7] = case["block_table"].long() * block_bytes + case["k_cache"].data_ptr()  # addresses; id 0 is 0
+    args[7][case["block_table"] == 0] = 0
+    slopes = None if cached_kv else torch.tensor([0.25, 0.125, 0.5, 0.0625])
+    vllm.context_attention_fwd(*args, alibi_slopes=slopes, is_block_table_ptr=True, interleaved_v_pack_factor=8)
+    ref = prefix_prefill_ref(**case, **kw, alibi_slopes=slopes, v_pack=8)
+    assert_matches(args[3], ref, torch.float16)
 
 
 # chunked_prefill_paged_decode: vLLM's mixed batch, requests with one new token (decode rows) beside
@@ -103,12 +128,20 @@ def test_chunked_prefill_paged_decode_fp8_uint8_window_sinks_fp8_output():
 def test_chunked_prefill_paged_decode_unsupported_options_raise():
     case, kw = make_case([10, 3], [1, 4], layout="vllm", seed=13)
     args = _vllm_args(case, kw)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        vllm.chunked_prefill_paged_decode(*args, alibi_slopes=torch.ones(4))
-    with pytest.raises(NotImplementedError, match="is_block_table_ptr"):
-        vllm.chunked_prefill_paged_decode(*args, is_block_table_ptr=True)
     with pytest.raises(NotImplementedError, match="causal=False"):
         vllm.chunked_prefill_paged_decode(*args, causal=False)
-    with pytest.raises(NotImplementedError, match="key/value None"):
-        vllm.chunked_prefill_paged_decode(args[0], None, None, *args[3:])
+    args32 = list(args)
+    args32[0], args32[1], args32[2] = (t.float() for t in args[:3])
+    with pytest.raises(NotImplementedError, match="float32"):
+        vllm.chunked_prefill_paged_decode(*args32)
     assert torch.isnan(args[3]).all()  # nothing was launched
+
+
+def test_chunked_prefill_paged_decode_alibi_interleaved_v():
+    case, kw = make_case(MIXED_CTX, MIXED_Q, q_heads=4, kv_heads=2, head_dim=64, layout="vllm", dtype=torch.bfloat16,
+                         seed=14)
+    case["v_cache"] = _interleave_v(case["v_cache"], 8)
+    args = _vllm_args(case, kw)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    vllm.chunked_prefill_paged_decode(*args, alibi_slopes=slopes, use_interleaved_v_cache=True)
+    assert_matches(args[3], prefix_prefill_ref(**case, **kw, alibi_slopes=slopes, v_pack=8), torch.bfloat16)

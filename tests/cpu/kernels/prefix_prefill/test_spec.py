@@ -21,10 +21,11 @@ from aotc.kernels.variants import VariantKey
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    # 48 float/fp8 (dtype x format x block_d x layout) + 42 int8/int4 (dtype x 3 scales x block_d, nhd).
-    assert len(variants) == 90
+    # 96 float/fp8 (dtype x format x block_d x layout x score) + 42 int8/int4 (dtype x 3 scales x
+    # block_d, nhd, plain scores).
+    assert len(variants) == 138
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 180
+    assert len(set(map(str, keys))) == 276
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
 
@@ -42,8 +43,8 @@ def test_decorator_matches_declared_alignment():
     kernel = _as_jit(prefix_prefill_kernel)
     check_consistency(spec.PREFIX_PREFILL, kernel)  # the build's own check
     params = {p.name: p for p in kernel.params}
-    assert [p.name for p in kernel.params if not p.is_constexpr] == [a.name for a in spec.ARGS]
-    for a in spec.ARGS:
+    assert [p.name for p in kernel.params if not p.is_constexpr] == [a.name for a in spec.KERNEL_ARGS]
+    for a in spec.KERNEL_ARGS:
         p = params[a.name]
         if a.kind == "i32":  # lengths never specialize; aligned strides keep divisibility-by-16
             assert p.do_not_specialize == (not a.aligned), a.name
@@ -80,7 +81,7 @@ def test_fp16_bf16_d128_on_sm90_runs_128_x_32_tiles_two_programs_an_sm(dtype):
         cfg = spec.PREFIX_PREFILL.launch_config(axes, arch)
         return spec.PREFIX_PREFILL.compile_constexprs(axes, arch)["BLOCK_N"], cfg.num_warps, cfg.num_stages, cfg.maxnreg
 
-    axes = {"dtype": dtype, "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd"}
+    axes = {"dtype": dtype, "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd", "score": "plain"}
     assert config(axes, "sm90") == (32, 8, 3, 128)
     assert config(axes, "sm80") == (64, 8, 2, 0)  # sm80 keeps 128 x 64 (not measured on an A100)
     assert config(axes, "gfx942")[:2] == (64, 8)
@@ -151,23 +152,27 @@ def test_block_d_buckets(head_dim):
 
 def test_sm90_binary_uses_wgmma_and_16_byte_loads():
     # head_dim is runtime and masked: with head_dim % 16 == 0 the mask must keep 16-byte vectors.
-    got = _compile({"dtype": "bf16", "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd"}, 90)
+    got = _compile({"dtype": "bf16", "kv": "same", "scales": "none", "block_d": 128, "layout": "nhd",
+                    "score": "plain"}, 90)
     assert got["wgmma"] > 0, got
     # K and V tiles arrive through 16-byte asynchronous copies (Q through 16-byte loads).
     assert got["cp16"] > 0 and got["v4"] > 0, got
     assert got["shared"] <= 227 * 1024
 
 
-def test_sm80_binary_with_fp8_cache_compiles_to_mma():
-    # fp8e4nv is not a type Triton accepts on sm80: the kernel decodes the bits itself.
-    got = _compile({"dtype": "fp16", "kv": "fp8_e4m3", "scales": "none", "block_d": 128, "layout": "vllm"}, 80)
+@pytest.mark.parametrize("score", ["plain", "mod"])
+def test_sm80_binary_with_fp8_cache_compiles_to_mma(score):
+    # fp8e4nv is not a type Triton accepts on sm80: the kernel decodes the bits itself. Softcap and
+    # ALiBi ("mod") must not push the binary past sm80's 163 KiB of shared memory.
+    axes = {"dtype": "fp16", "kv": "fp8_e4m3", "scales": "none", "block_d": 128, "layout": "vllm", "score": score}
+    got = _compile(axes, 80)
     assert got["mma"] > 0, got
     assert got["shared"] <= 163 * 1024
 
 
 @pytest.mark.parametrize("axes,arch", [
-    ({"dtype": "bf16", "kv": "int8", "scales": "token", "block_d": 128, "layout": "nhd"}, 90),
-    ({"dtype": "fp16", "kv": "int4", "scales": "channel", "block_d": 256, "layout": "nhd"}, 80),
+    ({"dtype": "bf16", "kv": "int8", "scales": "token", "block_d": 128, "layout": "nhd", "score": "plain"}, 90),
+    ({"dtype": "fp16", "kv": "int4", "scales": "channel", "block_d": 256, "layout": "nhd", "score": "plain"}, 80),
 ])
 def test_int_cache_binaries_compile_to_tensor_core_dots(axes, arch):
     # The dequantization is the packed PTX of kernels/common/dequant.py; the dots stay on tensor cores.

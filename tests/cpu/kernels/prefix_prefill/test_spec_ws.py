@@ -38,13 +38,13 @@ def test_variants_keys_and_targets():
                                                     "SCALES": 1}
     assert WS.compile_constexprs(dict(INT8_D128, kv="int4", scales="group"), 90)["SCALES"] == 3
     # the op's grid depends on BLOCK_M: both kernels must agree on it
-    assert spec.PREFIX_PREFILL.compile_constexprs(INT8_D128, 90)["BLOCK_M"] == 128
+    assert spec.PREFIX_PREFILL.compile_constexprs(dict(INT8_D128, score="plain"), 90)["BLOCK_M"] == 128
 
 
 @pytest.mark.parametrize("change,served", [
     ({}, True), ({"kv": "int4", "dtype": "fp16"}, True), ({"scales": "channel"}, True), ({"scales": "group"}, True),
     ({"block_d": 64}, False),
-    ({"block_d": 256}, False), ({"kv": "same"}, False), ({"kv": "fp8_e4m3"}, False),
+    ({"block_d": 256}, False), ({"kv": "same"}, False), ({"kv": "fp8_e4m3"}, False), ({"score": "mod"}, False),
 ])
 def test_routing_rule(change, served):
     axes = dict(INT8_D128, **change)
@@ -109,7 +109,7 @@ def test_op_routing(built, capability, change, want, monkeypatch):
 
     axes, _grid, args = _int8_d128_plan()
     args = [(_CudaPointer(4096 * (i + 1) + (2 if change == "misaligned q" and i == 0 else 0))
-             if a.kind == "ptr" else v) for i, (a, v) in enumerate(zip(spec.ARGS, args))]
+             if a.kind == "ptr" else v) for i, (a, v) in enumerate(zip(spec.KERNEL_ARGS, args))]
     if change == "fp8 out":
         args[spec.PREFIX_PREFILL.arg_index["out_fp8"]] = 1
     if change == "switched off":
@@ -129,8 +129,11 @@ def test_kernel_takes_the_triton_kernels_arguments():
     triton_fn = prefix_prefill_kernel if hasattr(prefix_prefill_kernel, "params") else \
         JITFunction(prefix_prefill_kernel.fn, **prefix_prefill_kernel.kwargs)  # as built, not interpreted
     flags = [(p.name, p.do_not_specialize, p.do_not_specialize_on_alignment) for p in fn.params if not p.is_constexpr]
-    assert flags == [(p.name, p.do_not_specialize, p.do_not_specialize_on_alignment)
-                     for p in triton_fn.params if not p.is_constexpr]
+    triton_flags = [(p.name, p.do_not_specialize, p.do_not_specialize_on_alignment)
+                    for p in triton_fn.params if not p.is_constexpr]
+    # the Triton kernel's score/cache options come after the shared arguments (kernel_ws serves none)
+    assert flags == triton_flags[:len(flags)]
+    assert [f[0] for f in triton_flags[len(flags):]] == [a.name for a in spec.OPTION_ARGS]
 
 
 _COMPILE = textwrap.dedent("""

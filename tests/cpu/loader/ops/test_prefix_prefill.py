@@ -103,7 +103,8 @@ def test_result_through_the_op_and_the_registered_custom_op(good):
     out = op.prefix_prefill(**case, **kw, sm_scale=0.3, window=9)
     assert_matches(out, prefix_prefill_ref(**case, **kw, sm_scale=0.3, window=9), torch.float16)
     out2 = torch.full_like(out, float("nan"))
-    torch.ops.aotc.prefix_prefill(*case.values(), out2, "nhd", "auto", None, None, 0.3, 9, None, None, False, True)
+    torch.ops.aotc.prefix_prefill(*case.values(), out2, "nhd", "auto", None, None, 0.3, 9, None, None, False, True,
+                                  0, None, False, 0.0)
     assert torch.equal(out, out2)
 
 
@@ -111,7 +112,7 @@ def test_custom_op_schema_and_fake_impl(good):
     case, kw = good
     out = torch.empty_like(case["q"])
     sinks = torch.randn(4)
-    args = (*case.values(), out, "nhd", "auto", None, None, 0.125, 0, sinks, None, False, True)
+    args = (*case.values(), out, "nhd", "auto", None, None, 0.125, 0, sinks, None, False, True, 0, None, False, 0.0)
     torch.library.opcheck(torch.ops.aotc.prefix_prefill.default, args,
                           test_utils=("test_schema", "test_faketensor"))
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -1,0 +1,72 @@
+"""The vLLM conformance runner's machinery without a GPU or vLLM's files: a fake peer folder (a
+one-function kernel module and a test file written here) becomes a sandbox whose bound module
+re-exports the peer's names with the entry point taken from aotc.compat.vllm; a wrong sdist is
+refused by sha256; results tabulate per function with internal tests out of the totals."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.gpu.conformance import vllm_runner, vllm_shims
+
+
+def _fake_peer(root):
+    ops = root / vllm_runner.OPS_DIR
+    tests = root / vllm_runner.TEST_DIR
+    ops.mkdir(parents=True)
+    tests.mkdir(parents=True)
+    (ops / "prefix_prefill.py").write_text("HELPER = 7\n\ndef context_attention_fwd(*a, **k):\n    return 'peer'\n")
+    (tests / "test_prefix_prefill.py").write_text(
+        "from vllm.v1.attention.ops.prefix_prefill import HELPER, context_attention_fwd\n"
+        "from vllm.v1.kv_cache_interface import KVQuantMode\n"
+        "def test_bound():\n    assert HELPER == 7 and KVQuantMode.FP8_PER_TENSOR == 1\n"
+        "    assert context_attention_fwd.__module__ == EXPECTED\n")
+    return root
+
+
+@pytest.mark.parametrize("impl,expected", [("aotc", "aotc.compat.vllm"),
+                                           ("vllm", "vllm.v1.attention.ops.prefix_prefill")])
+def test_sandbox_binds_the_entry_point(tmp_path, impl, expected):
+    root = _fake_peer(tmp_path / "peer")
+    assert vllm_runner.locate_peer(str(root), str(tmp_path / "x")) == str(root)
+    sandbox = vllm_runner.build_sandbox(str(root), impl, str(tmp_path / impl))
+    test = os.path.join(sandbox, "tests", "test_prefix_prefill.py")
+    with open(test) as f:
+        src = f.read().replace("EXPECTED", repr(expected))
+    with open(test, "w") as f:
+        f.write(src)
+    log = str(tmp_path / f"{impl}.jsonl")
+    res = vllm_runner.run_file(sandbox, "test_prefix_prefill.py", 1, 120, log)
+    assert [r["outcome"] for r in res["rows"]] == ["passed"], res["output_tail"]
+    for rel in vllm_shims.COMMON:
+        assert os.path.exists(os.path.join(sandbox, rel))
+
+
+def test_wrong_sdist_is_refused(tmp_path):
+    bad = tmp_path / "vllm-0.33.0.tar.gz"
+    bad.write_bytes(b"not vllm")
+    with pytest.raises(vllm_runner.PeerMissing, match="sha256"):
+        vllm_runner.locate_peer(str(bad), str(tmp_path / "x"))
+    with pytest.raises(vllm_runner.PeerMissing, match="no such"):
+        vllm_runner.locate_peer(str(tmp_path / "missing.tar.gz"), str(tmp_path / "x"))
+
+
+def test_table_totals_leave_internal_tests_out():
+    rows = [{"nodeid": "tests/t.py::test_triton_unified_attn[a]", "outcome": "passed", "reason": ""},
+            {"nodeid": "tests/t.py::test_triton_unified_attn[b]", "outcome": "failed",
+             "reason": "NotImplementedError: x"},
+            {"nodeid": "tests/t.py::test_reduce_segments_ignores_empty_softmax_states[c]", "outcome": "passed",
+             "reason": ""}]
+    results = {i: {"unified": {"rows": rows, "timed_out": False}} for i in ("aotc", "vllm")}
+    text = vllm_runner.table(results, ("aotc", "vllm"))
+    assert "| test_triton_unified_attn | 1 / 2 | 1 / 2 |" in text
+    assert "(internal)" in text and "**1 / 2**" in text
+    assert "1 x NotImplementedError: x" in vllm_runner.reasons(results, "aotc")
+
+
+def test_cli_skips_cleanly_without_cuda_or_files(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, "-m", "tests.gpu.conformance.vllm_runner", "--peer", str(tmp_path / "none")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith("skipped:"), res.stdout + res.stderr

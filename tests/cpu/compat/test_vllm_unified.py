@@ -1,0 +1,94 @@
+"""aotc.compat.vllm.unified_attention with vLLM 0.33.0's conventions (cache holding every token,
+[num_blocks, block_size, kv_heads, D]; cu_seqlens_q; window_size (left, right); per-tensor fp8
+descales shaped [num_seqs, kv_heads]) against the float32 reference, through the Triton
+interpreter; out NaN-poisoned first. Tolerance: cases.TOL (fp16 4e-3, bf16 3e-2, abs and rel).
+And the one list of every option aotc does not implement, each raising NotImplementedError naming it
+before anything is launched."""
+import pytest
+import torch
+
+from aotc.compat import vllm
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref, quantize_fp8_ref
+from tests.cpu.kernels.prefix_prefill.cases import TOL, assert_matches, make_case
+
+# decode rows (q 1), a chunk past a 128-row tile, a request of no tokens, contexts around a page
+Q_LENS, CTX_LENS = [1, 130, 0, 5, 1], [0, 17, 0, 15, 40]
+
+
+def _problem(dtype=torch.bfloat16, cache_dtype=None, seed=0, q_heads=4, kv_heads=2, head_dim=64):
+    """(vLLM's keyword arguments, the reference's case): the cache holds all of each sequence."""
+    full = [c + n for c, n in zip(CTX_LENS, Q_LENS)]
+    case, kw = make_case(full, Q_LENS, dtype=dtype, cache_dtype=cache_dtype, seed=seed, q_heads=q_heads,
+                         kv_heads=kv_heads, head_dim=head_dim)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32)
+    case["k"] = case["v"] = None
+    args = dict(q=case["q"], k=case["k_cache"], v=case["v_cache"],
+                out=torch.full(case["q"].shape, float("nan"), dtype=dtype), cu_seqlens_q=case["query_start_loc"],
+                max_seqlen_q=max(Q_LENS), seqused_k=case["seq_lens"], max_seqlen_k=max(full),
+                softmax_scale=head_dim ** -0.5, causal=True, window_size=(-1, -1), block_table=case["block_table"],
+                softcap=0, q_descale=None, k_descale=None, v_descale=None)
+    return args, case, kw
+
+
+def test_bf16_window_softcap_sinks_alibi():
+    args, case, kw = _problem(seed=1)
+    sinks, slopes = torch.tensor([1.0, -0.5, 0.0, 2.0]), torch.tensor([0.2, 0.1, 0.05, 0.3])
+    assert vllm.unified_attention(**{**args, "window_size": (19, 0), "softcap": 8.0}, sinks=sinks,
+                                  alibi_slopes=slopes, use_alibi_sqrt=True, seq_threshold_3D=8) is None
+    ref = prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"], window=20, softcap=8.0, sinks=sinks,
+                             alibi_slopes=slopes, alibi_sqrt=True)
+    assert_matches(args["out"], ref, torch.bfloat16)
+
+
+def test_fp8_cache_fp8_query_per_tensor_descales():
+    args, case, kw = _problem(dtype=torch.float16, cache_dtype=torch.float8_e4m3fn, seed=2, q_heads=8, kv_heads=1)
+    k_scale, v_scale = kw["k_scale"], kw["v_scale"]
+    q_scale = torch.tensor(0.5)
+    q8 = (case["q"].float() / q_scale).to(torch.float8_e4m3fn)
+    shape = (len(Q_LENS), 1)  # vLLM's tests pass [num_seqs, kv_heads] filled with the scale
+    vllm.unified_attention(**{**args, "q": q8, "q_descale": q_scale, "k_descale": k_scale.expand(shape),
+                              "v_descale": v_scale.expand(shape)}, kv_quant_mode=vllm.KVQuantMode.FP8_PER_TENSOR)
+    ref = prefix_prefill_ref(**{**case, "q": (q8.float() * q_scale).half()}, **kw, sm_scale=args["softmax_scale"])
+    assert_matches(args["out"], ref, torch.float16)
+
+
+def test_fp8_output():
+    args, case, kw = _problem(dtype=torch.float16, seed=3)
+    out_scale = torch.tensor(0.05)
+    args["out"] = torch.full(case["q"].shape, float("nan")).to(torch.float8_e4m3fn)
+    vllm.unified_attention(**args, output_scale=out_scale)
+    want = quantize_fp8_ref(prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"]), out_scale).float()
+    got = args["out"].float()
+    assert ((got - want).abs() <= 0.125 * want.abs() + TOL[torch.float16] / 0.05).all()
+
+
+UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
+    ("INT8_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.INT8_PER_TOKEN_HEAD)),
+    ("FP8_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.FP8_PER_TOKEN_HEAD)),
+    ("INT4_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD)),
+    ("k_scale_cache", dict(k_scale_cache=torch.ones(1))),
+    ("causal=False", dict(causal=False)),
+    ("per-sequence", dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool))),
+    ("qq_bias", dict(qq_bias=torch.zeros(1))),
+    ("mm_prefix_range", dict(mm_prefix_range=torch.zeros(len(Q_LENS), 1, 2, dtype=torch.int32))),
+    ("rswa", dict(rswa_window=16, rswa_prefix_lens=torch.zeros(len(Q_LENS), dtype=torch.int32))),
+    ("chunk_lookback", dict(chunk_lookback=1, window_size=(63, 0))),
+]
+
+
+@pytest.mark.parametrize("name,options", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_unsupported_options_raise(name, options):
+    args, _, _ = _problem(seed=4)
+    with pytest.raises(NotImplementedError, match=name):
+        vllm.unified_attention(**{**args, **options})
+    assert torch.isnan(args["out"]).all()  # nothing was launched
+
+
+def test_supported_options_are_not_rejected():
+    """vLLM's accepted-and-ignored arguments: split-K workspace, use_td, chunk_lookback without a window."""
+    args, case, kw = _problem(seed=5)
+    scratch = torch.empty(8, 4, 16, 64)
+    vllm.unified_attention(**args, seq_threshold_3D=8, num_par_softmax_segments=16, softmax_segm_output=scratch,
+                           softmax_segm_max=scratch[..., 0], softmax_segm_expsum=scratch[..., 0], use_td=True,
+                           chunk_lookback=2, mm_prefix_clamp_sliding_window=True)
+    assert_matches(args["out"], prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"]), torch.bfloat16)

@@ -185,7 +185,7 @@ def test_under_no_grad_the_same_call_runs(launches, op):
                                                        kw["k_scale"], kw["v_scale"], "auto")),
     ("prefix_prefill", lambda a, kw: torch.ops.aotc.prefix_prefill(
         a["q"], a["k"], a["v"], a["k_cache"], a["v_cache"], a["block_table"], a["query_start_loc"], a["seq_lens"],
-        kw["out"], "nhd", "auto", None, None, 0.125, 0, None, None, False, False)),
+        kw["out"], "nhd", "auto", None, None, 0.125, 0, None, None, False, False, 0, None, False, 0.0)),
     ("gated_delta_prefill", lambda a, kw: torch.ops.aotc.gated_delta_prefill(
         a["q"], a["k"], a["v"], a["g"], a["beta"], a["state"], a["state_indices"], a["cu_seqlens"], kw["out"], 0.125,
         False, "vmajor", False)),

@@ -34,6 +34,12 @@ and more, so exp(-G_j) overflows within a chunk). Off-diagonal sub-blocks (i > j
 the cumulative gate R before block i: exp(G_i - R) exp(R - G_j), both factors <= 1. Diagonal
 blocks form exp(G_ic - G_jc) directly, one column at a time (16 steps of [16, K] work).
 
+Head sizes and dtypes: HEAD_K / HEAD_V are the tiles (64, 128, 256); the head sizes K_DIM / V_DIM
+are runtime ints. Every load of q, k, v, a KDA gate and the pool and every store of the output and
+the pool is masked by them, so the padded channels read as zeros and stay zero through W, U, Kg
+and the state tile; the workspaces are tile-wide. fp32 inputs keep an fp32 workspace and run their
+dots through _dot (tf32x3 on CUDA, exact fp32 elsewhere), never a single tf32 rounding.
+
 Chunk schedule on the device (no host read of lengths): sequence n owns chunk slots
 [cu[n] // 64 + n, ... + cdiv(len_n, 64)), so cu[N] // 64 + N slots cover every sequence (the
 flattened schedule of prefix_prefill); a prep program finds its sequence by binary search.

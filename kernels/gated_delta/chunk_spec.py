@@ -9,8 +9,10 @@ sizes K and V themselves are runtime ints up to their tiles (`head_tile`: K = 60
 tile, 100 in the 128 one, the rest of the tile masked); qk_l2norm, scale, GVA group, lengths and
 strides are runtime values too; both state layouts share one binary (the pool is addressed by
 strides).
-3 x 3 x 2 = 18 precompute and 2 x (2 + 2 + 1) + 3 = 13 state variants, each built at two
-specialization levels per target.
+3 x 3 x 2 = 18 precompute variants, each built at two specialization levels per target, and
+2 x (2 + 2 + 1) + 3 = 13 state variants, built ALIGNED under gdn_chunk_state and GENERIC under
+gdn_chunk_state_generic (two specs of one kernel: their launch configs differ, see
+state_launch_generic).
 """
 from __future__ import annotations
 

@@ -128,16 +128,21 @@ def state_constexprs(axes) -> dict:
     return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": int(axes["bv"])}
 
 
+def declared(dtype: str, d: int) -> bool:
+    """fp32 at the 256 tile is not declared: its state pass faulted on the H100 (the op refuses it)."""
+    return not (dtype == "fp32" and d > 128)
+
+
 def prep_variants():
     for dtype in DTYPES:
-        for d in HEAD_DIMS:
+        for d in filter(lambda d: declared(dtype, d), HEAD_DIMS):
             for gate in GATES:
                 yield {"dtype": dtype, "head_k": d, "head_v": d, "gate": gate}
 
 
 def state_variants():
     for dtype in DTYPES:
-        for d in HEAD_DIMS:
+        for d in filter(lambda d: declared(dtype, d), HEAD_DIMS):
             for bv in state_block_vs(d, d, dtype):
                 yield {"dtype": dtype, "head_k": d, "head_v": d, "bv": bv}
 

@@ -227,7 +227,7 @@ def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
     q, table, lens, kw = case.q, case.table, case.seq_lens, case.kwargs
     new_k = torch.randn(batch, 4, 128, device="cuda").to(q.dtype)
     new_v = torch.randn(batch, 4, 128, device="cuda").to(q.dtype)
-    slots = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    slots = torch.arange(batch, dtype=torch.int32, device="cuda")  # distinct: store_kv refuses a slot named twice
     out = torch.empty_like(q)
 
     def step():

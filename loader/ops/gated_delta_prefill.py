@@ -203,7 +203,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     stride, device, option or (when validated) value, naming the argument, before any launch;
     ValueError naming out or state when either shares memory with another argument or is an
     expand()ed (stride-0) view; NotImplementedError when grad mode is on and an input requires
-    grad (aotc is inference-only).
+    grad (aotc is inference-only), and on GPUs for fp32 at K or V above 128 and for KDA gates at
+    16-bit with K not a multiple of 16 (their binaries failed on the H100; the interpreter runs them).
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
     state from that token on; other sequences unaffected).
     """

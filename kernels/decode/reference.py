@@ -25,24 +25,25 @@ def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scal
                      window=None, sinks=None, return_lse=False):
     """Attention of one query token per request over its cached tokens, in float32.
 
-    q [batch, q_heads, head_dim]; k_cache, v_cache [pages, page_size, kv_heads, head_dim] of real
-    values (dequantize first); table [rows, max_pages]; seq_lens [batch]; req_idx [batch] or
+    q [batch, q_heads, d_qk]; k_cache [pages, page_size, kv_heads, d_qk] and v_cache [pages,
+    page_size, kv_heads, d_v] of real values (dequantize first; MLA's latent cache: pass
+    `k_cache[..., :d_v]` as v_cache); table [rows, max_pages]; seq_lens [batch]; req_idx [batch] or
     None (row b); window: attend to the last `window` tokens; sinks [q_heads]: logits joined to
-    the softmax denominator that contribute no value. Returns [batch, q_heads, head_dim] float32;
+    the softmax denominator that contribute no value. Returns [batch, q_heads, d_v] float32;
     a request of length 0 gives zeros. return_lse: also the [batch, q_heads] float32 natural-log
     log-sum-exp of the scaled scores attended plus the sink (-inf where there is neither).
     """
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
+    batch, q_heads, d_qk = q.shape
+    kv_heads, d_v = v_cache.shape[2], v_cache.shape[3]
     group = q_heads // kv_heads
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    out = torch.zeros(batch, q_heads, head_dim, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else sm_scale
+    out = torch.zeros(batch, q_heads, d_v, dtype=torch.float32, device=q.device)
     lse = torch.full((batch, q_heads), float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(batch):
         row = int(req_idx[b]) if req_idx is not None else b
         length = int(seq_lens[b])
         start = max(0, length - window) if window else 0
-        # [tokens, q_heads, head_dim]: each query head reads its kv head (h // group).
+        # [tokens, q_heads, d]: each query head reads its kv head (h // group).
         k = gather_tokens(k_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
         v = gather_tokens(v_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from aotc.kernels.decode.mla_reference import mla_reference
+from aotc.kernels.decode.reference import decode_reference
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
@@ -22,7 +22,7 @@ class Case:
     kwargs: dict = field(default_factory=dict)  # k_scale, v_scale
 
     def reference(self, **kw):
-        return mla_reference(self.q, self.k_real, self.v_real, self.table, self.seq_lens, **kw)
+        return decode_reference(self.q, self.k_real, self.v_real, self.table, self.seq_lens, **kw)
 
 
 def make_case(lens, *, d_qk=576, d_v=512, latent=True, fmt="bf16", kv_heads=1, group=16, page_size=16,

@@ -198,6 +198,26 @@ class _Decode:
         self.sinks, self.sm_scale, self.window, self.splits, self.lse = sinks, sm_scale, window, splits, lse
 
 
+def check_rows(table, seq_lens, req_idx, sinks, batch: int, q_heads: int, dev) -> None:
+    """The request-indexing tensors every decode kernel reads: table [rows, max_pages] int32 (unit
+    last stride), seq_lens and req_idx [batch] int32 contiguous, sinks [q_heads] fp32."""
+    _tensor(table, "table", (torch.int32,), dim=2, device=dev)
+    _unit_last(table, "table")
+    _tensor(seq_lens, "seq_lens", (torch.int32,), dim=1, device=dev)
+    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
+        raise ValueError(f"seq_lens: expected a contiguous [batch={batch}] tensor, got {tuple(seq_lens.shape)}")
+    if req_idx is not None:
+        _tensor(req_idx, "req_idx", (torch.int32,), dim=1, device=dev)
+        if req_idx.shape[0] != batch or not req_idx.is_contiguous():
+            raise ValueError(f"req_idx: expected a contiguous [batch={batch}] tensor, got {tuple(req_idx.shape)}")
+    elif table.shape[0] < batch:
+        raise ValueError(f"table: {table.shape[0]} rows for batch {batch} (row b serves request b without req_idx)")
+    if sinks is not None:
+        _tensor(sinks, "sinks", (torch.float32,), dim=1, device=dev)
+        if sinks.shape[0] != q_heads or not sinks.is_contiguous():
+            raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
+
+
 def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                   window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
@@ -217,21 +237,7 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     kv_heads = kv.k.shape[2]
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    _tensor(table, "table", (torch.int32,), dim=2, device=dev)
-    _unit_last(table, "table")
-    _tensor(seq_lens, "seq_lens", (torch.int32,), dim=1, device=dev)
-    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
-        raise ValueError(f"seq_lens: expected a contiguous [batch={batch}] tensor, got {tuple(seq_lens.shape)}")
-    if req_idx is not None:
-        _tensor(req_idx, "req_idx", (torch.int32,), dim=1, device=dev)
-        if req_idx.shape[0] != batch or not req_idx.is_contiguous():
-            raise ValueError(f"req_idx: expected a contiguous [batch={batch}] tensor, got {tuple(req_idx.shape)}")
-    elif table.shape[0] < batch:
-        raise ValueError(f"table: {table.shape[0]} rows for batch {batch} (row b serves request b without req_idx)")
-    if sinks is not None:
-        _tensor(sinks, "sinks", (torch.float32,), dim=1, device=dev)
-        if sinks.shape[0] != q_heads or not sinks.is_contiguous():
-            raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
+    check_rows(table, seq_lens, req_idx, sinks, batch, q_heads, dev)
     if out is not None:
         _tensor(out, "out", (q.dtype,), dim=3, device=dev)
         if out.shape != q.shape:

@@ -20,7 +20,8 @@ from aotc.kernels.decode import mla_spec as S
 from .. import workspace
 from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
 from . import library
-from .decode import _FLOAT_NAMES, _I32_MAX, _as_paged, _check_decode_values, _one, _sm_count, _tensor, _unit_last
+from .decode import (_FLOAT_NAMES, _I32_MAX, _as_paged, _check_decode_values, _one, _sm_count, _tensor, _unit_last,
+                     check_rows)
 
 _FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 
@@ -105,21 +106,7 @@ def check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_fo
         _one_scale(v_scale, "v_scale", dev)
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"k_scale/v_scale are for fp8 caches, not {fmt}")
-    _tensor(table, "table", (torch.int32,), dim=2, device=dev)
-    _unit_last(table, "table")
-    _tensor(seq_lens, "seq_lens", (torch.int32,), dim=1, device=dev)
-    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
-        raise ValueError(f"seq_lens: expected a contiguous [batch={batch}] tensor, got {tuple(seq_lens.shape)}")
-    if req_idx is not None:
-        _tensor(req_idx, "req_idx", (torch.int32,), dim=1, device=dev)
-        if req_idx.shape[0] != batch or not req_idx.is_contiguous():
-            raise ValueError(f"req_idx: expected a contiguous [batch={batch}] tensor, got {tuple(req_idx.shape)}")
-    elif table.shape[0] < batch:
-        raise ValueError(f"table: {table.shape[0]} rows for batch {batch} (row b serves request b without req_idx)")
-    if sinks is not None:
-        _tensor(sinks, "sinks", (torch.float32,), dim=1, device=dev)
-        if sinks.shape[0] != q_heads or not sinks.is_contiguous():
-            raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
+    check_rows(table, seq_lens, req_idx, sinks, batch, q_heads, dev)
     _tensor(out, "out", (q.dtype,), dim=3, device=dev)
     if tuple(out.shape) != (batch, q_heads, d_v):
         raise ValueError(f"out: shape {tuple(out.shape)}, expected [batch, q_heads, v_head_dim] = "

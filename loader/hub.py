@@ -345,10 +345,21 @@ def _remote_targets(repo: str, revision: str, token: str | None) -> str:
         return "?"
 
 
+def _swap_lock(dest: Path) -> str:
+    """A lock file for swapping `dest`, in the temporary folder (the out folder keeps only targets)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(str(dest.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(tempfile.gettempdir(), f"aotc-pull-{digest}.lock")
+
+
 def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
     """Copy a verified target folder to `out/<target>`, replacing what was there only once complete."""
     import shutil
     import tempfile
+
+    from filelock import FileLock
 
     src = Path(root) / target
     manifest = read_manifest(src, expect_target=target)
@@ -367,10 +378,13 @@ def copy_target(root: Path, target: str, out: str | os.PathLike) -> Path:
             raise CorruptArtifactsError(f"copy of {src} to {out} failed verification:\n  " + "\n  ".join(problems))
         dest = out / target
         old = None
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target}.old.", dir=out))
-            os.replace(dest, old / target)
-        os.replace(tmp, dest)
+        # Two pulls into one folder: each swaps its complete copy in whole, one at a time (unlocked,
+        # both could move the same old folder aside and one would find it gone).
+        with FileLock(_swap_lock(out / target)):
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{target}.old.", dir=out))
+                os.replace(dest, old / target)
+            os.replace(tmp, dest)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return dest

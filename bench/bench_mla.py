@@ -59,8 +59,9 @@ def vllm_call(vllm_fwd, q, kv, table, lens, sms):
     return run, o, splits
 
 
-def sweep(rows, copy_bw, shapes):
-    """The split kernel at other tiles through the JIT (merge as the loader runs it)."""
+def sweep(rows, copy_bw, shapes, configs=CONFIGS, splits_for=None):
+    """The split kernel at other tiles through the JIT (merge as the loader runs it); splits from
+    decode's rule without the binary's occupancy, or `splits_for(heads, batch, ctx)`."""
     from aotc.kernels.decode import spec as DS
     from aotc.kernels.decode import mla_spec as S
     from aotc.kernels.decode.mla_kernel import mla_split_kernel
@@ -75,14 +76,14 @@ def sweep(rows, copy_bw, shapes):
         c = M.check(q, kv, kv[..., :D_V], table, lens, None, None, None, "auto", None, None, None, None, out, None,
                     True)
         nbytes = batch * ctx * D_QK * 2
-        for bh, bn, warps, stages in CONFIGS:
+        for bh, bn, warps, stages in configs:
             if bh > heads or (bh < 32 and heads >= 128) or (bh == 64 and heads < 64):
                 continue
             axes = S.split_axes("bf16", "bf16", D_QK, D_V, "latent", "h16")
             cx = S.split_constexprs(axes)
             cx.update(BLOCK_H=bh, BLOCK_N=bn, PDL=0, PTX=1)
             hb = -(-heads // bh)
-            splits = DS.num_splits(batch, hb, 1, sms, None)
+            splits = splits_for(heads, batch, ctx) if splits_for else DS.num_splits(batch, hb, 1, sms, None)
             grid = (hb, batch, splits)
             n_o, n_lse = DS.workspace_elements(batch, heads, splits, D_V)
             part_o, part_lse = workspace.pair(q.device, n_o, n_lse)
@@ -93,10 +94,10 @@ def sweep(rows, copy_bw, shapes):
 
             def run():
                 mla_split_kernel[grid](*args, **cx, num_warps=warps, num_stages=stages)
-                run_kernel(S.MERGE, merge_axes, DS.merge_grid(batch, heads),
+                run_kernel(S.MERGE, merge_axes, DS.merge_grid(batch, heads, merge_axes),
                            [part_o, part_lse, part_lse, out, part_lse, 0, 0, heads, splits, out.stride(0),
                             out.stride(1), 0])
-            name = f"h{bh}-n{bn}-w{warps}-s{stages}"
+            name = f"h{bh}-n{bn}-w{warps}-s{stages}" + (f"-S{splits}" if splits_for else "")
             try:
                 t = device_time(run)
             except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory)

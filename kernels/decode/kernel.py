@@ -3,8 +3,8 @@
 `decode_split_kernel` runs on a grid (kv_heads * cdiv(group, BLOCK_H), batch, num_splits) that
 depends on no sequence length, so one CUDA graph serves every step. Program (g, b, s) takes
 BLOCK_H query heads of one KV group (K/V read once per group; QK^T is a [BLOCK_H, D] x [D, BLOCK_N]
-tensor-core dot) over split s's contiguous chunk of request b's tokens. The chunk is derived here
-from the runtime length, rounded up to BLOCK_N, and every program starts from fresh accumulators
+tensor-core dot) over split s's contiguous run of request b's BLOCK_N-token tiles, dealt out
+evenly from the runtime length (common/schedule.split_tokens), and every program starts from fresh accumulators
 and writes its own workspace slot: the two bugs review found in LightLLM's fixed-grid refactor
 (accumulators carried across the blocks a program visits, every block's partial stored to one
 slot) cannot occur. A split with no tokens writes lse = -inf and no partial output. On sm90 it
@@ -47,6 +47,7 @@ from aotc.kernels.common.dequant import (
     _INTERPRET, _expand, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
     _i8x2_dequant,
 )
+from aotc.kernels.common.schedule import split_tokens
 from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -193,14 +194,7 @@ def decode_split_kernel(
     h_mask = offs_g < group
     heads = kvh * group + offs_g
 
-    # This split's tokens [lo, hi): lengths past the table are clamped so no read leaves it.
-    seq_len = tl.maximum(tl.minimum(tl.load(SeqLens + b), max_pages << page_shift), 0)
-    start = seq_len * 0
-    if window > 0:
-        start = tl.maximum(seq_len - window, 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
-    lo = start + split * chunk
-    hi = tl.minimum(lo + chunk, seq_len)
+    lo, hi = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
 
     row = b
     if use_req_idx != 0:
@@ -549,39 +543,63 @@ def decode_merge_kernel(
     PartO, PartLse, Sinks, Out, Lse,
     use_sinks, write_lse, q_heads, num_splits,
     stride_ob, stride_oh, stride_lse,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, LOOP: tl.constexpr, PDL: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid may start while the
     # split kernel finishes; griddepcontrol.wait returns once the split grid has completed and its
     # writes are visible. Nothing is read before it. (H100, batch 32 x 4K int8 per-token: 108.0 ->
     # 106.3 us a call; batch 1 x 32K bf16 60.6 -> 58.5 us.)
+    # Program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D) of (request b, head h).
+    # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile. LOOP 1: any count, BLOCK_S
+    # splits at a time (the largest log-sum-exp first, then the weighted sum), reading only the
+    # partials of splits that attended tokens.
     if PDL and not _INTERPRET:
         gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     slot0 = (b * q_heads + h).to(tl.int64) * num_splits
-    lse = tl.load(PartLse + slot0 + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-    m = tl.max(lse, 0)
+    if LOOP:
+        m = tl.full([], float("-inf"), tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            lse = tl.load(PartLse + slot0 + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
+            m = tl.maximum(m, tl.max(lse, 0))
+    else:
+        lse = tl.load(PartLse + slot0 + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+        m = tl.max(lse, 0)
     sink = tl.full([], float("-inf"), tl.float32)
     if use_sinks != 0:
         sink = tl.load(Sinks + h).to(tl.float32) * LOG2E
         m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0) + tl.exp2(sink - m)
-    # Empty splits wrote no partial (their slot may hold NaN from an earlier call): selected away,
-    # not masked, so this load does not wait for the log-sum-exps.
-    valid = lse > float("-inf")
-    o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=(offs_s < num_splits)[:, None] & d_mask[None, :], other=0.0)
-    o = tl.where(valid[:, None], o, 0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    if LOOP:
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        denom = tl.exp2(sink - m)
+        for s0 in range(0, num_splits, BLOCK_S):
+            in_range = s0 + offs_s < num_splits
+            lse = tl.load(PartLse + slot0 + s0 + offs_s, mask=in_range, other=float("-inf"))
+            w = tl.exp2(lse - m)
+            denom += tl.sum(w, 0)
+            # NaN (a NaN split) passes `lse != -inf`: its partial is read and the NaN kept.
+            o = tl.load(PartO + (slot0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                        mask=(in_range & (lse != float("-inf")))[:, None] & d_mask[None, :], other=0.0)
+            acc += tl.sum(o * w[:, None], 0)
+    else:
+        w = tl.exp2(lse - m)
+        denom = tl.sum(w, 0) + tl.exp2(sink - m)
+        # Empty splits wrote no partial (their slot may hold NaN from an earlier call): selected away,
+        # not masked, so this load does not wait for the log-sum-exps.
+        valid = lse > float("-inf")
+        o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=(offs_s < num_splits)[:, None] & d_mask[None, :], other=0.0)
+        o = tl.where(valid[:, None], o, 0.0)
+        acc = tl.sum(o * w[:, None], 0)
+    out = acc / tl.where(denom > 0, denom, 1.0)
     out_ptr = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_d
     tl.store(out_ptr, out.to(Out.dtype.element_ty), mask=d_mask)
-    if write_lse != 0:
+    if write_lse != 0 and tl.program_id(2) == 0:
         # The natural log of the denominator `out` was divided by: the scaled scores' log-sum-exp
         # over the attended tokens (the window's, when one is set) plus the sink, so that (out, lse)
         # merges with another attention state. -inf where nothing was attended (out is zeros).

@@ -4,7 +4,7 @@
 depends on no sequence length, so one CUDA graph serves every step. Program (g, b, s) takes
 BLOCK_H query heads of one KV head (the M of both tensor-core dots: [BLOCK_H, D_QK] x [D_QK,
 BLOCK_N] for the scores, [BLOCK_H, BLOCK_N] x [BLOCK_N, D_V] for the output) over split s's
-contiguous chunk of request b's tokens (rounded up to BLOCK_N, as decode's). Every program starts
+contiguous run of request b's BLOCK_N-token tiles (common/schedule.split_tokens, as decode's). Every program starts
 from fresh accumulators and writes its own workspace slot; a split with no tokens writes
 lse = -inf and no partial. The splits are combined by decode's merge kernel (its HEAD_DIM = D_V),
 which also adds sinks and writes the natural-log LSE.
@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from aotc.kernels.common.dequant import _INTERPRET, _fp8_bits_to_fp16
+from aotc.kernels.common.schedule import split_tokens
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -67,14 +68,7 @@ def mla_split_kernel(
     h_mask = offs_g < group
     heads = kvh * group + offs_g
 
-    # This split's tokens [lo, hi): lengths past the table are clamped so no read leaves it.
-    seq_len = tl.maximum(tl.minimum(tl.load(SeqLens + b), max_pages << page_shift), 0)
-    start = seq_len * 0
-    if window > 0:
-        start = tl.maximum(seq_len - window, 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
-    lo = start + split * chunk
-    hi = tl.minimum(lo + chunk, seq_len)
+    lo, hi = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
 
     row = b
     if use_req_idx != 0:

@@ -15,8 +15,9 @@ int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the 
 fill the GPU with it; see `split_tiles`), plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
-`splits` (the tile of partial results it reads at once: 4, 16 or 64, the smallest that holds the
-call's split count).
+`splits` (4, 16 or 64: the one tile of partial results it reads at once, the smallest that holds
+the call's split count; MAX_SPLITS: a loop over tiles of MERGE_LOOP_SPLITS, each program merging
+MERGE_LOOP_D channels).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """
@@ -44,7 +45,11 @@ CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
                "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
 
 BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
-MAX_SPLITS = 64  # bounds the workspace; the merge kernel reads all splits in one tile
+# Splits a request at most. The rule (num_splits) stays near one wave of programs, so the
+# workspace (workspace_elements) stays ~ (programs of a wave) x BLOCK_H x head_dim x 4 bytes: at
+# most 13 MB for MLA (d_v 512) and 3.4 MB for decode at head_dim 128 on 132 SMs; an explicit
+# num_splits may take more, up to batch x q_heads x MAX_SPLITS x head_dim x 4 bytes.
+MAX_SPLITS = 512
 MAX_BATCH = 65535  # the split grid's second dimension (CUDA's limit)
 PROGRAMS_PER_SM = 4  # splits are added until the grid fills this many programs per SM
 
@@ -133,12 +138,18 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
             "tile": tile}
 
 
-MERGE_SPLIT_TILES = (4, 16, MAX_SPLITS)
+MERGE_ONE_TILE = 64  # split counts up to this merge in one [splits, head_dim] tile
+MERGE_SPLIT_TILES = (4, 16, MERGE_ONE_TILE, MAX_SPLITS)
+# Past one tile the merge loops over MERGE_LOOP_SPLITS splits at a time, and spreads each head's
+# channels over programs of MERGE_LOOP_D: many splits come with small batches, whose (batch x
+# heads) programs alone would leave most SMs idle.
+MERGE_LOOP_SPLITS, MERGE_LOOP_D = 64, 64
 
 
 def merge_split_tile(splits: int) -> int:
     """The smallest merge tile that holds `splits` partial results: one [MAX_SPLITS, BLOCK_D] tile for
-    every call made the merge a wave of register-heavy programs (BENCHMARKS.md, Kernel choices: merge tile)."""
+    every call made the merge a wave of register-heavy programs (BENCHMARKS.md, Kernel choices: merge tile).
+    Past MERGE_ONE_TILE: MAX_SPLITS, the looping merge."""
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {splits}")
     return next(t for t in MERGE_SPLIT_TILES if splits <= t)
@@ -188,8 +199,10 @@ def split_grid(batch: int, kv_heads: int, group: int, splits: int) -> tuple[int,
     return (kv_heads * head_blocks(group), batch, splits)
 
 
-def merge_grid(batch: int, q_heads: int) -> tuple[int, int, int]:
-    return (batch, q_heads, 1)
+def merge_grid(batch: int, q_heads: int, merge_axes) -> tuple[int, int, int]:
+    """(request, head, channel block): one channel block except for the looping merge."""
+    c = merge_constexprs(merge_axes)
+    return (batch, q_heads, -(-c["HEAD_DIM"] // c["BLOCK_D"]))
 
 
 def workspace_elements(batch: int, q_heads: int, splits: int, head_dim: int) -> tuple[int, int]:
@@ -309,8 +322,10 @@ MERGE_ARGS = (
 
 
 def merge_constexprs(axes) -> dict:
-    hd = int(axes["head_dim"])
-    return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": int(axes["splits"])}
+    hd, tile = int(axes["head_dim"]), int(axes["splits"])
+    if tile <= MERGE_ONE_TILE:
+        return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": tile, "LOOP": 0}
+    return {"HEAD_DIM": hd, "BLOCK_D": min(MERGE_LOOP_D, block_d(hd)), "BLOCK_S": MERGE_LOOP_SPLITS, "LOOP": 1}
 
 
 def merge_variants():
@@ -323,8 +338,11 @@ def merge_variants():
 def merge_launch(axes, arch: int) -> LaunchConfig:
     # The [BLOCK_S, BLOCK_D] fp32 tile at <= 64 elements a thread (64 x 128 at 4 warps). sm90+:
     # a programmatic dependent launch (the kernel's PDL constexpr follows it).
-    elements = int(axes["splits"]) * block_d(int(axes["head_dim"]))
-    return LaunchConfig(num_warps=max(1, min(8, elements // (64 * 32))), num_stages=1, launch_pdl=arch >= 90)
+    # The looping merge: 2 stages, so the next tile's loads are in flight during this one's sum.
+    c = merge_constexprs(axes)
+    elements = c["BLOCK_S"] * c["BLOCK_D"]
+    return LaunchConfig(num_warps=max(1, min(8, elements // (64 * 32))), num_stages=2 if c["LOOP"] else 1,
+                        launch_pdl=arch >= 90)
 
 
 MERGE = KernelSpec(
@@ -333,7 +351,7 @@ MERGE = KernelSpec(
     sources=("kernel.py",),
     function="decode_merge_kernel",
     args=MERGE_ARGS,
-    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "PDL"),
+    constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_S", "LOOP", "PDL"),
     constexprs=merge_constexprs,
     variants=merge_variants,
     launch=merge_launch,

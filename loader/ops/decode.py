@@ -393,8 +393,9 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     lse = d.lse
     merge_ints = [int(d.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                   lse.stride(0) if lse is not None else 0]
-    plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits),
-                 S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim, splits), S.merge_grid(batch, q_heads),
+    merge_axes = S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim, splits)
+    plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits), merge_axes,
+                 S.merge_grid(batch, q_heads, merge_axes),
                  n_o, n_lse, split_ints, merge_ints, byte_view, fp8, kv.fmt, q.device)
     if q.is_cuda and all(plan.split_grid) and all(plan.merge_grid):
         split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)

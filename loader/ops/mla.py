@@ -191,7 +191,7 @@ def _make_plan(c: _Call, out) -> _Plan:
     p.n_o, p.n_lse = DS.workspace_elements(batch, q_heads, splits, d_v)
     p.merge_spec = S.merge_spec(d_v)
     p.merge_axes = S.merge_axes(_FLOAT_NAMES[out.dtype], d_v, splits)
-    p.merge_grid = DS.merge_grid(batch, q_heads)
+    p.merge_grid = DS.merge_grid(batch, q_heads, p.merge_axes)
     lse = c.lse
     p.merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                     lse.stride(0) if lse is not None else 0]

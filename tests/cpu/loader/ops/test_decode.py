@@ -332,7 +332,7 @@ def _call(**over):
     (lambda g: dict(out=torch.empty(2, 4, 64, dtype=torch.bfloat16)), ValueError, "out: shape"),
     (lambda g: dict(window=0), ValueError, "window"),
     (lambda g: dict(sm_scale=float("nan")), ValueError, "sm_scale"),
-    (lambda g: dict(num_splits=65), ValueError, "num_splits"),
+    (lambda g: dict(num_splits=513), ValueError, "num_splits"),
     (lambda g: dict(q=g["q"].to("meta")), ValueError, "k_cache is on cpu, expected meta"),
 ])
 def test_bad_input_names_the_argument(over, exc, match):
@@ -404,7 +404,9 @@ def test_default_sm_scale_is_inverse_sqrt_head_dim():
     assert torch.equal(run(case), run(case, sm_scale=1 / math.sqrt(64)))
 
 
-@pytest.mark.parametrize("splits", [4, 5, 8, 16, 17, 64])  # both sides of each merge tile (4, 16, 64)
+# both sides of each merge tile (4, 16, 64), and the looping merge past 64 (over and under its
+# 64-split steps, up to MAX_SPLITS)
+@pytest.mark.parametrize("splits", [4, 5, 8, 16, 17, 64, 65, 127, 128, 129, 512])
 def test_stale_workspace_is_never_read(monkeypatch, splits):
     """Empty splits leave their partial slots as they were: NaN there must not reach the output."""
     from aotc.loader import workspace

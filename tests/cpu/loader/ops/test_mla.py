@@ -42,7 +42,7 @@ LATENT_BAD = [
     (dict(q=torch.randn(2, 16, 576)), TypeError, "q: dtype"),
     (dict(seq_lens=torch.tensor([10, 20])), TypeError, "seq_lens: dtype"),
     (dict(seq_lens=torch.tensor([10, 9999], dtype=torch.int32)), ValueError, r"seq_lens\[1\] = 9999"),
-    (dict(num_splits=65), ValueError, "num_splits"),
+    (dict(num_splits=513), ValueError, "num_splits"),
 ]
 
 

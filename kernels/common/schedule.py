@@ -22,20 +22,16 @@ def owner_of_block(Starts, pid, count, BLOCK: tl.constexpr):
 
 @triton.jit
 def split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N: tl.constexpr):
-    """Split `split` of `num_splits`'s tokens [lo, hi) of request b (hi <= lo: none).
-
-    The length is clamped to the table (max_pages << page_shift) so no read leaves it; a window
-    keeps its last `window` tokens. The BLOCK_N-token tiles are dealt out evenly (split s takes
-    tiles [s * T // S, (s + 1) * T // S)), so min(T, S) splits hold work and none more than one
-    tile beyond another: a count rounded up to whole tiles a split left most splits empty when
-    splits outnumber a short sequence's tiles."""
+    """Split `split` of `num_splits`'s tokens [lo, hi) of request b (hi <= lo: none): a chunk of
+    cdiv(length, num_splits) tokens rounded up to whole BLOCK_N tiles, so a short sequence takes
+    fewer splits rather than more programs with the same longest one (dealing the tiles out evenly
+    measured slower: BENCHMARKS.md, "MLA decode"). The length is clamped to the table
+    (max_pages << page_shift) so no read leaves it; a window keeps its last `window` tokens."""
     seq_len = tl.maximum(tl.minimum(tl.load(SeqLens + b), max_pages << page_shift), 0)
     start = seq_len * 0
     if window > 0:
         start = tl.maximum(seq_len - window, 0)
-    tiles = tl.cdiv(seq_len - start, BLOCK_N).to(tl.int64)
-    t_lo = (split * tiles // num_splits).to(tl.int32)  # int64 product: tiles x splits may pass 2^31
-    t_hi = ((split + 1) * tiles // num_splits).to(tl.int32)
-    lo = start + t_lo * BLOCK_N
-    hi = tl.minimum(start + t_hi * BLOCK_N, seq_len)
+    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
     return lo, hi

@@ -3,9 +3,10 @@
 `decode_split_kernel` runs on a grid (kv_heads * cdiv(group, BLOCK_H), batch, num_splits) that
 depends on no sequence length, so one CUDA graph serves every step. Program (g, b, s) takes
 BLOCK_H query heads of one KV group (K/V read once per group; QK^T is a [BLOCK_H, D] x [D, BLOCK_N]
-tensor-core dot) over split s's contiguous run of request b's BLOCK_N-token tiles, dealt out
-evenly from the runtime length (common/schedule.split_tokens), and every program starts from fresh accumulators
-and writes its own workspace slot: the two bugs review found in LightLLM's fixed-grid refactor
+tensor-core dot) over split s's contiguous chunk of request b's tokens. The chunk is derived here
+from the runtime length, rounded up to BLOCK_N (common/schedule.split_tokens), and every program
+starts from fresh accumulators and writes its own workspace slot: the two bugs review found in
+LightLLM's fixed-grid refactor
 (accumulators carried across the blocks a program visits, every block's partial stored to one
 slot) cannot occur. A split with no tokens writes lse = -inf and no partial output. On sm90 it
 is a programmatic dependent launch (PDL) of whatever kernel precedes it on the stream: its

@@ -11,7 +11,7 @@ reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: 
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
 (kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
 Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
-runtime arguments; split counts follow decode's rule (decode/spec.num_splits), never lengths.
+runtime arguments; split counts follow batch, heads and occupancy (num_splits), never lengths.
 """
 from __future__ import annotations
 
@@ -99,10 +99,25 @@ def head_blocks(group: int, tile: str) -> int:
     return -(-group // TILES[tile][0])
 
 
+# Splits a request at most under the rule: past it the partial outputs (BLOCK_H x d_v fp32 a
+# split, 32 KB at 16 heads x 512) cost more than the extra SMs bring (BENCHMARKS.md, "MLA decode":
+# batch 1 x 32K at 16 heads, 264 splits beat 396 and 512).
+RULE_MAX_SPLITS = 256
+
+
 def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
                programs_per_sm: int | None = None) -> int:
-    """Decode's rule over this family's programs: (batch x KV heads x head blocks) programs a split."""
-    return D.num_splits(batch, kv_heads * head_blocks(group, tile), 1, sm_count, programs_per_sm)
+    """Splits of each sequence: one wave of programs, (batch x KV heads x head blocks) a split,
+    never past RULE_MAX_SPLITS; the occupancy `programs_per_sm` comes from the binary (unknown:
+    decode's PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
+    second, partial wave and the partials of more, shorter splits cost more than they bring
+    (BENCHMARKS.md, "MLA decode": 128 heads at batch 32 x 4K, 2 splits 188 us, 3 248 us, 9 260 us).
+    Depends on no length, so a captured CUDA graph replays at any length. Workspace: at most
+    max(batch x q_heads, slots x BLOCK_H) rows of d_v + 1 floats (17.3 MB at d_v 512 on 132 SMs,
+    at 4 programs of 16 heads or 1 of 64 an SM)."""
+    base = max(1, batch * kv_heads * head_blocks(group, tile))
+    slots = (programs_per_sm or D.PROGRAMS_PER_SM) * sm_count
+    return max(1, min(RULE_MAX_SPLITS, slots // base))
 
 
 def split_grid(batch: int, kv_heads: int, group: int, tile: str, splits: int) -> tuple[int, int, int]:

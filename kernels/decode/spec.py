@@ -45,11 +45,12 @@ CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
                "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
 
 BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
-# Splits a request at most. The rule (num_splits) stays near one wave of programs, so the
-# workspace (workspace_elements) stays ~ (programs of a wave) x BLOCK_H x head_dim x 4 bytes: at
-# most 13 MB for MLA (d_v 512) and 3.4 MB for decode at head_dim 128 on 132 SMs; an explicit
-# num_splits may take more, up to batch x q_heads x MAX_SPLITS x head_dim x 4 bytes.
+# Splits a request at most: what the merge reads and an explicit num_splits may ask for. The
+# workspace (workspace_elements) is batch x q_heads x splits x (head_dim + 1) fp32; the rules keep
+# their counts near a wave of programs (num_splits; mla_spec.num_splits), an explicit count may
+# take up to MAX_SPLITS.
 MAX_SPLITS = 512
+RULE_MAX_SPLITS = 64  # decode's rule: more splits were slower at batch 1 (BENCHMARKS.md, "Batch-1 decode")
 MAX_BATCH = 65535  # the split grid's second dimension (CUDA's limit)
 PROGRAMS_PER_SM = 4  # splits are added until the grid fills this many programs per SM
 
@@ -65,7 +66,7 @@ def block_n(head_dim: int, tile: str = "wide") -> int:
 
 
 # int4's "narrow" tile (2 warps, 64-token tiles, 3 stages): the only tile of int4 at head_dim 64, and
-# for int4 one scale a token at head_dim 128 taken when the grid at MAX_SPLITS splits holds this many
+# for int4 one scale a token at head_dim 128 taken when the grid at RULE_MAX_SPLITS splits holds this many
 # programs an SM (the binary's occupancy); small grids lose with it (BENCHMARKS.md, Kernel choices: narrow tile). The choice
 # depends on batch and heads, never on lengths, so a captured graph keeps its binary.
 NARROW_PROGRAMS_PER_SM = 6
@@ -82,10 +83,10 @@ def split_tiles(kv: str, head_dim: int, scales: str) -> tuple[str, ...]:
 
 def choose_tile(tiles: tuple[str, ...], base_programs: int, sm_count: int) -> str:
     """Of a variant's tiles, the narrow one when `base_programs` (batch x KV heads x head blocks) at
-    MAX_SPLITS splits gives every SM NARROW_PROGRAMS_PER_SM programs; else the wide one."""
+    RULE_MAX_SPLITS splits gives every SM NARROW_PROGRAMS_PER_SM programs; else the wide one."""
     if len(tiles) == 1:
         return tiles[0]
-    return "narrow" if base_programs * MAX_SPLITS >= NARROW_PROGRAMS_PER_SM * sm_count else "wide"
+    return "narrow" if base_programs * RULE_MAX_SPLITS >= NARROW_PROGRAMS_PER_SM * sm_count else "wide"
 
 
 def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0,
@@ -168,16 +169,18 @@ def head_blocks(group: int) -> int:
 
 
 def num_splits(batch: int, kv_heads: int, group: int, sm_count: int, programs_per_sm: int | None = None) -> int:
-    """Splits of each sequence: enough programs to fill every SM, never past MAX_SPLITS.
+    """Splits of each sequence: enough programs to fill every SM, never past RULE_MAX_SPLITS.
 
     Depends on no length, so a captured CUDA graph replays at any length. The base count gives
     PROGRAMS_PER_SM programs an SM (batch 1 with 8 KV heads on 132 SMs: 64 splits, batch 32: 3).
     Given the variant's real occupancy (`programs_per_sm`, from the binary), the count moves to the
-    nearest one whose programs fill their last wave to >= 95% (none within MAX_SPLITS, or four waves
-    and more already: the base count; BENCHMARKS.md, Kernel choices: num_splits).
+    nearest one whose programs fill their last wave to >= 95% (none within RULE_MAX_SPLITS, or four
+    waves and more already: the base count; BENCHMARKS.md, Kernel choices: num_splits). The workspace
+    follows: at most max(batch x q_heads, 8 x SMs x BLOCK_H) rows of head_dim + 1 floats (8.7 MB at
+    head_dim 128 on 132 SMs; more only where batch x q_heads alone is more).
     """
     base = max(1, batch * kv_heads * head_blocks(group))
-    splits = max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count // base)))
+    splits = max(1, min(RULE_MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count // base)))
     slots = (programs_per_sm or 0) * sm_count
     if not slots or base * splits >= 4 * slots:  # unknown, or four waves and more: little to gain
         return splits
@@ -186,9 +189,9 @@ def num_splits(batch: int, kv_heads: int, group: int, sm_count: int, programs_pe
         programs = base * s
         return programs >= 0.95 * slots * -(-programs // slots)
 
-    for step in range(MAX_SPLITS):
+    for step in range(RULE_MAX_SPLITS):
         for s in (splits - step, splits + step):
-            if 1 <= s <= MAX_SPLITS and filled(s):
+            if 1 <= s <= RULE_MAX_SPLITS and filled(s):
                 return s
     return splits
 

@@ -589,7 +589,8 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
       out      [B, H, D] in q's dtype, written and returned; allocated when None.
       num_splits  sequence splits per request (default from batch, heads, the SM count and how many
-               programs of the kernel's binary fit an SM, <= 64; never from lengths).
+               programs of the kernel's binary fit an SM, <= 64; never from lengths); explicit: 1 to
+               512 (the workspace grows with it: batch x H x splits x (D + 1) fp32).
       return_lse  also return lse: [B, H] fp32, the natural-log log-sum-exp of the scaled scores
                (sm_scale * q.k) over the tokens attended (the window's when one is set) plus the
                sink's logit when sinks are given: the log of the softmax denominator `out` was

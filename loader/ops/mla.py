@@ -4,7 +4,7 @@ k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/d
 
 Also a `torch.library` op (`torch.ops.aotc.mla_decode`, mutating `out`/`lse`) with a fake, so
 `torch.compile(fullgraph=True)` traces through it. Plans are cached by the inputs' metadata as
-decode's are; the split count follows decode's rule (batch, heads, SM count, occupancy), never
+decode's are; the split count follows mla_spec.num_splits (batch, heads, SM count, occupancy), never
 lengths, so a captured CUDA graph replays at any length.
 """
 from __future__ import annotations

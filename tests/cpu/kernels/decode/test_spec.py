@@ -117,10 +117,10 @@ def test_split_axes_rejects(args, match):
 def test_num_splits_fills_the_gpu_and_stays_bounded(batch, kv_heads, group):
     sms = 132
     splits = S.num_splits(batch, kv_heads, group, sms)
-    assert 1 <= splits <= S.MAX_SPLITS
+    assert 1 <= splits <= S.RULE_MAX_SPLITS
     programs = S.split_grid(batch, kv_heads, group, splits)
     total = programs[0] * programs[1] * programs[2]
-    assert total >= sms or splits == S.MAX_SPLITS
+    assert total >= sms or splits == S.RULE_MAX_SPLITS
     # Workspace per call: batch * q_heads * splits partial rows, bounded independently of batch
     # once the grid is full.
     rows = batch * kv_heads * group * splits
@@ -129,7 +129,7 @@ def test_num_splits_fills_the_gpu_and_stays_bounded(batch, kv_heads, group):
 
 def test_batch_one_long_context_spreads_over_an_h100():
     splits = S.num_splits(1, 8, 4, 132)
-    assert splits == S.MAX_SPLITS and 8 * splits >= 132
+    assert splits == S.RULE_MAX_SPLITS and 8 * splits >= 132
 
 
 def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_and_groups_of_32_up_at_256():
@@ -177,14 +177,14 @@ def test_split_count_with_occupancy_fills_whole_waves_or_keeps_the_base(batch, k
     sms = 132
     base = S.num_splits(batch, kv_heads, group, sms)
     splits = S.num_splits(batch, kv_heads, group, sms, per_sm)
-    assert 1 <= splits <= S.MAX_SPLITS
+    assert 1 <= splits <= S.RULE_MAX_SPLITS
     programs, slots = batch * kv_heads * S.head_blocks(group), per_sm * sms
     n = programs * splits
     if splits != base:
         assert n >= 0.95 * slots * -(-n // slots), "moved to a count whose last wave is not full"
         assert programs * base < 4 * slots
         # nothing nearer to the base count qualifies
-        for s in range(1, S.MAX_SPLITS + 1):
+        for s in range(1, S.RULE_MAX_SPLITS + 1):
             if abs(s - base) < abs(splits - base):
                 m = programs * s
                 assert m < 0.95 * slots * -(-m // slots)

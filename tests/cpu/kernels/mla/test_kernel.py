@@ -117,3 +117,39 @@ def test_key_blocks():
     assert S.key_blocks(128, 512, "separate") == (128, 0)
     assert S.key_blocks(400, 256, "separate") == (256, 256)
     assert S.key_blocks(80, 48, "latent") == (64, 16)
+
+
+@pytest.mark.parametrize("splits", [65, 130])  # the looping merge: past one 64-split tile, a partial second / third
+def test_many_splits_loop_merge_on_a_poisoned_workspace(monkeypatch, splits):
+    """Past 64 splits the merge loops; most splits of these lengths are empty and their slots,
+    poisoned with NaN, must not reach the output (32-token tiles: 200 tokens take 7 splits)."""
+    from aotc.loader import workspace
+
+    monkeypatch.setattr(workspace, "get", lambda device, n: torch.full((n,), float("nan"), device=device))
+    case = make_case(TILE_LENS + [2100], kv_heads=1, group=16, seed=9)
+    out, lse = _poisoned(case, 512)
+    loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, out=out, return_lse=True, lse=lse,
+                      num_splits=splits)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, f"{splits} splits")
+    assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("per_sm", [None, 1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 2, 7, 32, 128, 1024])
+@pytest.mark.parametrize("group,tile", [(16, "h16"), (128, "h64"), (32, "h32")])
+def test_split_rule_keeps_one_wave_and_its_cap(batch, group, tile, per_sm):
+    sms = 132
+    splits = S.num_splits(batch, 1, group, tile, sms, per_sm)
+    slots = (per_sm or 4) * sms
+    programs = batch * S.head_blocks(group, tile)
+    assert 1 <= splits <= S.RULE_MAX_SPLITS
+    assert programs * splits <= max(programs, slots), "a second wave"
+    assert splits == S.RULE_MAX_SPLITS or programs * (splits + 1) > slots, "a wave left emptier than it need be"
+
+
+def test_split_rule_on_an_h100():
+    # the counts the H100 sweep timed best (BENCHMARKS.md, "MLA decode"): 16 heads at 4 programs an
+    # SM, 128 heads (two 64-head programs) at 1
+    assert [S.num_splits(b, 1, 16, "h16", 132, 4) for b in (1, 32, 128)] == [256, 16, 4]
+    assert [S.num_splits(b, 1, 128, "h64", 132, 1) for b in (1, 32, 128)] == [66, 2, 1]

@@ -23,6 +23,7 @@ import torch
 import triton
 
 from aotc import loader
+from aotc.loader.ops import mla as mla_ops
 from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 D_QK, D_V, PAGE = 576, 512, 64
@@ -133,6 +134,11 @@ def main():
         flops = 2 * batch * heads * ctx * (D_QK + D_V)
         out = torch.empty(batch, heads, D_V, dtype=q.dtype, device="cuda")
         calls = [("aot", lambda: loader.mla_decode(q, kv, table, lens, v_head_dim=D_V, out=out, validate=False))]
+        mla_ops._plans.clear()
+        calls[0][1]()
+        (plan,) = mla_ops._plans.values()
+        print(f"{shape:>18} aotc splits {plan.split_grid[2]}")
+        rows.add("mla_decode", "latent-bf16-p64", "aot", shape, "splits", plan.split_grid[2])
         if vllm_fwd is not None:
             run, o_vllm, splits = vllm_call(vllm_fwd, q, kv, table, lens, sms)
             calls.append((f"vllm", run))

@@ -4,10 +4,11 @@
 depends on no sequence length, so one CUDA graph serves every step. Program (g, b, s) takes
 BLOCK_H query heads of one KV head (the M of both tensor-core dots: [BLOCK_H, D_QK] x [D_QK,
 BLOCK_N] for the scores, [BLOCK_H, BLOCK_N] x [BLOCK_N, D_V] for the output) over split s's
-contiguous chunk of request b's tokens (rounded up to BLOCK_N: common/schedule.split_tokens, as decode's). Every program starts
-from fresh accumulators and writes its own workspace slot; a split with no tokens writes
-lse = -inf and no partial. The splits are combined by decode's merge kernel (its HEAD_DIM = D_V),
-which also adds sinks and writes the natural-log LSE.
+contiguous chunk of request b's tokens (rounded up to BLOCK_N: common/schedule.split_tokens, as
+decode's). Every program starts from fresh accumulators and writes its own workspace slot; a
+split with no tokens writes lse = -inf and no partial. The splits are combined by decode's merge
+kernel (its HEAD_DIM = D_V; past 64 splits its looping form), which also adds sinks and writes
+the natural-log LSE.
 
 Key channels are two tiles: A, channels [0, BLOCK_A), and B, [BLOCK_A, BLOCK_A + BLOCK_B) (576 =
 512 + 64, 192 = 128 + 64), each a power of two masked at D_QK, so no channel beyond D_QK is read

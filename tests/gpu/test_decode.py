@@ -217,6 +217,23 @@ def test_one_split_with_sinks_at_length(fmt):
     assert (out[0] == 0).all()
 
 
+@pytest.mark.parametrize("splits", [65, 200, 512])
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_many_splits_loop_merge_with_sinks_and_lse_at_length(fmt, splits):
+    """An explicit count past 64: the looping merge (64 splits a step, 64 channels a program) over
+    lengths that leave most splits empty and one that fills them, with sinks and the LSE."""
+    case = make_case(long_lens(10, 11), fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=128,
+                     device="cuda", seed=splits)
+    sinks = torch.randn(32, device="cuda") * 3
+    out = torch.full_like(case.q, float("nan"))
+    lse = torch.full(case.q.shape[:2], float("nan"), device="cuda")
+    decode(case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, out=out, lse=lse, return_lse=True,
+           sinks=sinks, num_splits=splits, **case.kwargs)
+    ref, ref_lse = case.reference(sinks=sinks, return_lse=True)
+    assert_close(out, ref, f"{fmt} {splits} splits")
+    assert torch.allclose(lse, ref_lse, atol=2e-3, rtol=1e-3), f"{fmt} {splits} splits: lse"
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8_e4m3"])
 def test_cuda_graph_replay_follows_lengths_tables_and_cache(fmt):
     """Capture store_kv + decode once; then new lengths (0 included), a reshuffled table, new cache

@@ -67,6 +67,26 @@ def test_latent_against_reference_and_jit(fmt, group, page_size, jit_only):
     assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
 
 
+@pytest.mark.parametrize("num_splits", [None, 512])  # the rule's (256 at batch 1 on an H100), and the most
+@pytest.mark.parametrize("length", [1, 65, 4099, 32768])
+def test_batch_one_many_splits_against_reference_and_jit(length, num_splits, jit_only):
+    """Batch 1 at 16 heads: past 64 splits, the looping merge over mostly empty splits at short
+    lengths; outputs poisoned, AOT == JIT bit for bit."""
+    case = make_case([length], group=16, page_size=64, device="cuda", seed=length)
+
+    def call():
+        out, lse = _nan(1, 16, 512, case.q.dtype)
+        return loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, out=out, lse=lse,
+                                 return_lse=True, num_splits=num_splits)
+
+    out, lse = aot(call)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, f"batch 1 x {length}, {num_splits} splits")
+    assert_lse_close(lse, ref_lse)
+    jout, jlse = jit_only(call)
+    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+
+
 @pytest.mark.parametrize("d_qk,d_v,fmt", [(576, 512, "bf16"), (192, 128, "bf16"), (128, 512, "fp8_e4m3"),
                                           (576, 128, "bf16"), (192, 512, "fp16")])
 def test_separate_caches_through_decode(d_qk, d_v, fmt, jit_only):

@@ -77,14 +77,15 @@ def sweep(rows, copy_bw, shapes, configs=CONFIGS, splits_for=None):
         c = M.check(q, kv, kv[..., :D_V], table, lens, None, None, None, "auto", None, None, None, None, out, None,
                     True)
         nbytes = batch * ctx * D_QK * 2
-        for bh, bn, warps, stages in configs:
+        for bh, bn, warps, stages, *cap in configs:  # cap: a register cap (maxnreg), when given
+            regs = {"maxnreg": cap[0]} if cap else {}
             if bh > heads or (bh < 32 and heads >= 128) or (bh == 64 and heads < 64):
                 continue
             axes = S.split_axes("bf16", "bf16", D_QK, D_V, "latent", "h16")
             cx = S.split_constexprs(axes)
             cx.update(BLOCK_H=bh, BLOCK_N=bn, PDL=0, PTX=1)
             hb = -(-heads // bh)
-            splits = splits_for(heads, batch, ctx) if splits_for else DS.num_splits(batch, hb, 1, sms, None)
+            splits = splits_for(heads, batch, ctx, *cap) if splits_for else DS.num_splits(batch, hb, 1, sms, None)
             grid = (hb, batch, splits)
             n_o, n_lse = DS.workspace_elements(batch, heads, splits, D_V)
             part_o, part_lse = workspace.pair(q.device, n_o, n_lse)
@@ -94,11 +95,12 @@ def sweep(rows, copy_bw, shapes, configs=CONFIGS, splits_for=None):
             merge_axes = S.merge_axes("bf16", D_V, splits)
 
             def run():
-                mla_split_kernel[grid](*args, **cx, num_warps=warps, num_stages=stages)
+                mla_split_kernel[grid](*args, **cx, num_warps=warps, num_stages=stages, **regs)
                 run_kernel(S.MERGE, merge_axes, DS.merge_grid(batch, heads, merge_axes),
                            [part_o, part_lse, part_lse, out, part_lse, 0, 0, heads, splits, out.stride(0),
                             out.stride(1), 0])
-            name = f"h{bh}-n{bn}-w{warps}-s{stages}" + (f"-S{splits}" if splits_for else "")
+            name = f"h{bh}-n{bn}-w{warps}-s{stages}" + (f"-r{cap[0]}" if cap else "") + \
+                (f"-S{splits}" if splits_for else "")
             try:
                 t = device_time(run)
             except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory)

@@ -3,12 +3,13 @@ shape at the default rule's count and at the counts listed here (the op's `num_s
 device-to-device copy bandwidth of the same run (bytes read once over device time, L2 emptied
 before each call: harness.device_time).
 
-    python3 sweep_splits.py [--out ROWS] [--mla] [--decode] [--stages]
+    python3 sweep_splits.py [--out ROWS] [--mla] [--decode] [--stages] [--regs]
 
 --mla: bf16 latent cache [pages, 64, 1, 576] (bench_mla.problem) at 16 and 128 heads.
 --decode: 32 query / 8 KV heads, D 128, page 16, bf16 / int8 one scale a token / int4 groups of 8
 (bench_decode.make), batch 1 at 8K and 32K. --stages: MLA's 16-head split kernel at 2-4 stages
-through the JIT (bench_mla.sweep) at the counts in STAGE_SHAPES.
+through the JIT (bench_mla.sweep) at the counts in STAGE_SHAPES. --regs: the same kernel under
+register caps (REGS), each at the split count its occupancy gets.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ DECODE = {(1, 8192): (32, 64, 96, 128, 192, 256), (1, 32768): (48, 64, 96, 128, 
 FORMATS = (("bf16", 0), ("int8", 128), ("int4", 8))
 STAGES = ((16, 32, 4, 2), (16, 32, 4, 3), (16, 32, 4, 4))
 STAGE_SHAPES = {(16, 1, 32768): 132, (16, 32, 4096): 24}
+# --regs: the 16-head tile (2 programs an SM) beside register caps that fit 3 and 4, each at the
+# split count mla_spec.num_splits gives that occupancy
+REGS = ((16, 32, 4, 2), (16, 32, 4, 2, 168), (16, 32, 4, 3, 168), (16, 32, 4, 2, 128))
+REG_SHAPES = ((16, 1, 4096), (16, 1, 32768), (16, 32, 4096), (16, 32, 32768), (16, 128, 4096))
+PER_SM = {None: 2, 168: 3, 128: 4}
 
 
 def timed(fn, nbytes, copy_bw):
@@ -94,6 +100,7 @@ def main():
     ap.add_argument("--mla", action="store_true")
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--regs", action="store_true")
     ap.add_argument("--rule-only", action="store_true", help="only the default rule's count (an older checkout)")
     a = ap.parse_args()
     if a.rule_only:
@@ -111,6 +118,12 @@ def main():
     if a.stages:
         shapes = tuple(STAGE_SHAPES)
         sweep(rows, copy_bw, shapes, STAGES, lambda h, b, c: STAGE_SHAPES[(h, b, c)])
+    if a.regs:
+        from aotc.kernels.decode import mla_spec
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        sweep(rows, copy_bw, REG_SHAPES, REGS,
+              lambda h, b, c, cap=None: mla_spec.num_splits(b, 1, h, "h16", sms, PER_SM[cap]))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ every figure there is read from a results file, not typed:
     python bench/report.py prefill bench/results/2026-11-23-h100-51602b7.jsonl
     python bench/report.py launch bench/results/2026-11-24-h100-b67629e.jsonl
     python bench/report.py build $OUT/bench.jsonl        (runs since device.sh records the build)
+    python bench/report.py mla bench/results/2026-11-26-h100-ee4dd65-mla.jsonl
 
 Each table takes the rows of one run (one commit; the first run in the file unless --commit).
 """
@@ -143,9 +144,23 @@ def build(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def mla(rows: list[dict]) -> str:
+    """bench_mla.py's rows: aotc (its split count) and vLLM, % of the run's copy, speed ratio, TFLOP/s."""
+    out = ["| heads | batch x context | aotc splits | aotc us | % of copy | vLLM us | % of copy | aotc / vLLM | "
+           "aotc TFLOP/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for shape in dict.fromkeys(r["shape"] for r in rows if r["op"] == "mla_decode" and r["provider"] == "aot"):
+        batch, heads, ctx = re.match(r"B(\d+)xH(\d+)x(\d+)", shape).groups()
+        get = lambda p, m: _value(rows, op="mla_decode", provider=p, shape=shape, metric=m)  # noqa: E731
+        us, vus = get("aot", "us"), get("vllm", "us")
+        vllm = f"{vus:.1f} | {get('vllm', 'pct_copy'):.1f} | {vus / us:.2f}x" if vus else "- | - | -"
+        out.append(f"| {heads} | {batch} x {int(ctx) // 1024}K | {get('aot', 'splits')} | {us:.1f} | "
+                   f"{get('aot', 'pct_copy'):.1f} | {vllm} | {get('aot', 'TFLOPs'):.1f} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("table", choices=("decode", "layouts", "prefill", "launch", "build"))
+    ap.add_argument("table", choices=("decode", "layouts", "prefill", "launch", "build", "mla"))
     ap.add_argument("rows")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--head-dim", type=int, default=128)

@@ -35,11 +35,12 @@ DECODE = {(1, 8192): (32, 64, 96, 128, 192, 256), (1, 32768): (48, 64, 96, 128, 
 FORMATS = (("bf16", 0), ("int8", 128), ("int4", 8))
 STAGES = ((16, 32, 4, 2), (16, 32, 4, 3), (16, 32, 4, 4))
 STAGE_SHAPES = {(16, 1, 32768): 132, (16, 32, 4096): 24}
-# --regs: the 16-head tile (2 programs an SM) beside register caps that fit 3 and 4, each at the
-# split count mla_spec.num_splits gives that occupancy
-REGS = ((16, 32, 4, 2), (16, 32, 4, 2, 168), (16, 32, 4, 3, 168), (16, 32, 4, 2, 128))
+# --regs: the 16-head tile (2 programs an SM) beside register caps that fit 3, each at the split
+# count mla_spec.num_splits gives that occupancy
+# (two stages of 32 x 576 bf16 keys take 74 KB of shared memory: three programs an SM at most)
+REGS = ((16, 32, 4, 2), (16, 32, 4, 2, 168), (16, 32, 4, 2, 128))
 REG_SHAPES = ((16, 1, 4096), (16, 1, 32768), (16, 32, 4096), (16, 32, 32768), (16, 128, 4096))
-PER_SM = {None: 2, 168: 3, 128: 4}
+PER_SM = {None: 2, 168: 3, 128: 3}
 
 
 def timed(fn, nbytes, copy_bw):

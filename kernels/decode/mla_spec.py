@@ -111,10 +111,11 @@ def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
     never past RULE_MAX_SPLITS; the occupancy `programs_per_sm` comes from the binary (unknown:
     decode's PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
     second, partial wave and the partials of more, shorter splits cost more than they bring
-    (BENCHMARKS.md, "MLA decode": 128 heads at batch 32 x 4K, 2 splits 188 us, 3 248 us, 9 260 us).
+    (BENCHMARKS.md, "MLA decode": 16 heads at batch 32 x 4K, 8 splits 71 us, 16 80 us; 128 heads
+    at batch 32 x 4K, 2 splits 188 us, 3 248 us, 9 260 us).
     Depends on no length, so a captured CUDA graph replays at any length. Workspace: at most
-    max(batch x q_heads, slots x BLOCK_H) rows of d_v + 1 floats (17.3 MB at d_v 512 on 132 SMs,
-    at 4 programs of 16 heads or 1 of 64 an SM)."""
+    max(batch x q_heads, slots x BLOCK_H) rows of d_v + 1 floats: at d_v 512 on 132 SMs 8.7 MB for
+    the 16-head tile (two programs an SM) and 17.3 MB for the 64-head one (one an SM)."""
     base = max(1, batch * kv_heads * head_blocks(group, tile))
     slots = (programs_per_sm or D.PROGRAMS_PER_SM) * sm_count
     return max(1, min(RULE_MAX_SPLITS, slots // base))

@@ -26,9 +26,10 @@ def test_builtin_kernels_hash_every_file_they_import():
     # the Gluon kernel takes kernel.py's constants
     assert names(get_spec("prefix_prefill_ws")) == sorted(shared + ["prefix_prefill/kernel.py",
                                                                     "prefix_prefill/kernel_ws.py"])
-    # decode's kernel reads constants from its spec module, which imports the variant types.
-    assert names(get_spec("decode_split")) == ["common/dequant.py", "common/formats.py", "decode/kernel.py",
-                                               "decode/spec.py", "variants.py"]
+    # decode's kernel reads constants from its spec module, which imports the variant types, and
+    # takes its split's tokens from the shared schedule.
+    assert names(get_spec("decode_split")) == ["common/dequant.py", "common/formats.py", "common/schedule.py",
+                                               "decode/kernel.py", "decode/spec.py", "variants.py"]
     assert names(get_spec("gdn_chunk_prep")) == ["common/schedule.py", "gated_delta/chunk.py"]
 
 

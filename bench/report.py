@@ -107,7 +107,7 @@ def prefill(rows: list[dict]) -> str:
 
 def launch(rows: list[dict]) -> str:
     names = {"bare_cuLaunchKernel": "bare prepacked ctypes `cuLaunchKernel` (same binaries, same packed args)",
-             "aot_prepared_launch": "aotc prepared launch (`dispatch.Prepared`: pack the pointers, launch)",
+             "aot_prepared_launch": "aotc prepared launch (`launch.Launch`: pack the pointers, launch)",
              "aot_launch_layer": "aotc launch layer (`Selection.launch`: every argument read and packed)",
              "aot_run_kernel": "aotc `run_kernel` (+ selection lookup, stream, device)",
              "aot_loader_decode": "**`loader.decode(..., validate=False)`** (the whole checked call)",

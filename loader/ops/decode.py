@@ -163,9 +163,14 @@ def cached_plan(key, d: _Decode, out) -> SplitMerge:
 def _split_heads(q, k_cache, v_cache) -> bool:
     """Calls the MLA family serves (loader/ops/mla.py): key and value head sizes that differ, or an
     equal head size decode's kernel lacks (a multiple of 16 up to 512) over an fp16/bf16/fp8 cache."""
+    try:
+        d_k, d_v = k_cache.shape[-1], v_cache.shape[-1]
+    except (AttributeError, IndexError, TypeError):
+        return False
+    if d_k == d_v and d_k in S.HEAD_DIMS:  # decode's own kernel: the common case, decided first
+        return False
     if not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache)) or k_cache.dim() not in (3, 4):
         return False
-    d_k, d_v = k_cache.shape[-1], v_cache.shape[-1]
     if d_k != d_v:
         return True
     return (d_k not in S.HEAD_DIMS and q.dim() == 3 and q.shape[-1] == d_k

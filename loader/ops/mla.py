@@ -20,7 +20,7 @@ from aotc.kernels.decode import mla_spec as S
 
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
-from .kv_cache import FLOAT_NAMES, FP8_NAMES, as_paged, check_page_values, check_rows
+from .kv_cache import FLOAT_NAMES, FP8_NAMES, STORAGE, as_paged, check_page_values, check_rows
 from .split_merge import SplitMerge, split_programs_per_sm
 
 OP = "mla_decode"
@@ -40,8 +40,7 @@ def _format(kv_format: str, cache: torch.Tensor, q_dtype) -> str:
         raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS} for unequal head sizes, got {kv_format!r}")
     else:
         fmt = kv_format
-        ok = (torch.float16,) if fmt == "fp16" else (torch.bfloat16,) if fmt == "bf16" else \
-            ({"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[fmt], torch.int8, torch.uint8)
+        ok = STORAGE[fmt]
         if cache.dtype not in ok:
             raise TypeError(f"k_cache: a {fmt} cache must have dtype {' or '.join(map(str, ok))}, got {cache.dtype}")
     if fmt in ("fp16", "bf16") and cache.dtype != q_dtype:

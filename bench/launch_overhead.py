@@ -4,14 +4,17 @@ has one (DecodePlan.run, MLADecodePlan.run), the eager op (`loader.<op>(..., val
 and the same kernels through Triton's JIT launcher.
 
 Small shapes, so the GPU finishes each kernel faster than the host can issue the next: the
-loop measures the host. `--warm` runs each op once and exits: on a machine without artifacts
-the calls take the JIT fallback and log their keys, which `aotc build --from-misses` builds.
+loop measures the host. The paths are timed interleaved, round by round (`host_times`), and the
+run goes under torch.inference_mode(), as a serving engine runs. `--warm` runs each op once and
+exits: on a machine without artifacts the calls take the JIT fallback and log their keys, which
+`aotc build --from-misses` builds.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import struct
+import time
 
 import torch
 
@@ -22,7 +25,26 @@ from aotc.loader.fallback import jit_function
 from aotc.loader.launch import Launch
 from aotc.loader.ops import gated_delta, split_merge
 
-from harness import Rows, host_time_per_call
+from harness import Rows
+
+
+def host_times(fns: dict, iters: int, repeats: int = 9) -> dict:
+    """Median host seconds per call of each function, the functions interleaved round by round
+    (this VM's host speed drifts over seconds: measured one after the other, the first would win)."""
+    for fn in fns.values():
+        for _ in range(50):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n = iters // 4 if name == "triton_jit" else iters
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+            torch.cuda.synchronize()
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def capture_launches(call):
@@ -164,10 +186,11 @@ CASES = (decode_case, mla_case, prefix_prefill_case, gated_delta_decode_case, ga
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--warm", action="store_true", help="run each op once (JIT fallback: logs misses) and exit")
     a = ap.parse_args()
     rows = Rows(a.out)
+    torch.inference_mode().__enter__()
     stream = torch._C._cuda_getCurrentRawStream(0)
     for make in CASES:
         try:
@@ -182,20 +205,21 @@ def main():
         if a.warm:
             continue
         launches = capture_launches(eager)
-        results = {}
+        fns = {}
         bare = bare_calls(launches, stream) if launches else None
         if launches and bare is None:
             print(f"{op}: a binary is not built; skipped")
             continue
         if bare is not None:
-            results["bare_cuLaunchKernel"] = host_time_per_call(bare, a.iters)
+            fns["bare_cuLaunchKernel"] = bare
         if plan is not None:
             assert plan_prepared, f"{op}: the plan did not take the prepared path"
-            results["aot_plan_run"] = host_time_per_call(plan, a.iters)
+            fns["aot_plan_run"] = plan
         eager()  # the op's plan again (capture_launches forgot it)
-        results["aot_eager"] = host_time_per_call(eager, a.iters)
+        fns["aot_eager"] = eager
         if launches:
-            results["triton_jit"] = host_time_per_call(jit_calls(launches), max(a.iters // 4, 200))
+            fns["triton_jit"] = jit_calls(launches)
+        results = host_times(fns, a.iters)
         base = results.get("bare_cuLaunchKernel")
         print(f"{op} ({shape}; {len(launches)} launches a call): host us per call")
         for name, t in results.items():

@@ -56,16 +56,13 @@ def _key_function(name: str, args: list[tuple[str, str]]):
     Straight-line code: the eager path computes it every call. Raises AttributeError/TypeError
     for arguments that are not what the schema says (the checks then say what is wrong)."""
     items, names = [], [a for a, _ in args]
-    first_tensor = True
     for arg, typ in args:
+        # get_device() is -1 for a CPU and a meta tensor alike: is_cpu tells them apart
         if typ == "Tensor":
-            items.append(f"{arg}.size(), {arg}.stride(), {arg}.dtype, {arg}.get_device()")
-            if first_tensor:  # the CPU and meta tensors both have device index -1
-                items.append(f"{arg}.is_cpu")
-                first_tensor = False
+            items.append(f"{arg}.size(), {arg}.stride(), {arg}.dtype, {arg}.get_device(), {arg}.is_cpu")
         elif typ == "Tensor?":
             items.append(f"None if {arg} is None else ({arg}.size(), {arg}.stride(), {arg}.dtype, "
-                         f"{arg}.get_device())")
+                         f"{arg}.get_device(), {arg}.is_cpu)")
         else:
             items.append(f"{arg}, type({arg})")
     src = f"def key({', '.join(names)}):\n    return ({', '.join(items)},)\n"

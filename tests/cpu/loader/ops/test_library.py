@@ -41,6 +41,8 @@ def test_the_generated_plan_key_follows_metadata_not_values():
     assert DECODE.key(*_decode_args(q=q_t)) != base  # strides
     assert DECODE.key(*_decode_args(num_splits=1)) != DECODE.key(*_decode_args(num_splits=True))  # True == 1
     assert DECODE.key(*_decode_args(lse=torch.empty(2, 8))) != base
+    meta_k = torch.empty(4, 16, 2, 64, dtype=torch.bfloat16, device="meta")
+    assert DECODE.key(*_decode_args(k_cache=meta_k)) != base  # device index -1 both: is_cpu differs
     with pytest.raises(AttributeError):
         DECODE.key(*_decode_args(q=[1, 2]))  # not a tensor: the caller runs the checks instead
 

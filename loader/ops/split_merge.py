@@ -144,7 +144,7 @@ class Bound:
     """A plan's two launches: its own workspace (split partials), the step's table, lengths, rows
     and sinks packed once; `run` packs a layer's q, k, v, scales (split) and out, lse (merge)."""
 
-    __slots__ = ("split", "merge", "index", "workspace", "dummy", "one", "lock")
+    __slots__ = ("split", "merge", "split_go", "merge_go", "index", "workspace", "dummy", "one", "lock")
 
     def __init__(self, sm: SplitMerge, split, merge, table, seq_lens, req_idx, sinks, return_lse):
         dev = sm.device
@@ -158,6 +158,9 @@ class Bound:
         merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
         merge.per_call(3, 2 if return_lse else 1)
         self.split, self.merge, self.index = split, merge, dev.index
+        # The driver calls, by alignment (GENERIC, ALIGNED), resolved here: run() only indexes them.
+        self.split_go = (split.go(False), split.go(True))
+        self.merge_go = (merge.go(False), merge.go(True))
         self.dummy = part_lse  # a scale pointer never read (fp16/bf16 caches)
         self.one = one(dev).data_ptr() if sm.fp8 else part_lse  # fp8 without scales reads 1.0
         self.lock = threading.Lock()
@@ -171,8 +174,8 @@ class Bound:
                 merge.pack(merge.buffer, merge.offset, op)
             else:
                 merge.pack(merge.buffer, merge.offset, op, lsep)
-            split.go(not (qp | kp | vp) & 15)(stream)
-            merge.go(not op & 15)(stream)
+            self.split_go[not (qp | kp | vp) & 15](stream)
+            self.merge_go[not op & 15](stream)
 
 
 def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints) -> list:

@@ -1,5 +1,7 @@
 """Host time per op call, every op measured the same way side by side in one run: a bare
-prepacked driver call of each binary the op launches (the floor), the op's plan path where it
+prepacked driver call of each binary the op launches (the floor: "bare_same_calls" makes the
+loader's own driver calls, cuLaunchKernelEx for a dependent launch; "bare_cuLaunchKernel" uses
+cuLaunchKernel for every binary, as issue 36's baseline did), the op's plan path where it
 has one (DecodePlan.run, MLADecodePlan.run), the eager op (`loader.<op>(..., validate=False)`),
 and the same kernels through Triton's JIT launcher.
 
@@ -72,9 +74,10 @@ def capture_launches(call):
     return seen
 
 
-def bare_calls(launches, stream):
+def bare_calls(launches, stream, plain=False):
     """Each captured launch as one driver call with its arguments packed once (a cuLaunchKernelEx
-    config built once where the binary is a dependent launch); None if a binary is not built."""
+    config built once where the binary is a dependent launch; with `plain`, cuLaunchKernel for
+    every binary, as issue 36's baseline launched them); None if a binary is not built."""
     calls, keep = [], []
     drv = cuda_driver.driver()
     for sel, grid, args in launches:
@@ -86,7 +89,7 @@ def bare_calls(launches, stream):
         packed = Launch(None, b.entry.params)
         struct.pack_into(packed.format, packed.buffer, 0, *values, 0, 0)
         keep.append(packed)
-        if b.needs_ex:
+        if b.needs_ex and not plain:
             e = b.entry
             config, attrs = cuda_driver.cluster_launch_config(grid, b.block, b.shared, stream, e.num_ctas,
                                                               e.launch_cooperative_grid, e.launch_pdl)
@@ -211,7 +214,8 @@ def main():
             print(f"{op}: a binary is not built; skipped")
             continue
         if bare is not None:
-            fns["bare_cuLaunchKernel"] = bare
+            fns["bare_same_calls"] = bare
+            fns["bare_cuLaunchKernel"] = bare_calls(launches, stream, plain=True)
         if plan is not None:
             assert plan_prepared, f"{op}: the plan did not take the prepared path"
             fns["aot_plan_run"] = plan
@@ -220,14 +224,15 @@ def main():
         if launches:
             fns["triton_jit"] = jit_calls(launches)
         results = host_times(fns, a.iters)
-        base = results.get("bare_cuLaunchKernel")
+        base, plain = results.get("bare_same_calls"), results.get("bare_cuLaunchKernel")
         print(f"{op} ({shape}; {len(launches)} launches a call): host us per call")
         for name, t in results.items():
-            ratio = f"{t / base:5.2f}x bare" if base else "(no kernel: torch ops)"
+            ratio = f"{t / base:5.2f}x bare, {t / plain:5.2f}x bare cuLaunchKernel" if base else "(torch ops)"
             print(f"  {name:22s} {t * 1e6:7.2f} us   {ratio}")
             rows.add(op, shape, name, "launch", "host_us_per_call", t * 1e6)
             if base:
                 rows.add(op, shape, name, "launch", "ratio_vs_bare", t / base)
+                rows.add(op, shape, name, "launch", "ratio_vs_bare_cuLaunchKernel", t / plain)
 
 
 if __name__ == "__main__":

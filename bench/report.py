@@ -107,7 +107,8 @@ def prefill(rows: list[dict]) -> str:
 
 def launch(rows: list[dict]) -> str:
     """bench/launch_overhead.py: host time per op call, each op's paths against its bare launches."""
-    paths = (("bare_cuLaunchKernel", "bare prepacked launches"), ("aot_plan_run", "plan `.run`"),
+    paths = (("bare_same_calls", "bare prepacked launches"), ("bare_cuLaunchKernel", "bare, cuLaunchKernel only"),
+             ("aot_plan_run", "plan `.run`"),
              ("aot_eager", "eager `loader.<op>(validate=False)`"), ("triton_jit", "Triton JIT, same kernels"))
     out = ["| op (shape) | " + " | ".join(text for _, text in paths) + " |", "|---" * (len(paths) + 1) + "|"]
     ops = dict.fromkeys((r["op"], r["variant"]) for r in rows if r.get("metric") == "host_us_per_call")

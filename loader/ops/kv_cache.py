@@ -28,28 +28,39 @@ def as_paged(t):
     return t.unsqueeze(1) if t.dim() == 3 else t
 
 
+def float_format(dtype) -> str | None:
+    """The format a cache of `dtype` holds by its dtype alone: fp16, bf16 or fp8 (None for int8 or
+    uint8 bytes, which need the head size or an explicit kv_format)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return FLOAT_NAMES[dtype]
+    return FP8_NAMES.get(dtype)
+
+
+def check_storage(name: str, fmt: str, cache) -> str:
+    """`fmt`, after checking that `cache`'s dtype may hold it (STORAGE)."""
+    if cache.dtype not in STORAGE[fmt]:
+        raise TypeError(f"{name}: a {fmt} cache must have dtype {' or '.join(map(str, STORAGE[fmt]))}, "
+                        f"got {cache.dtype}")
+    return fmt
+
+
 def resolve_format(kv_format: str, cache: torch.Tensor, head_dim: int, name: str = "k_cache") -> str:
     """The cache format for `kv_format` ("auto" infers it from dtype and last dim); checked."""
     last = cache.shape[-1]
     if kv_format == "auto":
-        if cache.dtype in (torch.float16, torch.bfloat16):
-            fmt = FLOAT_NAMES[cache.dtype]
-        elif cache.dtype in FP8_NAMES:
-            fmt = FP8_NAMES[cache.dtype]
-        elif cache.dtype == torch.uint8 or (cache.dtype == torch.int8 and last * 2 == head_dim):
-            fmt = "int4"
-        elif cache.dtype == torch.int8:
-            fmt = "int8"
-        else:
-            raise TypeError(f"{name}: cannot infer a cache format from dtype {cache.dtype}; "
-                            f"expected fp16, bf16, int8, uint8 (int4) or an fp8 dtype")
+        fmt = float_format(cache.dtype)
+        if fmt is None:
+            if cache.dtype == torch.uint8 or (cache.dtype == torch.int8 and last * 2 == head_dim):
+                fmt = "int4"
+            elif cache.dtype == torch.int8:
+                fmt = "int8"
+            else:
+                raise TypeError(f"{name}: cannot infer a cache format from dtype {cache.dtype}; "
+                                f"expected fp16, bf16, int8, uint8 (int4) or an fp8 dtype")
     elif kv_format not in S.KV_FORMATS:
         raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS}, got {kv_format!r}")
     else:
-        fmt = kv_format
-        if cache.dtype not in STORAGE[fmt]:
-            raise TypeError(f"{name}: a {fmt} cache must have dtype {' or '.join(map(str, STORAGE[fmt]))}, "
-                            f"got {cache.dtype}")
+        fmt = check_storage(name, kv_format, cache)
     want = head_dim // 2 if fmt == "int4" else head_dim
     if last != want:
         raise ValueError(f"{name}: last dim {last}, expected {want} for a {fmt} cache with head_dim {head_dim}")

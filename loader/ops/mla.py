@@ -20,7 +20,7 @@ from aotc.kernels.decode import mla_spec as S
 
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
-from .kv_cache import FLOAT_NAMES, FP8_NAMES, STORAGE, as_paged, check_page_values, check_rows
+from .kv_cache import FLOAT_NAMES, FP8_NAMES, as_paged, check_page_values, check_rows, check_storage, float_format
 from .split_merge import SplitMerge, split_programs_per_sm
 
 OP = "mla_decode"
@@ -29,20 +29,14 @@ OP = "mla_decode"
 def _format(kv_format: str, cache: torch.Tensor, q_dtype) -> str:
     """The cache format: fp16/bf16 (q's dtype), fp8 (a float8 dtype, or its bytes with an explicit kv_format)."""
     if kv_format == "auto":
-        if cache.dtype in (torch.float16, torch.bfloat16):
-            fmt = FLOAT_NAMES[cache.dtype]
-        elif cache.dtype in FP8_NAMES:
-            fmt = FP8_NAMES[cache.dtype]
-        else:
+        fmt = float_format(cache.dtype)
+        if fmt is None:
             raise TypeError(f"k_cache: dtype {cache.dtype}; unequal-head decode reads fp16, bf16 or fp8 caches "
                             f"(int8/uint8 bytes need kv_format='fp8_e4m3' or 'fp8_e5m2')")
     elif kv_format not in S.KV_FORMATS:
         raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS} for unequal head sizes, got {kv_format!r}")
     else:
-        fmt = kv_format
-        ok = STORAGE[fmt]
-        if cache.dtype not in ok:
-            raise TypeError(f"k_cache: a {fmt} cache must have dtype {' or '.join(map(str, ok))}, got {cache.dtype}")
+        fmt = check_storage("k_cache", kv_format, cache)
     if fmt in ("fp16", "bf16") and cache.dtype != q_dtype:
         raise TypeError(f"k_cache: an {fmt} cache needs an {fmt} query, got q of dtype {q_dtype}")
     return fmt

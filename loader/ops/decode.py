@@ -35,7 +35,7 @@ class _Decode:
 
 
 def check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                  window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
+                 window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
     guards.refuse_grad(OP, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
                        sinks=sinks, out=out, lse=lse)

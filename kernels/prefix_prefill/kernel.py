@@ -42,6 +42,7 @@ import triton.language as tl
 
 from aotc.kernels.common.dequant import _fp8_bits_to_fp16
 from aotc.kernels.common.schedule import owner_of_block
+from aotc.kernels.common.score_mod import _score_mod
 
 from .quant import int_context, softmax_step
 from .spec import KERNEL_DO_NOT_SPECIALIZE, KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT
@@ -76,21 +77,6 @@ def _fp32_to_e4m3_bits(x):
     # Below 2^-6 e4m3 is a multiple of 2^-9: adding 2^23 rounds a*512 to an integer, nearest even.
     sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
     return tl.where(a < 0.015625, sub, normal) | sign
-
-
-@triton.jit
-def _score_mod(s, rel_q, rel_k, softcap, slope, alibi_mode):
-    """Natural-log scores s [BLOCK_M, BLOCK_N] capped to softcap * tanh(s / softcap) (softcap > 0),
-    then ALiBi's bias added (vLLM's order): alibi_mode 1 slope * rel_k, 2 -slope * sqrt(rel_q -
-    rel_k) for keys at or before the query (slope is 0 with alibi_mode 0). rel_q / rel_k: query /
-    key positions less the context length. Selects, not branches: a branch on a tile costs shared
-    memory (spec.py, the score axis)."""
-    cap = tl.where(softcap > 0, softcap, 1.0)
-    # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
-    s = tl.where(softcap > 0, cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)), s)
-    dist = (rel_q[:, None] - rel_k[None, :]).to(tl.float32)
-    bias = tl.where(alibi_mode == 2, -tl.sqrt(tl.maximum(dist, 0.0)), rel_k[None, :].to(tl.float32))
-    return s + slope * bias
 
 
 @triton.jit

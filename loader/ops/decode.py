@@ -115,7 +115,8 @@ class _KV:
     (Plain classes here and below: a dataclass costs ~1 ms to create at import, which the first
     `decode` in a process pays.)"""
 
-    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel")
+    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel",
+                 "token")
 
     def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0, channel=False):
         self.fmt, self.k, self.v = fmt, k, v
@@ -124,6 +125,7 @@ class _KV:
         self.group, self.scale_name = group, scale_name
         self.ks_head_stride, self.vs_head_stride = ks_head_stride, vs_head_stride
         self.channel = channel
+        self.token = False  # fp8 with one scale a token (int8/int4: group == head_dim says it)
 
 
 SCALE_LAYOUTS = ("group", "channel")
@@ -136,6 +138,19 @@ def _channel_scales(scale, name, kv_heads, head_dim, device):
         raise ValueError(f"{name}: per-channel scales are [kv_heads, head_dim] = [{kv_heads}, {head_dim}], got "
                          f"{tuple(scale.shape)}")
     _unit_last(scale, name)
+
+
+def _fp8_token_scales(k_scale, v_scale, cache, fmt, device):
+    """fp8 with one fp32 scale a token and KV head (vLLM's FP8_PER_TOKEN_HEAD: k_scale_cache
+    [blocks, block_size, kv_heads] as [..., 1]): the cache's shape with last dim 1, any strides."""
+    if fmt not in S.FP8_PER_TOKEN_FORMATS:
+        raise NotImplementedError(f"k_scale: one scale a token for a {fmt} cache is not implemented (fp8 per token: "
+                                  f"{S.FP8_PER_TOKEN_FORMATS})")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        _tensor(t, name, (torch.float32,), device=device)
+        if tuple(t.shape) != tuple(cache.shape[:-1]) + (1,):
+            raise ValueError(f"{name}: one fp32 scale a token and head is the cache's shape {tuple(cache.shape[:-1])} "
+                             f"plus a last dim of 1, got {tuple(t.shape)}")
 
 
 def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device, scale_layout="group") -> _KV:
@@ -171,6 +186,9 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
         if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
             raise ValueError("v_scale must have k_scale's shape and dtype")
         kv.ks, kv.vs, kv.scale_name = _as_paged(k_scale), _as_paged(v_scale), _FLOAT_NAMES[k_scale.dtype]
+    elif fmt in _FP8_DTYPES and isinstance(k_scale, torch.Tensor) and k_scale.dim() == k_cache.dim():
+        _fp8_token_scales(k_scale, v_scale, k_cache, fmt, device)  # one scale a token and head
+        kv.ks, kv.vs, kv.group, kv.token = _as_paged(k_scale), _as_paged(v_scale), head_dim, True
     elif fmt in _FP8_DTYPES:
         kv_heads = kv.k.shape[2]
         kv.ks, kv.ks_head_stride = _fp8_scale(k_scale, "k_scale", kv_heads, device)
@@ -180,22 +198,26 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
     return kv
 
 
-def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str) -> None:
+def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str, mask: int = 1) -> None:
     # Checked on every call, the plan's too: a plan is keyed by metadata, not by address.
-    if (k_ptr | v_ptr) & 1:
-        name = "k_cache" if k_ptr & 1 else "v_cache"
-        raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time; its data must start at an even "
-                         f"address (it is a view at an odd byte offset)")
+    if (k_ptr | v_ptr) & mask:
+        name = "k_cache" if k_ptr & mask else "v_cache"
+        raise ValueError(f"{name}: this {fmt} cache is read {mask + 1} bytes at a time; its data must start at a "
+                         f"multiple of {mask + 1} bytes (it is a view at byte offset {(k_ptr if k_ptr & mask else v_ptr) % 16} "
+                         f"of 16)")
 
 
 class _Decode:
     """A checked decode call."""
 
-    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "lse")
+    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "lse", "alibi",
+                 "alibi_mode", "softcap")
 
-    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, lse=None):
+    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, lse=None, alibi=None,
+                 alibi_mode=0, softcap=0.0):
         self.q, self.kv, self.table, self.seq_lens, self.req_idx = q, kv, table, seq_lens, req_idx
         self.sinks, self.sm_scale, self.window, self.splits, self.lse = sinks, sm_scale, window, splits, lse
+        self.alibi, self.alibi_mode, self.softcap = alibi, alibi_mode, softcap
 
 
 def check_rows(table, seq_lens, req_idx, sinks, batch: int, q_heads: int, dev) -> None:
@@ -218,11 +240,32 @@ def check_rows(table, seq_lens, req_idx, sinks, batch: int, q_heads: int, dev) -
             raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
 
 
+def _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, dev) -> tuple[int, float]:
+    """(alibi_mode, softcap) for the split kernel: 0 off, 1 linear, 2 sqrt; NotImplementedError for
+    caches without a "mod" binary (int8/int4 per group or channel, int4 per token)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
+        raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        _tensor(alibi_slopes, "alibi_slopes", (torch.float32,), dim=1, device=dev)
+        if alibi_slopes.shape[0] != q_heads or not alibi_slopes.is_contiguous():
+            raise ValueError(f"alibi_slopes: expected a contiguous [q_heads={q_heads}] tensor, got "
+                             f"{tuple(alibi_slopes.shape)}")
+    elif alibi_sqrt:
+        raise ValueError("alibi_sqrt=True needs alibi_slopes")
+    mode = 0 if alibi_slopes is None else 2 if alibi_sqrt else 1
+    if (mode or softcap) and kv.fmt in S.INT_FORMATS and not (kv.fmt == "int8" and kv.group == head_dim
+                                                                 and not kv.channel):
+        raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} cache is implemented for int8 with one "
+                                  f"scale a token only")
+    return mode, float(softcap)
+
+
 def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                  window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
+                  window, sinks, num_splits, out, lse=None, scale_layout="group", alibi_slopes=None, alibi_sqrt=False,
+                  softcap=0.0) -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
     guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
-                       sinks=sinks, out=out, lse=lse)
+                       sinks=sinks, out=out, lse=lse, alibi_slopes=alibi_slopes)
     _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
     batch, q_heads, head_dim = q.shape
@@ -238,6 +281,7 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
     check_rows(table, seq_lens, req_idx, sinks, batch, q_heads, dev)
+    alibi_mode, softcap = _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, dev)
     if out is not None:
         _tensor(out, "out", (q.dtype,), dim=3, device=dev)
         if out.shape != q.shape:
@@ -264,14 +308,15 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
         if t is not None and max(t.stride(), default=0) > _I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
     guards.check_outputs("decode", {"out": out, "lse": lse}, _inputs(q, k_cache, v_cache, table, seq_lens, req_idx,
-                                                                     k_scale, v_scale, sinks))
-    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse)
+                                                                     k_scale, v_scale, sinks, alibi_slopes))
+    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse,
+                   alibi_slopes, alibi_mode, softcap)
 
 
-def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks) -> dict:
+def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes=None) -> dict:
     """What decode reads, by name, in the order `_Plan.apart` takes it after out and lse."""
     return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "table": table, "seq_lens": seq_lens, "req_idx": req_idx,
-            "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks}
+            "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks, "alibi_slopes": alibi_slopes}
 
 
 def _check_decode_values(d: _Decode) -> None:
@@ -343,7 +388,7 @@ class _Plan:
     run_kernel's general path (CPU, JIT fallback, another device)."""
 
     __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
-                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge", "apart")
+                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge", "apart", "word_mask")
 
     def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
                  fp8, fmt, device):
@@ -351,6 +396,8 @@ class _Plan:
         self.n_o, self.n_lse, self.split_ints, self.merge_ints = n_o, n_lse, split_ints, merge_ints
         self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
         self.halfword = fmt in S.INT_FORMATS  # int8/int4 caches are read as int16 words
+        # the address bits a cache must have clear: kv_align 4 binaries read 4-byte vectors
+        self.word_mask = 3 if int(split_axes.get("kv_align", 16)) == 4 else 1 if self.halfword else 0
         self.fast_split = self.fast_merge = None
         self.apart = None  # guards.Apart: out and lse apart from the inputs, by this call's pointers
 
@@ -362,7 +409,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     group = q_heads // kv_heads
     if kv.channel:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
-    elif kv.fmt in S.INT_FORMATS:
+    elif kv.fmt in S.INT_FORMATS or kv.token:
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
     elif kv.fmt in _FP8_DTYPES:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
@@ -370,12 +417,15 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
         ks_strides = vs_strides = (0, 0, 0)
     split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
-                  *kv.v.stride()[:3], *ks_strides, *vs_strides]
+                  *kv.v.stride()[:3], *ks_strides, *vs_strides, d.softcap, d.alibi_mode]
+    score = "mod" if d.softcap or d.alibi_mode else "plain"
     if kv.channel:
         split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, channel=True)
     else:
-        per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
+        per_token = (kv.fmt in S.INT_FORMATS and kv.group == head_dim) or kv.token
+        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token,
+                                  0 if per_token else kv.group, score=score,
+                                  kv_align=_kv_align(kv, per_token, score, head_dim))
     tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
     split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
     fp8 = kv.fmt in _FP8_DTYPES
@@ -404,13 +454,30 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
     return plan
 
 
+def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
+    """4 for vLLM's per-token-head caches (int8 or fp8 e4m3, fp32 scales), whose rows start 4-byte
+    aligned only (scales inline after each head's codes), and for their "mod" calls; else 16."""
+    if not per_token or kv.fmt not in ("int8",) + S.FP8_PER_TOKEN_FORMATS:
+        return 16
+    strides = [st for t in (kv.k, kv.v) for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1]
+    if kv.fmt == "int8" and score == "plain" and all(st % 16 == 0 for st in strides):
+        return 16  # aotc's own layout: the 16-byte binaries
+    if kv.scale_name != "fp32":
+        raise NotImplementedError(f"k_scale: a per-token {kv.fmt} cache with {kv.scale_name} scales, unaligned rows "
+                                  f"or softcap/ALiBi is implemented with fp32 scales only")
+    if head_dim not in S.PER_TOKEN_HEAD_DIMS or any(st % 4 for st in strides):
+        raise ValueError(f"k_cache/v_cache: strides {kv.k.stride()} / {kv.v.stride()}: a per-token {kv.fmt} cache "
+                         f"read with softcap/ALiBi, fp8 codes or rows off 16 bytes needs 4-byte multiples")
+    return 4
+
+
 def _fp8_scales(k_scale, v_scale, device):
     return ((k_scale if k_scale is not None else _one(device)).float(),
             (v_scale if v_scale is not None else _one(device)).float())
 
 
 def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                     lse, stream) -> None:
+                     lse, stream, alibi=None) -> None:
     """The steady-state launch: pointers only; grids and every other argument are in the plan."""
     keep, part_o, part_lse = workspace.pair_pointers(plan.device, stream, plan.n_o, plan.n_lse)
     if plan.fp8:
@@ -422,18 +489,19 @@ def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, 
         ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
     lens = seq_lens.data_ptr()
     kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
-    if plan.halfword:
-        _check_halfword_aligned(kp, vp, plan.fmt)
+    if plan.word_mask:
+        _check_halfword_aligned(kp, vp, plan.fmt, plan.word_mask)
     with workspace.stream_lock(plan.device.index, stream):  # no other call's split between ours and our merge
         plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
-                         lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+                         lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse,
+                         part_lse if alibi is None else alibi.data_ptr()), stream)
         plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
                          part_lse if lse is None else lse.data_ptr()), stream)
     del keep
 
 
 def _split_args(fp8, byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse,
-                split_ints) -> list:
+                split_ints, alibi=None) -> list:
     """The split kernel's arguments as run_kernel takes them (tensors, then the plan's ints)."""
     if fp8:
         ks, vs = _fp8_scales(k_scale, v_scale, q.device)
@@ -444,19 +512,19 @@ def _split_args(fp8, byte_view, q, k_cache, v_cache, k_scale, v_scale, table, re
     if byte_view and k_cache.dtype != torch.int8:
         k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
     return [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
-            part_o, part_lse, *split_ints]
+            part_o, part_lse, alibi if alibi is not None else part_lse, *split_ints]
 
 
 def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-            lse=None) -> None:
+            lse=None, alibi=None) -> None:
     if plan.fast_split is not None:
         index = plan.device.index
         if torch._C._cuda_getDevice() == index:
             _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                             lse, torch._C._cuda_getCurrentRawStream(index))
+                             lse, torch._C._cuda_getCurrentRawStream(index), alibi)
             return
-    if plan.halfword:
-        _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
+    if plan.word_mask:
+        _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt, plan.word_mask)
     if not all(plan.split_grid) or not all(plan.merge_grid):
         return
     part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
@@ -468,7 +536,7 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
     with together:
         run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
                    _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx,
-                               seq_lens, part_o, part_lse, plan.split_ints))
+                               seq_lens, part_o, part_lse, plan.split_ints, alibi))
         run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
                    [part_o, part_lse, sinks if sinks is not None else part_lse, out,
                     lse if lse is not None else part_lse, *plan.merge_ints])
@@ -476,7 +544,7 @@ def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, 
 
 def _run_decode(d: _Decode, out: torch.Tensor) -> None:
     _launch(_make_plan(d, out), d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, out,
-            d.lse)
+            d.lse, d.alibi)
 
 
 def _meta(t):
@@ -493,14 +561,15 @@ _MAX_PLANS = 4096
 
 
 def plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-             num_splits, out, lse, scale_layout="group"):
+             num_splits, out, lse, scale_layout="group", alibi_slopes=None, alibi_sqrt=False, softcap=0.0):
     """The metadata a plan depends on; raises AttributeError/TypeError for non-tensors."""
     return (q.size(), q.stride(), q.dtype, q.get_device(), k_cache.size(), k_cache.stride(), k_cache.dtype,
             k_cache.get_device(), v_cache.size(), v_cache.stride(), v_cache.dtype, v_cache.get_device(),
             table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
             seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
             _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(lse), kv_format, sm_scale, window,
-            num_splits, scale_layout, type(sm_scale), type(window), type(num_splits))  # True == 1, and hashes alike
+            num_splits, scale_layout, type(sm_scale), type(window), type(num_splits),  # True == 1, and hashes alike
+            _meta(alibi_slopes), alibi_sqrt, softcap, type(alibi_sqrt), type(softcap))
 
 
 def cached_plan(key, d: _Decode, out) -> _Plan:
@@ -509,7 +578,7 @@ def cached_plan(key, d: _Decode, out) -> _Plan:
     if plan is None:
         plan = _make_plan(d, out)
         plan.apart = guards.Apart("decode", {"out": out, "lse": d.lse}, _inputs(
-            d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks))
+            d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks, d.alibi))
         if key is not None:
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
@@ -518,21 +587,24 @@ def cached_plan(key, d: _Decode, out) -> _Plan:
 
 
 def _decode_op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-               num_splits, out, lse=None, scale_layout="group") -> None:
+               num_splits, out, lse=None, scale_layout="group", alibi_slopes=None, alibi_sqrt=False,
+               softcap=0.0) -> None:
     d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                      window, sinks, num_splits, out, lse, scale_layout)
+                      window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
     _run_decode(d, out)
 
 
 def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                 sinks, num_splits, out, lse=None, scale_layout="group") -> None:
+                 sinks, num_splits, out, lse=None, scale_layout="group", alibi_slopes=None, alibi_sqrt=False,
+                 softcap=0.0) -> None:
     _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                  sinks, num_splits, out, lse, scale_layout)
+                  sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
 
 
 library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
                "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()", _decode_op, _decode_fake)
+               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\", "
+               "Tensor? alibi_slopes=None, bool alibi_sqrt=False, float softcap=0.0) -> ()", _decode_op, _decode_fake)
 
 
 def _split_heads(q, k_cache, v_cache) -> bool:
@@ -559,7 +631,7 @@ def _is_prefix_view(k_cache, v_cache) -> bool:
 
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
            sm_scale=None, window=None, sinks=None, out=None, num_splits=None, return_lse=False, lse=None,
-           scale_layout="group", validate=True):
+           scale_layout="group", alibi_slopes=None, alibi_sqrt=False, softcap=0.0, validate=True):
     """Attention of one new query token per request over its paged KV cache (flash-decoding).
 
     Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
@@ -579,13 +651,20 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       req_idx  [B] int32 rows of `table`, or None.
       k_scale, v_scale  int8/int4: the cache's shape with last dim D // group (group a power of two
                in [8, 128]), fp16/bf16/fp32, value = code * scale. fp8: None (1.0), a one-element
-               tensor, or [Hk]. None for fp16/bf16.
+               tensor, or [Hk]; or, for fp8_e4m3, one fp32 scale a token and KV head: the cache's
+               shape with last dim 1, any strides (vLLM's FP8_PER_TOKEN_HEAD k_scale_cache[..., None]).
+               None for fp16/bf16. int8/fp8 per-token caches whose rows start 4-byte aligned but not
+               16 (vLLM's inline scales) read 4-byte vectors: strides and start a multiple of 4.
       scale_layout  "group" (the above) or "channel": int8 only, k_scale and v_scale [Hk, D] fp32
                (one scale a KV head and channel, constant over tokens, channels contiguous), value
                = code * scale[head, channel]. Said explicitly, so no scale shape is read two ways.
       kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2".
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
+      softcap  > 0: natural-log scores s become softcap * tanh(s / softcap); then alibi_slopes [H]
+               fp32 (contiguous) add slope * (key position - (seq_len - 1)), or with alibi_sqrt
+               -slope * sqrt(seq_len - 1 - key position) (vLLM's two ALiBi forms). fp16/bf16/fp8
+               caches and int8 with one scale a token; others raise NotImplementedError.
       out      [B, H, D] in q's dtype, written and returned; allocated when None.
       num_splits  sequence splits per request (default from batch, heads, the SM count and how many
                programs of the kernel's binary fit an SM, <= 64; never from lengths).
@@ -615,6 +694,9 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     head NaN in out and lse; other heads are unaffected).
     """
     if _split_heads(q, k_cache, v_cache):
+        if alibi_slopes is not None or softcap:
+            raise NotImplementedError("softcap / alibi_slopes with unequal head sizes (the MLA family) are not "
+                                      "implemented")
         if scale_layout != "group":
             raise NotImplementedError(f"scale_layout={scale_layout!r}: unequal head sizes take fp16/bf16/fp8 caches")
         from .mla import split_heads_decode
@@ -631,19 +713,20 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         torch.ops.aotc.decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
-                              sm_scale, window, sinks, num_splits, out, lse, scale_layout)
+                              sm_scale, window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt,
+                              softcap)
         return (out, lse) if return_lse else out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
     try:
         key = plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                       sinks, num_splits, out, lse, scale_layout)
+                       sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None
     if plan is None or validate:
         d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                          window, sinks, num_splits, out, lse, scale_layout)
+                          window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
         if validate:
             _check_decode_values(d)
         if plan is None:
@@ -651,7 +734,7 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
         if torch.is_grad_enabled():
             guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
-                               sinks=sinks, out=out, lse=lse)
-        plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks)
-    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
+                               sinks=sinks, out=out, lse=lse, alibi_slopes=alibi_slopes)
+        plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes)
+    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, alibi_slopes)
     return (out, lse) if return_lse else out

@@ -166,7 +166,7 @@ class DecodePlan:
         self._scale_meta = (_Meta(k_scale), _Meta(v_scale)) if k_scale is not None else None
         self._fp8 = d.kv.fmt in D._FP8_DTYPES
         self._lse_meta = _Meta(lse) if lse is not None else None
-        self._halfword = plan.halfword
+        self._halfword = plan.word_mask
         # out and lse apart from every layer's inputs and from the step's own tensors, by address, every run
         self._apart = guards.Apart("DecodePlan.run", {"out": out, "lse": lse}, {
             "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
@@ -188,7 +188,7 @@ class DecodePlan:
         part_lse = part_o + 4 * plan.n_o
         lens = d.seq_lens.data_ptr()
         fixed_split = {5: d.table.data_ptr(), 6: lens if d.req_idx is None else d.req_idx.data_ptr(), 7: lens,
-                       8: part_o, 9: part_lse}
+                       8: part_o, 9: part_lse, 10: part_lse}  # 10: ALiBi slopes, never read (no score mod here)
         fixed_merge = {0: part_o, 1: part_lse, 2: part_lse if d.sinks is None else d.sinks.data_ptr(),
                        4: part_lse}
         self._one = D._one(dev)
@@ -256,8 +256,8 @@ class DecodePlan:
         fast = self._fast
         if fast is not None and torch._C._cuda_getDevice() == fast[2]:
             qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
-            if self._halfword and (kp | vp) & 1:
-                D._check_halfword_aligned(kp, vp, self._plan.fmt)
+            if self._halfword and (kp | vp) & self._halfword:
+                D._check_halfword_aligned(kp, vp, self._plan.fmt, self._halfword)
             if k_scale is not None:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
             elif self._fp8:

@@ -122,13 +122,14 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
 
 
 @triton.jit
-def _aligned(ptrs, KV_ALIGN: tl.constexpr):
-    # A [rows, cols] tile of cache pointers whose rows start KV_ALIGN-byte aligned (the op checks
-    # the cache's address and strides): without it a GENERIC binary reads 2-byte elements.
+def _tile_ptrs(base, row, cols, KV_ALIGN: tl.constexpr):
+    # A [rows, cols] tile of cache pointers; KV_ALIGN 4: rows start 4-byte aligned (the op checks the
+    # cache's address and strides), else a GENERIC binary reads 1- or 2-byte elements. The hint
+    # must sit on the op that makes the pointers (on a helper's parameter Triton drops it).
+    ptrs = base + row[:, None] + cols[None, :]
     if KV_ALIGN == 4:
-        return tl.multiple_of(ptrs, [4, 4])
-    else:
-        return ptrs
+        ptrs = tl.multiple_of(ptrs, [4, 4])
+    return ptrs
 
 
 @triton.jit
@@ -139,7 +140,7 @@ def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask, 
     # x 4K, per-token: int8 73.9 -> 72.4%, int4 55.2 -> 44.6% of copy: ~60 more registers).
     slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
     row = (page * sp + slot * st + head * sh) >> 1
-    return tl.load(_aligned(W16 + row[:, None] + offs_c[None, :], KV_ALIGN),
+    return tl.load(_tile_ptrs(W16, row, offs_c, KV_ALIGN),
                    mask=(offs_t < hi)[:, None] & c_mask[None, :], other=0)
 
 
@@ -187,7 +188,7 @@ def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
 def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr = 16):
     # One [ROWS, COLS] tile of K or V at `base + row[:, None] + cols[None, :]`, as the dot reads it:
     # the query's dtype for fp16/bf16 caches, fp16 for fp8.
-    x = tl.load(_aligned(base + row[:, None] + cols[None, :], KV_ALIGN), mask=mask, other=0)
+    x = tl.load(_tile_ptrs(base, row, cols, KV_ALIGN), mask=mask, other=0)
     if KV_KIND == 0:
         return x
     else:

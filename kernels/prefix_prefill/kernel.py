@@ -357,7 +357,7 @@ def prefix_prefill_kernel(
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
     # kv_from_cache: the new tokens' keys come from the cache too, after the context: keys up to
-    # the tile's last query, mask-free below its first (float and fp8 caches only: the op says so).
+    # the tile's last query, mask-free below its first.
     ctx_hi = ctx_len
     if kv_from_cache != 0:
         ctx_hi = ctx_len + last_row + 1
@@ -366,8 +366,8 @@ def prefix_prefill_kernel(
 
     # ---- context from the paged cache ----
     if KV_FORMAT >= 3:  # int8 / int4 codes, scales fused on the tiles (quant.py)
-        if first < ctx_len:
-            acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first,
+        if first < ctx_hi:
+            acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_hi, win, first,
                                         inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head,
                                         stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                                         K_scale, V_scale, stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale,

@@ -20,9 +20,10 @@ CODES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 def vllm_inline_cache(k, v, fmt):
     """k, v [pages, page_size, kv_heads, D] float -> (k view, v view, k_scale, v_scale [.., 1] fp32
     views, k_real, v_real) over one buffer in vLLM's per-token-head layout, quantized as vLLM's
-    cache writer does (scale = max(absmax / qmax, 1e-6); int8 rounds half away from zero)."""
+    cache writer does (scale = max(absmax / qmax, 1e-6); int8 rounds half away from zero), on k's
+    device."""
     pages, bs, heads, d = k.shape
-    raw = torch.zeros(pages, bs, heads, 2 * (d + 4), dtype=torch.uint8)
+    raw = torch.zeros(pages, bs, heads, 2 * (d + 4), dtype=torch.uint8, device=k.device)
     f32 = raw.view(torch.float32)
     views, reals = [], []
     for x, off in ((k, 0), (v, d + 4)):

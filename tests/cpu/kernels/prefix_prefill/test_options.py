@@ -113,5 +113,3 @@ def test_option_errors():
     for extra in ({"softcap": 1.0}, {"alibi_slopes": torch.ones(4)}):
         with pytest.raises(NotImplementedError, match="int8"):
             prefix_prefill(**icase, **ikw, **extra)
-    with pytest.raises(NotImplementedError, match="int8"):
-        prefix_prefill(**{**icase, "k": None, "v": None}, **ikw)

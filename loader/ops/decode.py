@@ -105,7 +105,8 @@ def _fp8_scale(scale, name, kv_heads, device):
     if scale.numel() == 1:
         return scale, 0
     if scale.dim() != 1 or scale.shape[0] != kv_heads:
-        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}], got {tuple(scale.shape)}")
+        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}] (or, fp8_e4m3, the cache's "
+                         f"shape with last dim 1: one a token), got {tuple(scale.shape)}")
     return scale, scale.stride(0)
 
 
@@ -186,7 +187,8 @@ def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device
         if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
             raise ValueError("v_scale must have k_scale's shape and dtype")
         kv.ks, kv.vs, kv.scale_name = _as_paged(k_scale), _as_paged(v_scale), _FLOAT_NAMES[k_scale.dtype]
-    elif fmt in _FP8_DTYPES and isinstance(k_scale, torch.Tensor) and k_scale.dim() == k_cache.dim():
+    elif (fmt in _FP8_DTYPES and isinstance(k_scale, torch.Tensor) and k_scale.dim() == k_cache.dim()
+          and k_scale.shape[-1] == 1 and k_scale.numel() > 1):
         _fp8_token_scales(k_scale, v_scale, k_cache, fmt, device)  # one scale a token and head
         kv.ks, kv.vs, kv.group, kv.token = _as_paged(k_scale), _as_paged(v_scale), head_dim, True
     elif fmt in _FP8_DTYPES:
@@ -202,9 +204,11 @@ def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str, mask: int = 1) -> 
     # Checked on every call, the plan's too: a plan is keyed by metadata, not by address.
     if (k_ptr | v_ptr) & mask:
         name = "k_cache" if k_ptr & mask else "v_cache"
-        raise ValueError(f"{name}: this {fmt} cache is read {mask + 1} bytes at a time; its data must start at a "
-                         f"multiple of {mask + 1} bytes (it is a view at byte offset {(k_ptr if k_ptr & mask else v_ptr) % 16} "
-                         f"of 16)")
+        if mask == 1:
+            raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time; its data must start at an even "
+                             f"address (it is a view at an odd byte offset)")
+        raise ValueError(f"{name}: this per-token {fmt} cache is read 4 bytes at a time (kv_align 4); its data must "
+                         f"start at a multiple of 4 bytes")
 
 
 class _Decode:

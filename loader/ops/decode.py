@@ -349,7 +349,7 @@ def _check_decode_values(d: _Decode) -> None:
             b = int(bad.nonzero()[0, 0])
             raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
     else:
-        rows = torch.arange(batch)
+        rows = torch.arange(batch, device="cpu")  # host checks: whatever the default device
     lens = lens.long()
     used_cols = int(((lens + page_size - 1) // page_size).max())
     if used_cols == 0:
@@ -358,7 +358,7 @@ def _check_decode_values(d: _Decode) -> None:
     top = int(rows.max()) + 1
     ids = d.table[:top, :used_cols].cpu()[rows]
     first = (lens - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens)
-    col = torch.arange(used_cols)
+    col = torch.arange(used_cols, device="cpu")
     used = (col >= first[:, None]) & (col < ((lens + page_size - 1) // page_size)[:, None])
     bad = used & ((ids < 0) | (ids >= pages_n))
     if bool(bad.any()):

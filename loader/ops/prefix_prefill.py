@@ -319,7 +319,7 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, 
     if width == 0:
         return
     ids = block_table[: len(used), :width].cpu()
-    in_use = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
+    in_use = torch.arange(width, device="cpu")[None, :] < torch.tensor(used, device="cpu")[:, None]
     bad = in_use & ((ids < 0) | (ids >= k_cache.shape[0]))
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])

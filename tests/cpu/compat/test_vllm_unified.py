@@ -131,6 +131,14 @@ def test_int8_per_token_head_prefill_rows(padded):
     assert_matches(args["out"], ref, torch.bfloat16)
 
 
+def test_prefill_rows_under_another_default_device():
+    # vLLM's tests set torch's default device to CUDA; the host-side checks build theirs on the CPU
+    args, ref = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS, seed=3)
+    with torch.device("meta"):
+        vllm.unified_attention(**args)
+    assert_matches(args["out"], ref, torch.bfloat16)
+
+
 def test_per_token_head_refusals():
     args, _ = _per_token_head_problem(vllm.KVQuantMode.FP8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS)
     with pytest.raises(NotImplementedError, match="FP8_PER_TOKEN_HEAD with prefill rows"):

@@ -124,3 +124,13 @@ def test_unaligned_rows_refused():
     scale = torch.ones(*k.shape[:-1], 1)
     with pytest.raises(ValueError, match="4-byte"):
         loader.decode(q, kc, kc, table, lens, k_scale=scale, v_scale=scale, softcap=3.0)
+
+
+def test_host_checks_ignore_the_default_device():
+    # vLLM's tests set torch's default device to CUDA: decode's and prefix_prefill's host-side
+    # value checks build their index tensors on the CPU explicitly (a meta default stands in here)
+    q, k, v, table, lens = _problem([5, 17], 64)
+    kc, vc, ks, vs, k_real, v_real = vllm_inline_cache(k, v, "int8")
+    with torch.device("meta"):
+        out = loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8")
+    torch.testing.assert_close(out.float(), R.decode_reference(q, k_real, v_real, table, lens), atol=2e-2, rtol=2e-2)

@@ -17,11 +17,14 @@ Times: medians of CUDA-event timings, the L2 emptied by a read before each call
 wrapper runs between the events). Shapes: 32 / 8 heads, D 128, block 16, 8K context, batch 32 and
 64. vLLM's files come from its sdist (AOTC_VLLM_PEER or --peer: the sdist or an extracted folder),
 through the conformance runner's sandbox (shimmed imports; nothing of vLLM's is in the repo).
-    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl]
+--stages 2,3,4 sweeps the kv_align 4 binaries' pipeline depth instead (each JIT-compiled with that
+num_stages through an empty artifacts folder: the bytes a build with that config would make).
+    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -64,11 +67,40 @@ def inline_cache(blocks: int, dtype, gen):
     return raw, k, v, f32[..., D // 4], f32[..., (2 * D + 4) // 4]
 
 
+@contextlib.contextmanager
+def kv_align4_stages(stages):
+    """With stages: the kv_align 4 split binaries at that num_stages, JIT-compiled (an empty
+    artifacts folder); None: the spec's config and whatever artifacts are loaded."""
+    if stages is None:
+        yield
+        return
+    from aotc.kernels.decode import spec as S
+    from aotc.kernels.variants import LaunchConfig
+
+    declared = S.SPLIT.launch
+
+    def launch(axes, arch):
+        cfg = declared(axes, arch)
+        if axes.get("kv_align") != 4:
+            return cfg
+        return LaunchConfig(num_warps=cfg.num_warps, num_stages=stages, maxnreg=cfg.maxnreg, launch_pdl=cfg.launch_pdl)
+
+    object.__setattr__(S.SPLIT, "launch", launch)  # a sweep only: the spec is immutable by design
+    loader.set_artifacts(tempfile.mkdtemp(prefix="aotc-empty-"))
+    try:
+        yield
+    finally:
+        object.__setattr__(S.SPLIT, "launch", declared)
+        loader.set_artifacts(None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", default=os.environ.get("AOTC_VLLM_PEER"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--stages", default="", help="sweep the kv_align 4 binaries' num_stages, e.g. 2,3,4")
     a = ap.parse_args()
+    sweep = [int(x) for x in a.stages.split(",")] if a.stages else [None]
     ua = vllm_module(a.peer)
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
@@ -105,7 +137,7 @@ def main():
                 loader.decode(q, kc, vc, table, lens, k_scale=ksv, v_scale=vsv, kv_format=fmt, out=out_a,
                               validate=False)
 
-            calls = {"vllm": vllm_call, "aotc": aotc_call}
+            calls = {"vllm": vllm_call}
             if dtype == torch.int8:
                 k_n, v_n = kc.contiguous(), vc.contiguous()
                 ks_n, vs_n = ksv.contiguous(), vsv.contiguous()
@@ -115,20 +147,25 @@ def main():
                     loader.decode(q, k_n, v_n, table, lens, k_scale=ks_n, v_scale=vs_n, out=out_n, validate=False)
 
                 calls["aotc_native"] = native_call
+            nbytes = batch * CTX * KV_HEADS * 2 * (D + 4)
+            ceiling = nbytes / copy_bw
+            shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
+            for stages in sweep:
+                with kv_align4_stages(stages):
+                    tag = "aotc" if stages is None else f"aotc_stages{stages}"
+                    for provider, fn in {**calls, tag: aotc_call}.items():
+                        if stages is not None and provider in calls and stages != sweep[0]:
+                            continue  # vLLM and the native layout: once a shape
+                        t = device_time(fn)
+                        kt = kernel_time(fn)
+                        rows.add("vllm_per_token_head_decode", name, provider, shape, "seconds", t)
+                        rows.add("vllm_per_token_head_decode", name, provider, shape, "kernel_seconds", kt)
+                        print(f"{name:20s} {batch:5d} {provider:12s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
+                              f"{100 * ceiling / t:6.1f}%")
             vllm_call()
             aotc_call()
             torch.cuda.synchronize()
             diff = (out.float() - out_a.float()).abs().max().item()
-            nbytes = batch * CTX * KV_HEADS * 2 * (D + 4)
-            ceiling = nbytes / copy_bw
-            shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
-            for provider, fn in calls.items():
-                t = device_time(fn)
-                kt = kernel_time(fn)
-                rows.add("vllm_per_token_head_decode", name, provider, shape, "seconds", t)
-                rows.add("vllm_per_token_head_decode", name, provider, shape, "kernel_seconds", kt)
-                print(f"{name:20s} {batch:5d} {provider:12s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
-                      f"{100 * ceiling / t:6.1f}%")
             rows.add("vllm_per_token_head_decode", name, "ceiling", shape, "seconds", ceiling)
             rows.add("vllm_per_token_head_decode", name, "aotc_vs_vllm", shape, "max_abs_diff", diff)
             print(f"{name:20s} {batch:5d} {'ceiling':12s} {ceiling * 1e6:9.1f}   max |aotc - vllm| = {diff:.3g}")

@@ -310,24 +310,9 @@ def _attend_float(
     q = tl.load(q_rows + offs_c[None, :], mask=qm, other=0.0).to(DT)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     kvh64 = kvh.to(tl.int64)
-    if PER_TOKEN:
-        # The scales are 4-byte gathers Triton's pipeliner leaves synchronous: read a tile ahead (and
-        # the page ids they need two tiles ahead), as _attend_int does.
-        ks_row = KS + kvh64 * stride_ksh
-        vs_row = VS + kvh64 * stride_vsh
-        offs_n = lo + tl.arange(0, BLOCK_N)
-        page_n = _pages(table_row, offs_n, hi, page_shift)
-        ks = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst)
-        vs = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst)
-        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
-        if PER_TOKEN:
-            offs_n = offs_t + BLOCK_N
-            ks_next = _token_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst)
-            vs_next = _token_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst)
-            page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         page = _pages(table_row, offs_t, hi, page_shift)
         slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
@@ -335,6 +320,8 @@ def _attend_float(
         mask = t_mask[:, None] & c_mask[None, :]
         k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
         if PER_TOKEN:
+            ks = _token_scales(KS + kvh64 * stride_ksh, page, offs_t, hi, page_shift, stride_ksp, stride_kst)
+            vs = _token_scales(VS + kvh64 * stride_vsh, page, offs_t, hi, page_shift, stride_vsp, stride_vst)
             qk = _scores(tl.dot(q, tl.trans(k)), (qk_scale * ks)[None, :], t_mask, offs_t - last, softcap, slopes,
                          alibi_mode, SCORE_MOD)
         else:
@@ -344,8 +331,6 @@ def _attend_float(
         v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
         if PER_TOKEN:
             p = p * vs[None, :]
-            ks = ks_next
-            vs = vs_next
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]

@@ -319,7 +319,7 @@ def _attend_float(
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
         k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-        if PER_TOKEN:
+        if PER_TOKEN:  # scales read here: a tile-ahead prefetch lost (BENCHMARKS.md, vLLM's per-token-head caches)
             ks = _token_scales(KS + kvh64 * stride_ksh, page, offs_t, hi, page_shift, stride_ksp, stride_kst)
             vs = _token_scales(VS + kvh64 * stride_vsh, page, offs_t, hi, page_shift, stride_vsp, stride_vst)
             qk = _scores(tl.dot(q, tl.trans(k)), (qk_scale * ks)[None, :], t_mask, offs_t - last, softcap, slopes,

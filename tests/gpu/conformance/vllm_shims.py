@@ -200,8 +200,11 @@ def is_quantized_kv_cache(kv_cache_dtype):
 '''
 
 QUANT_UTILS = '''
-"""Shim of vllm.model_executor.layers.quantization.utils.quant_utils: the fp8 range on CUDA."""
+"""Shim of vllm.model_executor.layers.quantization.utils.quant_utils: the fp8 dtype and range on CUDA."""
 import torch
+
+
+FP8_DTYPE = torch.float8_e4m3fn
 
 
 def get_fp8_min_max():

@@ -12,7 +12,15 @@ vLLM's conventions, as its kernel reads them:
     softcap * tanh(s / softcap); alibi_slopes [heads] with use_alibi_sqrt; sinks [heads];
   kv_quant_mode (vLLM's KVQuantMode, an IntEnum): NONE, or FP8_PER_TENSOR with k_descale /
     v_descale tensors whose first element is the scale (vLLM's kernel loads element 0; its tests
-    pass [num_seqs, kv_heads] filled with one value), q_descale likewise for an fp8 q.
+    pass [num_seqs, kv_heads] filled with one value), q_descale likewise for an fp8 q; or
+    INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD: int8 / float8_e4m3fn codes, value = code * scale with
+    k_scale_cache / v_scale_cache [num_blocks, block_size, kv_heads] fp32, one scale a token and
+    head, any strides (vLLM's Triton backend carves them from the cache itself: per (token, head)
+    [K codes | K scale | V codes | V scale], so k and v arrive padded by one scale's width, and
+    their first head_size channels are the codes; triton_attn.py, _ensure_scale_caches).
+Rows: when every request has one query (max_seqlen_q == 1, one row a request) and the output is
+q's dtype, the call is aotc's decode (flash-decoding, split over the sequence); else one
+prefix_prefill over all rows.
 """
 from __future__ import annotations
 
@@ -49,18 +57,20 @@ def _f32(t):
     return t if t is None or not isinstance(t, torch.Tensor) or t.dtype == torch.float32 else t.float()
 
 
+_PER_TOKEN_HEAD = {KVQuantMode.INT8_PER_TOKEN_HEAD: (torch.int8, "int8"),
+                   KVQuantMode.FP8_PER_TOKEN_HEAD: (torch.float8_e4m3fn, "fp8_e4m3")}
+
+
 def _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, rswa_prefix_lens, chunk_lookback,
-                 window_left, k, k_scale_cache, v_scale_cache) -> None:
+                 window_left, k) -> None:
     """NotImplementedError naming the first option aotc does not implement."""
     mode = int(kv_quant_mode)
-    if mode in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD, KVQuantMode.INT4_PER_TOKEN_HEAD):
-        raise NotImplementedError(f"unified_attention: kv_quant_mode={KVQuantMode(mode).name} (k_scale_cache / "
-                                  f"v_scale_cache per token and head) is not implemented in aotc")
-    if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR):
+    if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
+        raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD (nibbles with a randomized "
+                                  "Hadamard rotation, zero point in the scale's low mantissa bits) is not "
+                                  "implemented in aotc")
+    if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR, *_PER_TOKEN_HEAD):
         raise NotImplementedError(f"unified_attention: kv_quant_mode={mode} is not implemented in aotc")
-    if k_scale_cache is not None or v_scale_cache is not None:
-        raise NotImplementedError("unified_attention: k_scale_cache / v_scale_cache (per-token-head scales) are "
-                                  "not implemented in aotc")
     if isinstance(causal, torch.Tensor):
         raise NotImplementedError("unified_attention: causal as a per-sequence tensor is not implemented in aotc")
     if not causal:
@@ -76,9 +86,49 @@ def _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, r
     if chunk_lookback is not None and chunk_lookback > -1 and window_left >= 0:
         raise NotImplementedError("unified_attention: chunk_lookback (chunked local attention) is not implemented "
                                   "in aotc")
-    if isinstance(k, torch.Tensor) and k.dtype in (torch.int8, torch.uint8) and mode == KVQuantMode.NONE:
+    if isinstance(k, torch.Tensor) and k.dtype in (torch.int8, torch.uint8) and mode in (KVQuantMode.NONE,
+                                                                                        KVQuantMode.FP8_PER_TENSOR):
         raise NotImplementedError(f"unified_attention: a {k.dtype} cache with kv_quant_mode NONE is not "
                                   f"implemented in aotc")
+
+
+def _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache):
+    """(k codes, v codes, k scales, v scales [.., 1], kv_format) for a per-token-head mode: the
+    codes are the caches' first head_size channels (vLLM pads them by one inline scale)."""
+    dtype, fmt = _PER_TOKEN_HEAD[mode]
+    name = KVQuantMode(mode).name
+    for n, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+            raise TypeError(f"unified_attention: kv_quant_mode {name} needs {dtype} caches, got {n} "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 4 or t.shape[-1] < q.shape[-1]:
+            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads, >= head_size "
+                             f"{q.shape[-1]}], got {tuple(t.shape)}")
+    for n, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"unified_attention: kv_quant_mode {name} needs {n} (a [num_blocks, block_size, "
+                             f"kv_heads] float32 tensor), got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape) != tuple(k.shape[:3]):
+            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads] = "
+                             f"{list(k.shape[:3])}, got {tuple(t.shape)}")
+    d = q.shape[-1]
+    return k[..., :d], v[..., :d], k_scale_cache.unsqueeze(-1), v_scale_cache.unsqueeze(-1), fmt
+
+
+def _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode) -> bool:
+    """Whether the call is decode rows only: one query a request (max_seqlen_q == 1 and as many rows
+    as requests), q's dtype out, a page size and head size decode reads (a power of two; 64, 96,
+    128, 256, and 64 or 128 with per-token-head scales)."""
+    from aotc.kernels.decode import spec as S
+
+    bs = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
+    d = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
+    dims = S.PER_TOKEN_HEAD_DIMS if mode in _PER_TOKEN_HEAD else S.HEAD_DIMS
+    return (isinstance(max_seqlen_q, int) and max_seqlen_q == 1 and output_scale is None and d in dims
+            and isinstance(q, torch.Tensor) and isinstance(seqused_k, torch.Tensor)
+            and isinstance(cu_seqlens_q, torch.Tensor) and q.dim() == 3
+            and q.shape[0] == seqused_k.shape[0] == cu_seqlens_q.shape[0] - 1
+            and isinstance(out, torch.Tensor) and out.dtype == q.dtype and bs > 0 and bs & (bs - 1) == 0)
 
 
 def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
@@ -92,45 +142,70 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     too, keys and values read from the cache: prefix_prefill's k = v = None): writes out.
 
     Supported: causal attention over varlen queries, window_size, softcap, sinks, alibi_slopes
-    (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE and FP8_PER_TENSOR.
+    (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE, FP8_PER_TENSOR,
+    INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD. Decode rows only (see the module docstring): one
+    aotc decode call (per-token-head modes: at head sizes 64 and 128).
+    Prefill rows: FP8_PER_TOKEN_HEAD, and INT8_PER_TOKEN_HEAD with softcap or ALiBi, raise
+    NotImplementedError.
     Converted: an fp8 q becomes q * q_descale in out's dtype (bfloat16 for an fp8 out): one copy
     of q; vLLM multiplies the scales into its fp8 scores instead. Ignored: max_seqlen_q,
     max_seqlen_k, seq_threshold_3D and the softmax segment buffers (vLLM's split-K workspace:
     aotc's grid depends on no length), use_td (an Intel load path), mm_prefix_clamp_sliding_window
-    without mm_prefix_range. Cost (estimated): a one-token request takes a 128-row query tile, as
-    in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see _unsupported):
-    kv_quant_mode INT8/FP8/INT4_PER_TOKEN_HEAD and k_scale_cache / v_scale_cache, causal=False or
-    per-sequence, qq_bias, mm_prefix_range, rswa_*, chunk_lookback. Other limits are
+    without mm_prefix_range. Cost (estimated): in a mixed batch a one-token request takes a 128-row
+    query tile, as in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see
+    _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD, causal=False or per-sequence, qq_bias,
+    mm_prefix_range, rswa_*, chunk_lookback. Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
     """
+    from aotc.loader.ops.decode import decode
     from aotc.loader.ops.prefix_prefill import prefix_prefill
 
     guard_call("unified_attention", {"out": out}, {
         "q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "seqused_k": seqused_k, "block_table": block_table,
         "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "alibi_slopes": alibi_slopes,
-        "output_scale": output_scale, "sinks": sinks})
+        "output_scale": output_scale, "sinks": sinks, "k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache})
     left = int(window_size[0])  # the right side matters only without causal masking
     _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, rswa_prefix_lens, chunk_lookback,
-                 left, k, k_scale_cache, v_scale_cache)
+                 left, k)
     fmt = "auto"
     k_scale = v_scale = None
-    if int(kv_quant_mode) == KVQuantMode.FP8_PER_TENSOR:
+    mode = int(kv_quant_mode)
+    if mode in _PER_TOKEN_HEAD:
+        k, v, k_scale, v_scale, fmt = _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache)
+    elif k_scale_cache is not None or v_scale_cache is not None:
+        raise ValueError("unified_attention: k_scale_cache / v_scale_cache are read with kv_quant_mode "
+                         "INT8_PER_TOKEN_HEAD or FP8_PER_TOKEN_HEAD only")
+    if mode == KVQuantMode.FP8_PER_TENSOR:
         if k.dtype not in _FP8:
             raise TypeError(f"unified_attention: kv_quant_mode FP8_PER_TENSOR needs float8 caches, got {k.dtype}")
         fmt = _FP8_NAMES[k.dtype]
         k_scale, v_scale = _first_scale(k_descale, "k_descale", q.device), _first_scale(v_descale, "v_descale",
                                                                                            q.device)
-    elif isinstance(k, torch.Tensor) and k.dtype in _FP8:
+    elif isinstance(k, torch.Tensor) and k.dtype in _FP8 and mode not in _PER_TOKEN_HEAD:
         raise ValueError(f"unified_attention: a {k.dtype} cache needs kv_quant_mode FP8_PER_TENSOR")
     if isinstance(q, torch.Tensor) and q.dtype in _FP8:
         dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         q_scale = _first_scale(q_descale, "q_descale", q.device) if q_descale is not None else 1.0
         q = (q.float() * q_scale).to(dtype)
     softcap = float(softcap or 0.0)
+    window = left + 1 if left >= 0 else None
+    if _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode):
+        decode(q, k, v, int32_indices(block_table, "block_table"), int32_indices(seqused_k, "seqused_k"),
+               k_scale=k_scale, v_scale=v_scale, kv_format=fmt, sm_scale=float(softmax_scale), window=window,
+               sinks=_f32(sinks), out=out, alibi_slopes=_f32(alibi_slopes),
+               alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None, softcap=softcap)
+        return
+    if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
+        raise NotImplementedError("unified_attention: kv_quant_mode=FP8_PER_TOKEN_HEAD with prefill rows (a query "
+                                  "of more than one token) is not implemented in aotc (decode rows at head sizes "
+                                  "64 and 128 are)")
+    if mode == KVQuantMode.INT8_PER_TOKEN_HEAD and (softcap or alibi_slopes is not None):
+        raise NotImplementedError("unified_attention: kv_quant_mode=INT8_PER_TOKEN_HEAD with softcap or "
+                                  "alibi_slopes and prefill rows is not implemented in aotc (decode rows are)")
     prefix_prefill(q, None, None, k, v, int32_indices(block_table, "block_table"),
                    int32_indices(cu_seqlens_q, "cu_seqlens_q"), int32_indices(seqused_k, "seqused_k"),
                    kv_layout="nhd", kv_format=fmt, k_scale=k_scale, v_scale=v_scale, sm_scale=float(softmax_scale),
-                   window=left + 1 if left >= 0 else None, sinks=_f32(sinks),
+                   window=window, sinks=_f32(sinks),
                    out_scale=_f32(fp32_scale(output_scale, "output_scale", q.device)), out=out,
                    alibi_slopes=_f32(alibi_slopes), alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None,
                    softcap=softcap)

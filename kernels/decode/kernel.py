@@ -35,6 +35,11 @@ selects how a tile is dequantized:
   3, 4: fp8 e4m3 / e5m2, read as raw bytes and widened to fp16 with integer ops (Triton has no
      e4m3 type on sm80), with the per-head scale and the 2^8 exponent rebias of e4m3 folded into
      the score and output scales.
+  3 with PER_TOKEN: fp8 e4m3 with one fp32 scale a token and KV head (vLLM's FP8_PER_TOKEN_HEAD):
+     K's scales multiply the scores, V's the probabilities, as the int8 per-token loop does.
+SCORE_MOD binaries apply softcap and ALiBi (kernels/common/score_mod.py, runtime values) to the
+natural-log scores. KV_ALIGN 4 binaries read K and V as 4-byte vectors whatever the level: their
+rows start 4-byte aligned (vLLM's per-token-head cache: scales inline after each head's codes).
 For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
 fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
 (|q|, |k|, |v| < 65504).
@@ -49,6 +54,7 @@ from aotc.kernels.common.dequant import (
     _i8x2_dequant,
 )
 from aotc.kernels.common.schedule import split_tokens
+from aotc.kernels.common.score_mod import _score_mod
 from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -118,14 +124,26 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
 
 
 @triton.jit
-def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask):
+def _tile_ptrs(base, row, cols, KV_ALIGN: tl.constexpr):
+    # A [rows, cols] tile of cache pointers; KV_ALIGN 4: rows start 4-byte aligned (the op checks the
+    # cache's address and strides), else a GENERIC binary reads 1- or 2-byte elements. The hint
+    # must sit on the op that makes the pointers (on a helper's parameter Triton drops it).
+    ptrs = base + row[:, None] + cols[None, :]
+    if KV_ALIGN == 4:
+        ptrs = tl.multiple_of(ptrs, [4, 4])
+    return ptrs
+
+
+@triton.jit
+def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask, KV_ALIGN: tl.constexpr = 16):
     # One [len(offs_t), len(offs_c)] tile of int16 words of an int8/int4 cache (byte offsets halved:
     # the op checks that those caches' strides are even). Loaded in the tile's own iteration, which
     # Triton turns into cp.async; loading it a tile ahead into registers was slower (H100, batch 32
     # x 4K, per-token: int8 73.9 -> 72.4%, int4 55.2 -> 44.6% of copy: ~60 more registers).
     slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
     row = (page * sp + slot * st + head * sh) >> 1
-    return tl.load(W16 + row[:, None] + offs_c[None, :], mask=(offs_t < hi)[:, None] & c_mask[None, :], other=0)
+    return tl.load(_tile_ptrs(W16, row, offs_c, KV_ALIGN),
+                   mask=(offs_t < hi)[:, None] & c_mask[None, :], other=0)
 
 
 @triton.jit
@@ -149,10 +167,30 @@ def _softmax_step(qk, m_i, l_i):
 
 
 @triton.jit
-def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr):
+def _scores(qk, qk_scale, t_mask, rel_k, softcap, slopes, alibi_mode, SCORE_MOD: tl.constexpr):
+    # Base-2 scores of a tile from its dot products qk [heads, tokens] (qk_scale: sm_scale * log2(e),
+    # a scalar or per token); SCORE_MOD: softcap and ALiBi on the natural-log scores first, the
+    # query at relative position 0 (the last token), keys at rel_k.
+    if SCORE_MOD:
+        s = _score_mod(qk * (qk_scale / LOG2E), tl.zeros_like(slopes), rel_k, softcap, slopes[:, None], alibi_mode)
+        qk = s * LOG2E
+    else:
+        qk = qk * qk_scale
+    return tl.where(t_mask[None, :], qk, float("-inf"))
+
+
+@triton.jit
+def _token_scales(S_row, page, offs_t, hi, page_shift, sp, st):
+    # One fp32 scale a token (fp8 per token): [len(offs_t)], 0 past hi.
+    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+    return tl.load(S_row + page * sp + slot * st, mask=offs_t < hi, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr = 16):
     # One [ROWS, COLS] tile of K or V at `base + row[:, None] + cols[None, :]`, as the dot reads it:
     # the query's dtype for fp16/bf16 caches, fp16 for fp8.
-    x = tl.load(base + row[:, None] + cols[None, :], mask=mask, other=0)
+    x = tl.load(_tile_ptrs(base, row, cols, KV_ALIGN), mask=mask, other=0)
     if KV_KIND == 0:
         return x
     else:
@@ -163,19 +201,21 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr):
     do_not_specialize=[
         "sm_scale", "window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
         "group", "quant_shift", "stride_ksp", "stride_kst", "stride_ksh", "stride_vsp", "stride_vst",
-        "stride_vsh",
+        "stride_vsh", "alibi_mode",
     ],
-    do_not_specialize_on_alignment=["KS", "VS", "Table", "ReqIdx", "SeqLens"],
+    do_not_specialize_on_alignment=["KS", "VS", "Table", "ReqIdx", "SeqLens", "Alibi"],
 )
 def decode_split_kernel(
-    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse,
+    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse, Alibi,
     sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group, quant_shift,
     stride_qb, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    softcap, alibi_mode,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
-    CHANNEL_SCALES: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr, SCORE_MOD: tl.constexpr, KV_ALIGN: tl.constexpr, PDL: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
@@ -208,12 +248,16 @@ def decode_split_kernel(
     slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    slopes = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if SCORE_MOD:
+        slopes = tl.load(Alibi + heads, mask=h_mask & (alibi_mode != 0), other=0.0)
+    last = seq_len - 1  # the query's position: ALiBi's key positions are relative to it
     if (KV_KIND == 1 or KV_KIND == 2) and (PER_TOKEN or CHUNK_SCALES or CHANNEL_SCALES):
         m_i, l_i = _attend_chunked(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-            stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES, PTX)
+            stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES, SCORE_MOD, KV_ALIGN, PTX)
     elif KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
@@ -223,8 +267,9 @@ def decode_split_kernel(
     else:
         m_i, l_i = _attend_float(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
-            page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PTX)
+            page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+            stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, SCORE_MOD, KV_ALIGN, PTX)
     # Workspace: PartO [batch, q_heads, num_splits, HEAD_DIM], PartLse [batch, q_heads, num_splits].
     # A NaN sum (a NaN or inf query or cache element) stays NaN here, so the merge returns NaN for
     # that head instead of taking the split for an empty one.
@@ -235,14 +280,21 @@ def decode_split_kernel(
 @triton.jit
 def _attend_float(
     Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh, h_mask, m_i, l_i, qk_scale,
-    page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksh, stride_vsh,
+    page_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PTX: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, SCORE_MOD: tl.constexpr, KV_ALIGN: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     # fp16/bf16 (in the query's dtype) and fp8 (widened to fp16) caches: one dot each for QK and PV.
+    # fp8 PER_TOKEN: each token's K scale joins the scores and its V scale the probabilities.
     DT: tl.constexpr = Q.dtype.element_ty if KV_KIND == 0 else tl.float16
     v_scale = 1.0
-    if KV_KIND >= 3:
+    if PER_TOKEN:
+        rebias = 256.0 if KV_KIND == 3 else 1.0  # e4m3 bytes were widened to value * 2^-8
+        qk_scale = qk_scale * rebias
+        v_scale = rebias
+    elif KV_KIND >= 3:
         # Per-head scale (stride 0 for a scalar); e4m3 bytes were widened to value * 2^-8.
         rebias = 256.0 if KV_KIND == 3 else 1.0
         qk_scale = qk_scale * tl.load(KS + kvh * stride_ksh).to(tl.float32) * rebias
@@ -261,11 +313,19 @@ def _attend_float(
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
-        k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX)
-        qk = tl.dot(q, tl.trans(k))
-        qk = tl.where(t_mask[None, :], qk * qk_scale, float("-inf"))
+        k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
+        if PER_TOKEN:  # scales read here: a tile-ahead prefetch lost (BENCHMARKS.md, vLLM's per-token-head caches)
+            ks = _token_scales(KS + kvh64 * stride_ksh, page, offs_t, hi, page_shift, stride_ksp, stride_kst)
+            vs = _token_scales(VS + kvh64 * stride_vsh, page, offs_t, hi, page_shift, stride_vsp, stride_vst)
+            qk = _scores(tl.dot(q, tl.trans(k)), (qk_scale * ks)[None, :], t_mask, offs_t - last, softcap, slopes,
+                         alibi_mode, SCORE_MOD)
+        else:
+            qk = _scores(tl.dot(q, tl.trans(k)), qk_scale, t_mask, offs_t - last, softcap, slopes, alibi_mode,
+                         SCORE_MOD)
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
-        v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX)
+        v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
+        if PER_TOKEN:
+            p = p * vs[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
@@ -309,9 +369,10 @@ def _code_dots(q, x, INT4: tl.constexpr, PTX: tl.constexpr):
 def _attend_chunked(
     Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr, PTX: tl.constexpr,
+    KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr, SCORE_MOD: tl.constexpr,
+    KV_ALIGN: tl.constexpr, PTX: tl.constexpr,
 ):
     # int8/int4 caches whose scale is constant over chunks of words: one scale a token (PER_TOKEN:
     # one chunk, the whole head, int8 or int4), or int8 groups of 64+ channels (CHUNK_WORDS words a
@@ -389,7 +450,7 @@ def _attend_chunked(
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
             kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
-                        cols < HEAD_DIM // PARTS)
+                        cols < HEAD_DIM // PARTS, KV_ALIGN)
             if CHANNEL:
                 term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * qk_scale
             else:
@@ -398,13 +459,16 @@ def _attend_chunked(
                 qk = term
             else:
                 qk += term
-        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        if SCORE_MOD:
+            qk = _scores(qk, 1.0, t_mask, offs_t - last, softcap, slopes, alibi_mode, SCORE_MOD)
+        else:
+            qk = tl.where(t_mask[None, :], qk, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         new_acc = ()
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
             vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
-                        cols < HEAD_DIM // PARTS)
+                        cols < HEAD_DIM // PARTS, KV_ALIGN)
             if CHANNEL:
                 pd = p.to(tl.float16)
             else:

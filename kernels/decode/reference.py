@@ -22,7 +22,7 @@ def gather_tokens(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> 
 
 
 def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scale=None,
-                     window=None, sinks=None, return_lse=False):
+                     window=None, sinks=None, return_lse=False, softcap=0.0, alibi_slopes=None, alibi_sqrt=False):
     """Attention of one query token per request over its cached tokens, in float32.
 
     q [batch, q_heads, d_qk]; k_cache [pages, page_size, kv_heads, d_qk] and v_cache [pages,
@@ -32,6 +32,8 @@ def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scal
     the softmax denominator that contribute no value. Returns [batch, q_heads, d_v] float32;
     a request of length 0 gives zeros. return_lse: also the [batch, q_heads] float32 natural-log
     log-sum-exp of the scaled scores attended plus the sink (-inf where there is neither).
+    softcap > 0: scores s become softcap * tanh(s / softcap); then alibi_slopes [q_heads] add
+    slope * (t - (length - 1)) for token t, or with alibi_sqrt -slope * sqrt(length - 1 - t).
     """
     batch, q_heads, d_qk = q.shape
     kv_heads, d_v = v_cache.shape[2], v_cache.shape[3]
@@ -47,6 +49,12 @@ def decode_reference(q, k_cache, v_cache, table, seq_lens, req_idx=None, sm_scal
         k = gather_tokens(k_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
         v = gather_tokens(v_cache, table[row], length)[start:].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        if alibi_slopes is not None:
+            rel = torch.arange(start, length, device=q.device, dtype=torch.float32) - (length - 1)
+            bias = -torch.sqrt(-rel) if alibi_sqrt else rel
+            scores = scores + alibi_slopes.float().view(q_heads, 1) * bias
         if sinks is not None:
             scores = torch.cat([scores, sinks.float().view(q_heads, 1)], dim=1)
         if scores.shape[1] == 0:

@@ -12,7 +12,11 @@ the other groups (8-16, and 32 at head dims 64 and 96), which read their scales 
 output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's launch
 geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
 int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
-fill the GPU with it; see `split_tiles`), plus `cache`,
+fill the GPU with it; see `split_tiles`), `score` and `kv_align` (vLLM's variants only, absent from
+the others' keys: "mod" applies softcap and ALiBi to the scores, their values runtime; kv_align 4
+marks per-token caches whose rows start 4-byte aligned only, vLLM's inline-scale layout, whose K
+and V tiles are then read as 4-byte vectors at either specialization level; see `vllm_variants`),
+plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
 `splits` (4, 16 or 64: the one tile of partial results it reads at once, the smallest that holds
@@ -89,14 +93,23 @@ def choose_tile(tiles: tuple[str, ...], base_programs: int, sm_count: int) -> st
     return "narrow" if base_programs * RULE_MAX_SPLITS >= NARROW_PROGRAMS_PER_SM * sm_count else "wide"
 
 
+SCORES = ("plain", "mod")
+KV_ALIGNS = (16, 4)  # 16: the cache as the specialization level says (none assumed at GENERIC)
+# fp8 with one scale a token and KV head ("token"): vLLM's FP8_PER_TOKEN_HEAD, e4m3 on CUDA.
+FP8_PER_TOKEN_FORMATS = ("fp8_e4m3",)
+
+
 def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0,
-               tile: str | None = None, channel: bool = False) -> dict:
+               tile: str | None = None, channel: bool = False, score: str = "plain", kv_align: int = 16) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
     int8/int4 cache with one scale a token (quantization group == head_dim); else quant_group, the
     channels a scale covers (int8/int4), picks "chunk" (int8, >= CHUNK_CHANNELS at CHUNK_HEAD_DIMS),
     "group" (>= GROUP_RUN at WIDE_GROUP_HEAD_DIMS) or "small_group" (<= MAX_SMALL_GROUP).
     tile: one of `split_tiles` (None: the first, which the op replaces with `choose_tile`'s).
-    channel: an int8 cache with fp32 scales [kv_heads, head_dim] ("channel")."""
+    channel: an int8 cache with fp32 scales [kv_heads, head_dim] ("channel"). per_token also
+    serves fp8 e4m3 (fp32 scales). score "mod" (softcap, ALiBi) and kv_align 4 exist for the
+    vllm_variants only: float and fp8 caches without per-token scales take "mod" at kv_align 16;
+    per-token int8/fp8 caches take kv_align 4 with either score."""
     if q not in Q_DTYPES:
         raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
     if kv not in KV_FORMATS:
@@ -110,12 +123,24 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         raise ValueError(f"a {kv} cache takes fp32 scales (placeholder for fp16/bf16), got {scale}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if per_token and (kv not in INT_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
-        raise ValueError(f"one scale a token is for int8/int4 caches of head_dim {PER_TOKEN_HEAD_DIMS}, not "
-                         f"{kv} at head_dim {head_dim}")
+    if per_token and (kv not in INT_FORMATS + FP8_PER_TOKEN_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
+        raise ValueError(f"one scale a token is for int8/int4/{'/'.join(FP8_PER_TOKEN_FORMATS)} caches of head_dim "
+                         f"{PER_TOKEN_HEAD_DIMS}, not {kv} at head_dim {head_dim}")
+    if per_token and kv in FP8_PER_TOKEN_FORMATS and kv_align != 4:
+        raise ValueError("fp8 with one scale a token is built at kv_align 4 only (vLLM's FP8_PER_TOKEN_HEAD)")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if kv_align not in KV_ALIGNS:
+        raise ValueError(f"kv_align must be one of {KV_ALIGNS}, got {kv_align!r}")
+    if kv_align == 4 and not (per_token and scale == "fp32" and kv in ("int8",) + FP8_PER_TOKEN_FORMATS):
+        raise ValueError(f"kv_align 4 is for int8/fp8 caches with one fp32 scale a token, not {kv} "
+                         f"({'per token' if per_token else 'other scales'}, {scale})")
+    if score == "mod" and not (kv_align == 4 or (kv not in INT_FORMATS and not per_token)):
+        raise ValueError(f"score 'mod' (softcap, ALiBi) is for fp16/bf16/fp8 caches and vLLM's per-token int8/fp8 "
+                         f"caches (kv_align 4), not {kv} with these scales")
     if channel and (kv != "int8" or scale != "fp32" or per_token or quant_group):
         raise ValueError(f"per-channel scales are for int8 caches with fp32 scales, not {kv} with {scale} scales")
-    if kv not in INT_FORMATS:
+    if kv not in INT_FORMATS and not per_token:
         scales = "none"
     elif channel:
         scales = "channel"
@@ -135,8 +160,11 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         tile = tiles[0]
     elif tile not in tiles:
         raise ValueError(f"tile {tile!r}: a {kv} cache at head_dim {head_dim} with {scales} scales has tiles {tiles}")
-    return {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales,
+    axes = {"q": q, "kv": kv, "scale": scale, "head_dim": head_dim, "cache": CACHE_DTYPE[kv], "scales": scales,
             "tile": tile}
+    if score != "plain" or kv_align != 16:  # vLLM's variants; the others' keys stay as they were
+        axes.update(score=score, kv_align=kv_align)
+    return axes
 
 
 MERGE_ONE_TILE = 64  # split counts up to this merge in one [splits, head_dim] tile
@@ -227,6 +255,9 @@ SPLIT_ARGS = (
     Arg("SeqLens", "ptr", dtype="=i32"),
     Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
     Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    # ALiBi slopes [q_heads] fp32, read by "mod" binaries only (alibi_mode below); among the leading
+    # pointers, which a prepared launch repacks every call.
+    Arg("Alibi", "ptr", dtype="=fp32"),
     Arg("sm_scale", "fp32"),
     *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_shift", "max_pages", "stride_table",
                              "q_heads", "group", "quant_shift")),
@@ -234,6 +265,10 @@ SPLIT_ARGS = (
                                            "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
     *(Arg(n, _I32) for n in ("stride_ksp", "stride_kst", "stride_ksh",
                              "stride_vsp", "stride_vst", "stride_vsh")),
+    # Score options, read by "mod" binaries only: softcap (0: off); alibi_mode 0 off, 1 linear
+    # (slope * (key position - (seq_len - 1))), 2 vLLM's sqrt form (-slope * sqrt(distance)).
+    Arg("softcap", "fp32"),
+    Arg("alibi_mode", _I32),
 )
 
 
@@ -242,7 +277,8 @@ def split_constexprs(axes) -> dict:
     return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_N": block_n(hd, str(axes["tile"])), "BLOCK_H": BLOCK_H,
             "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
             "ROW_SCALES": int(axes["scales"] == "small_group"), "CHUNK_SCALES": int(axes["scales"] == "chunk"),
-            "CHANNEL_SCALES": int(axes["scales"] == "channel")}
+            "CHANNEL_SCALES": int(axes["scales"] == "channel"), "SCORE_MOD": int(axes.get("score", "plain") == "mod"),
+            "KV_ALIGN": int(axes.get("kv_align", 16))}
 
 
 def split_variants():
@@ -266,6 +302,23 @@ def split_variants():
                         axes = split_axes(q, kv, scale, hd, **call)
                         for tile in split_tiles(kv, hd, axes["scales"]):
                             yield dict(axes, tile=tile)
+        yield from vllm_variants(q)
+
+
+def vllm_variants(q: str):
+    """The variants vLLM's unified_attention needs beyond the others, for one query dtype: scores
+    with softcap/ALiBi over fp16/bf16/fp8 caches (4 head dims x 3 formats), and its per-token-head
+    int8 / fp8 e4m3 caches with fp32 scales at kv_align 4, plain and "mod" (2 head dims x 2 x 2):
+    20 a query dtype."""
+    for kv in (q, "fp8_e4m3", "fp8_e5m2"):
+        for hd in HEAD_DIMS:
+            yield split_axes(q, kv, "fp32", hd, score="mod")
+    for kv in ("int8",) + FP8_PER_TOKEN_FORMATS:
+        for hd in PER_TOKEN_HEAD_DIMS:
+            for score in SCORES:
+                axes = split_axes(q, kv, "fp32", hd, per_token=True, score=score, kv_align=4)
+                for tile in split_tiles(kv, hd, axes["scales"]):
+                    yield dict(axes, tile=tile)
 
 
 def split_launch(axes, arch: int) -> LaunchConfig:
@@ -299,7 +352,7 @@ SPLIT = KernelSpec(
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
-                     "CHANNEL_SCALES", "PDL", "PTX"),
+                     "CHANNEL_SCALES", "SCORE_MOD", "KV_ALIGN", "PDL", "PTX"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from aotc.kernels.common.dequant import _fp8_bits_to_fp16
 from aotc.kernels.common.schedule import owner_of_block
+from aotc.kernels.common.score_mod import _score_mod
 
 from .quant import int_context, softmax_step
 from .spec import KERNEL_DO_NOT_SPECIALIZE, KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT
@@ -76,21 +77,6 @@ def _fp32_to_e4m3_bits(x):
     # Below 2^-6 e4m3 is a multiple of 2^-9: adding 2^23 rounds a*512 to an integer, nearest even.
     sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
     return tl.where(a < 0.015625, sub, normal) | sign
-
-
-@triton.jit
-def _score_mod(s, rel_q, rel_k, softcap, slope, alibi_mode):
-    """Natural-log scores s [BLOCK_M, BLOCK_N] capped to softcap * tanh(s / softcap) (softcap > 0),
-    then ALiBi's bias added (vLLM's order): alibi_mode 1 slope * rel_k, 2 -slope * sqrt(rel_q -
-    rel_k) for keys at or before the query (slope is 0 with alibi_mode 0). rel_q / rel_k: query /
-    key positions less the context length. Selects, not branches: a branch on a tile costs shared
-    memory (spec.py, the score axis)."""
-    cap = tl.where(softcap > 0, softcap, 1.0)
-    # tanh(y) = 1 - 2 / (exp(2y) + 1): saturates at +-1 where exp overflows (never inf / inf)
-    s = tl.where(softcap > 0, cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0)), s)
-    dist = (rel_q[:, None] - rel_k[None, :]).to(tl.float32)
-    bias = tl.where(alibi_mode == 2, -tl.sqrt(tl.maximum(dist, 0.0)), rel_k[None, :].to(tl.float32))
-    return s + slope * bias
 
 
 @triton.jit
@@ -371,7 +357,7 @@ def prefix_prefill_kernel(
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
     # kv_from_cache: the new tokens' keys come from the cache too, after the context: keys up to
-    # the tile's last query, mask-free below its first (float and fp8 caches only: the op says so).
+    # the tile's last query, mask-free below its first.
     ctx_hi = ctx_len
     if kv_from_cache != 0:
         ctx_hi = ctx_len + last_row + 1
@@ -380,8 +366,8 @@ def prefix_prefill_kernel(
 
     # ---- context from the paged cache ----
     if KV_FORMAT >= 3:  # int8 / int4 codes, scales fused on the tiles (quant.py)
-        if first < ctx_len:
-            acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first,
+        if first < ctx_hi:
+            acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_hi, win, first,
                                         inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head,
                                         stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                                         K_scale, V_scale, stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale,

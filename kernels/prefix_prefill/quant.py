@@ -206,7 +206,7 @@ def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, 
     k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED), ksc,
                        SCALES, PTX)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
-    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED), vsc,
                        SCALES, PTX)
@@ -233,7 +233,7 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
         qk = even + odd * 0.0625  # per channel, parts 1 and 3 are 16 x code
     else:
         qk = even + odd
-    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win)
+    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1, v2, v3 = _i4_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W,
                                       MASKED), vsc, SCALES, PTX)
@@ -357,7 +357,8 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
                 s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
     """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
-    (KV_FORMAT 3) or int4 (4) cache; tile ranges as in kernel.py. scale_kind: the scales' dtype
+    (KV_FORMAT 3) or int4 (4) cache: keys below ctx_len (with kv_from_cache the new tokens' too,
+    causal: masked tiles hold no key past a row's query); tile ranges as in kernel.py. scale_kind: the scales' dtype
     (_load_scale), with per-group scales log2(group) above it (scale_kind >> 2): packed into one
     argument, because one more kernel parameter moved ptxas's register allocation of the other
     variants, which sit at 255 registers (it added spills)."""

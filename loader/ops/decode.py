@@ -26,19 +26,43 @@ OP = "decode"
 class _Decode:
     """A checked decode call."""
 
-    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "out", "lse")
+    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "out", "lse",
+                 "alibi", "alibi_mode", "softcap")
 
-    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, out, lse=None):
+    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, out, lse=None, alibi=None,
+                 alibi_mode=0, softcap=0.0):
         self.q, self.kv, self.table, self.seq_lens, self.req_idx = q, kv, table, seq_lens, req_idx
         self.sinks, self.sm_scale, self.window, self.splits, self.out, self.lse = \
             sinks, sm_scale, window, splits, out, lse
+        self.alibi, self.alibi_mode, self.softcap = alibi, alibi_mode, softcap
+
+
+def _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, dev) -> tuple[int, float]:
+    """(alibi_mode, softcap) for the split kernel: 0 off, 1 linear, 2 sqrt; NotImplementedError for
+    caches without a "mod" binary (int8/int4 per group or channel, int4 per token)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
+        raise ValueError(f"softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        rules.tensor(OP, "alibi_slopes", alibi_slopes, (torch.float32,), dim=1, device=dev)
+        if alibi_slopes.shape[0] != q_heads or not alibi_slopes.is_contiguous():
+            raise ValueError(f"alibi_slopes: expected a contiguous [q_heads={q_heads}] tensor, got "
+                             f"{tuple(alibi_slopes.shape)}")
+    elif alibi_sqrt:
+        raise ValueError("alibi_sqrt=True needs alibi_slopes")
+    mode = 0 if alibi_slopes is None else 2 if alibi_sqrt else 1
+    if (mode or softcap) and kv.fmt in S.INT_FORMATS and not (kv.fmt == "int8" and kv.group == head_dim
+                                                                 and not kv.channel):
+        raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} cache is implemented for int8 with one "
+                                  f"scale a token only")
+    return mode, float(softcap)
 
 
 def check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                 window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
+                 window, sinks, num_splits, out, lse=None, scale_layout="group", alibi_slopes=None, alibi_sqrt=False,
+                 softcap=0.0) -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
     guards.refuse_grad(OP, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
-                       sinks=sinks, out=out, lse=lse)
+                       sinks=sinks, out=out, lse=lse, alibi_slopes=alibi_slopes)
     rules.tensor(OP, "q", q, (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
     batch, q_heads, head_dim = q.shape
@@ -54,6 +78,7 @@ def check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
     check_rows(OP, table, seq_lens, req_idx, sinks, batch, q_heads, dev)
+    alibi_mode, softcap = _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, dev)
     if out is not None:
         rules.tensor(OP, "out", out, (q.dtype,), dim=3, device=dev)
         if out.shape != q.shape:
@@ -80,14 +105,15 @@ def check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale
         if t is not None and max(t.stride(), default=0) > rules.I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
     guards.check_outputs("decode", {"out": out, "lse": lse}, _inputs(q, k_cache, v_cache, table, seq_lens, req_idx,
-                                                                     k_scale, v_scale, sinks))
-    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, out, lse)
+                                                                     k_scale, v_scale, sinks, alibi_slopes))
+    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, out, lse,
+                   alibi_slopes, alibi_mode, softcap)
 
 
-def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks) -> dict:
+def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes=None) -> dict:
     """What decode reads, by name, in the order a plan's `apart` takes it after out and lse."""
     return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "table": table, "seq_lens": seq_lens, "req_idx": req_idx,
-            "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks}
+            "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks, "alibi_slopes": alibi_slopes}
 
 
 def _sm_count(device) -> int:
@@ -103,7 +129,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     group = q_heads // kv_heads
     if kv.channel:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
-    elif kv.fmt in S.INT_FORMATS:
+    elif kv.fmt in S.INT_FORMATS or kv.token:
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
     elif kv.fmt in FP8_DTYPES:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
@@ -111,12 +137,15 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
         ks_strides = vs_strides = (0, 0, 0)
     split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
-                  *kv.v.stride()[:3], *ks_strides, *vs_strides]
+                  *kv.v.stride()[:3], *ks_strides, *vs_strides, d.softcap, d.alibi_mode]
+    score = "mod" if d.softcap or d.alibi_mode else "plain"
     if kv.channel:
         split_axes = S.split_axes(FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, channel=True)
     else:
-        per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-        split_axes = S.split_axes(FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
+        per_token = (kv.fmt in S.INT_FORMATS and kv.group == head_dim) or kv.token
+        split_axes = S.split_axes(FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token,
+                                  0 if per_token else kv.group, score=score,
+                                  kv_align=_kv_align(kv, per_token, score, head_dim))
     tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
     split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
     fp8 = kv.fmt in FP8_DTYPES
@@ -132,19 +161,38 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
                   lse.stride(0) if lse is not None else 0]
     merge_axes = S.merge_axes(FLOAT_NAMES[out.dtype], head_dim, splits)
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
-                      (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes), merge_ints), n_o, n_lse,
-                      q.device, kv.fmt, fp8, byte_view, kv.fmt in S.INT_FORMATS)
+                      (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes),
+                       merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view,
+                      3 if split_axes.get("kv_align") == 4 else int(kv.fmt in S.INT_FORMATS))
+
+
+def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
+    """4 for vLLM's per-token-head caches (int8 or fp8 e4m3, fp32 scales), whose rows start 4-byte
+    aligned only (scales inline after each head's codes), and for their "mod" calls; else 16."""
+    if not per_token or kv.fmt not in ("int8",) + S.FP8_PER_TOKEN_FORMATS:
+        return 16
+    strides = [st for t in (kv.k, kv.v) for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1]
+    if kv.fmt == "int8" and score == "plain" and all(st % 16 == 0 for st in strides):
+        return 16  # aotc's own layout: the 16-byte binaries
+    if kv.scale_name != "fp32":
+        raise NotImplementedError(f"k_scale: a per-token {kv.fmt} cache with {kv.scale_name} scales, unaligned rows "
+                                  f"or softcap/ALiBi is implemented with fp32 scales only")
+    if head_dim not in S.PER_TOKEN_HEAD_DIMS or any(st % 4 for st in strides):
+        raise ValueError(f"k_cache/v_cache: strides {kv.k.stride()} / {kv.v.stride()}: a per-token {kv.fmt} cache "
+                         f"read with softcap/ALiBi, fp8 codes or rows off 16 bytes needs 4-byte multiples")
+    return 4
 
 
 def _run_decode(d: _Decode) -> None:
     _make_plan(d, d.out).launch(d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, d.out,
-                                d.lse)
+                                d.lse, d.alibi)
 
 
 DECODE = library.Op(
     "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
     "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-    "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()",
+    "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\", "
+    "Tensor? alibi_slopes=None, bool alibi_sqrt=False, float softcap=0.0) -> ()",
     check=check_decode, run=_run_decode)
 # Plans by the inputs' metadata (DECODE.key); `DecodePlan` (decode_plan.py) builds on the same plans.
 _plans = rules.PlanCache()
@@ -156,7 +204,7 @@ def cached_plan(key, d: _Decode, out) -> SplitMerge:
     if plan is None:
         plan = _make_plan(d, out)
         plan.apart = guards.Apart("decode", {"out": out, "lse": d.lse}, _inputs(
-            d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks))
+            d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks, d.alibi))
         _plans.put(key, plan)
     return plan
 
@@ -190,7 +238,7 @@ def _is_prefix_view(k_cache, v_cache) -> bool:
 
 def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
            sm_scale=None, window=None, sinks=None, out=None, num_splits=None, return_lse=False, lse=None,
-           scale_layout="group", validate=True):
+           scale_layout="group", alibi_slopes=None, alibi_sqrt=False, softcap=0.0, validate=True):
     """Attention of one new query token per request over its paged KV cache (flash-decoding).
 
     Shapes (B batch, H query heads, Hk kv heads with H % Hk == 0, D head_dim in 64/96/128/256):
@@ -210,13 +258,20 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       req_idx  [B] int32 rows of `table`, or None.
       k_scale, v_scale  int8/int4: the cache's shape with last dim D // group (group a power of two
                in [8, 128]), fp16/bf16/fp32, value = code * scale. fp8: None (1.0), a one-element
-               tensor, or [Hk]. None for fp16/bf16.
+               tensor, or [Hk]; or, for fp8_e4m3, one fp32 scale a token and KV head: the cache's
+               shape with last dim 1, any strides (vLLM's FP8_PER_TOKEN_HEAD k_scale_cache[..., None]).
+               None for fp16/bf16. int8/fp8 per-token caches whose rows start 4-byte aligned but not
+               16 (vLLM's inline scales) read 4-byte vectors: strides and start a multiple of 4.
       scale_layout  "group" (the above) or "channel": int8 only, k_scale and v_scale [Hk, D] fp32
                (one scale a KV head and channel, constant over tokens, channels contiguous), value
                = code * scale[head, channel]. Said explicitly, so no scale shape is read two ways.
       kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2".
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
+      softcap  > 0: natural-log scores s become softcap * tanh(s / softcap); then alibi_slopes [H]
+               fp32 (contiguous) add slope * (key position - (seq_len - 1)), or with alibi_sqrt
+               -slope * sqrt(seq_len - 1 - key position) (vLLM's two ALiBi forms). fp16/bf16/fp8
+               caches and int8 with one scale a token; others raise NotImplementedError.
       out      [B, H, D] in q's dtype, written and returned; allocated when None.
       num_splits  sequence splits per request (default from batch, heads, the SM count and how many
                programs of the kernel's binary fit an SM, <= 64; never from lengths); explicit: 1 to
@@ -247,6 +302,9 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     head NaN in out and lse; other heads are unaffected).
     """
     if _split_heads(q, k_cache, v_cache):
+        if alibi_slopes is not None or softcap:
+            raise NotImplementedError("softcap / alibi_slopes with unequal head sizes (the MLA family) are not "
+                                      "implemented")
         if scale_layout != "group":
             raise NotImplementedError(f"scale_layout={scale_layout!r}: unequal head sizes take fp16/bf16/fp8 caches")
         from .mla import split_heads_decode
@@ -263,19 +321,19 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         DECODE(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
-                              sm_scale, window, sinks, num_splits, out, lse, scale_layout)
+               sm_scale, window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
         return (out, lse) if return_lse else out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
     try:
         key = DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                         sinks, num_splits, out, lse, scale_layout)
+                         sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None
     if plan is None or validate:
         d = check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                          window, sinks, num_splits, out, lse, scale_layout)
+                         window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap)
         if validate:
             check_page_values(d)
         if plan is None:
@@ -283,7 +341,7 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
         if torch.is_grad_enabled():
             guards.refuse_grad(OP, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
-                               sinks=sinks, out=out, lse=lse)
-        plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks)
-    plan.launch(q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
+                               sinks=sinks, out=out, lse=lse, alibi_slopes=alibi_slopes)
+        plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes)
+    plan.launch(q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, alibi_slopes)
     return (out, lse) if return_lse else out

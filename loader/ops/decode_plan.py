@@ -153,7 +153,7 @@ class DecodePlan:
         bound = self._bound
         if bound is not None and torch._C._cuda_getDevice() == bound.index:
             qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-            if self._halfword and (kp | vp) & 1:
+            if self._halfword and (kp | vp) & self._halfword:
                 self._plan.check_halfword(kp, vp)
             if k_scale is not None:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()

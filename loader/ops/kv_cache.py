@@ -90,8 +90,22 @@ def _fp8_scale(op, scale, name, kv_heads, device):
     if scale.numel() == 1:
         return scale, 0
     if scale.dim() != 1 or scale.shape[0] != kv_heads:
-        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}], got {tuple(scale.shape)}")
+        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}] (or, fp8_e4m3, the cache's "
+                         f"shape with last dim 1: one a token), got {tuple(scale.shape)}")
     return scale, scale.stride(0)
+
+
+def _fp8_token_scales(op, k_scale, v_scale, cache, fmt, device):
+    """fp8 with one fp32 scale a token and KV head (vLLM's FP8_PER_TOKEN_HEAD: k_scale_cache
+    [blocks, block_size, kv_heads] as [..., 1]): the cache's shape with last dim 1, any strides."""
+    if fmt not in S.FP8_PER_TOKEN_FORMATS:
+        raise NotImplementedError(f"k_scale: one scale a token for a {fmt} cache is not implemented (fp8 per token: "
+                                  f"{S.FP8_PER_TOKEN_FORMATS})")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        rules.tensor(op, name, t, (torch.float32,), device=device)
+        if tuple(t.shape) != tuple(cache.shape[:-1]) + (1,):
+            raise ValueError(f"{name}: one fp32 scale a token and head is the cache's shape {tuple(cache.shape[:-1])} "
+                             f"plus a last dim of 1, got {tuple(t.shape)}")
 
 
 class KV:
@@ -100,7 +114,8 @@ class KV:
     (Plain classes here and below: a dataclass costs ~1 ms to create at import, which the first
     `decode` in a process pays.)"""
 
-    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel")
+    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel",
+                 "token")
 
     def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0, channel=False):
         self.fmt, self.k, self.v = fmt, k, v
@@ -109,6 +124,7 @@ class KV:
         self.group, self.scale_name = group, scale_name
         self.ks_head_stride, self.vs_head_stride = ks_head_stride, vs_head_stride
         self.channel = channel
+        self.token = False  # fp8 with one scale a token (int8/int4: group == head_dim says it)
 
 
 SCALE_LAYOUTS = ("group", "channel")
@@ -156,6 +172,10 @@ def check_cache(op, k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev
         if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
             raise ValueError("v_scale must have k_scale's shape and dtype")
         kv.ks, kv.vs, kv.scale_name = as_paged(k_scale), as_paged(v_scale), FLOAT_NAMES[k_scale.dtype]
+    elif (fmt in FP8_DTYPES and isinstance(k_scale, torch.Tensor) and k_scale.dim() == k_cache.dim()
+          and k_scale.shape[-1] == 1 and k_scale.numel() > 1):
+        _fp8_token_scales(op, k_scale, v_scale, k_cache, fmt, device)  # one scale a token and head
+        kv.ks, kv.vs, kv.group, kv.token = as_paged(k_scale), as_paged(v_scale), head_dim, True
     elif fmt in FP8_DTYPES:
         kv_heads = kv.k.shape[2]
         kv.ks, kv.ks_head_stride = _fp8_scale(op, k_scale, "k_scale", kv_heads, device)
@@ -212,7 +232,7 @@ def check_page_values(d) -> None:
             b = int(bad.nonzero()[0, 0])
             raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
     else:
-        rows = torch.arange(batch)
+        rows = torch.arange(batch, device="cpu")  # host checks: whatever torch's default device
     lens = lens.long()
     used_cols = int(((lens + page_size - 1) // page_size).max())
     if used_cols == 0:
@@ -221,7 +241,7 @@ def check_page_values(d) -> None:
     top = int(rows.max()) + 1
     ids = d.table[:top, :used_cols].cpu()[rows]
     first = (lens - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens)
-    col = torch.arange(used_cols)
+    col = torch.arange(used_cols, device="cpu")
     used = (col >= first[:, None]) & (col < ((lens + page_size - 1) // page_size)[:, None])
     bad = used & ((ids < 0) | (ids >= pages_n))
     if bool(bad.any()):

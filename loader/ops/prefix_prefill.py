@@ -215,8 +215,7 @@ def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, so
     elif alibi_sqrt:
         raise ValueError("prefix_prefill: alibi_sqrt=True needs alibi_slopes")
     if fmt in _spec.INT_FORMATS:
-        for on, name in ((k is None, "k/v None (new keys from the cache)"), (softcap, "softcap"),
-                         (alibi_slopes is not None, "alibi_slopes")):
+        for on, name in ((softcap, "softcap"), (alibi_slopes is not None, "alibi_slopes")):
             if on:
                 raise NotImplementedError(f"prefix_prefill: {name} with an {fmt} cache is not implemented (fp16, "
                                           f"bf16 and fp8 caches)")
@@ -299,7 +298,7 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, 
     if width == 0:
         return
     ids = block_table[: len(used), :width].cpu()
-    in_use = torch.arange(width)[None, :] < torch.tensor(used)[:, None]
+    in_use = torch.arange(width, device="cpu")[None, :] < torch.tensor(used, device="cpu")[:, None]
     bad = in_use & ((ids < 0) | (ids >= k_cache.shape[0]))
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
@@ -435,7 +434,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
       q `[T, q_heads, D]`; k, v `[T, kv_heads, D]`: the new tokens (not read from the cache);
         fp16 or bf16, last dim contiguous; q_heads a multiple of kv_heads. k = v = None: the cache
         already holds the new tokens' keys and values after the context (positions seq_lens[b] -
-        q_len ..), and they are read from there (float and fp8 caches).
+        q_len ..), and they are read from there.
       k_cache, v_cache: kv_layout "nhd": `[num_blocks, block_size, kv_heads, Dc]` each; "hnd":
         `[num_blocks, kv_heads, block_size, Dc]` (Iluvatar's); "vllm": K `[num_blocks, kv_heads, D // x,
         block_size, x]`, V `[num_blocks, kv_heads, D, block_size]`, x read from K's shape (a multiple of

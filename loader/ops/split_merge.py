@@ -2,8 +2,9 @@
 sequence split's partial output and log-sum-exp into a workspace, a merge kernel combines them.
 
 Both kernel families take the same arguments (split: q, k, v, k_scale, v_scale, table, rows,
-lengths, partial out, partial lse, then ints; merge: partial out, partial lse, sinks, out, lse,
-then ints), so one `SplitMerge` holds what a call's metadata fixes (variants, grids, ints,
+lengths, partial out, partial lse, then decode's ALiBi slopes (a split spec with an `Alibi`
+argument), then ints; merge: partial out, partial lse, sinks, out, lse, then ints), so one
+`SplitMerge` holds what a call's metadata fixes (variants, grids, ints,
 workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
 - `launch(...)`: an eager call, on the current stream with the stream's workspace, the two launches
   held together under the stream's lock; the prepared launches where the binaries are built, else
@@ -42,19 +43,22 @@ class SplitMerge:
     """What a split+merge launch needs that follows from the inputs' metadata alone.
 
     fp8: the scales are fp8's (1.0 where absent). byte_view: the cache is read as int8 bytes (fp8,
-    int4). halfword: the cache is read as int16 words (int8, int4), so its address must be even,
-    checked every call (a plan is keyed by metadata, not by address). fast_split / fast_merge: the
+    int4). halfword: the address bits the cache must have clear, checked every call (a plan is
+    keyed by metadata, not by address): 1 for int16 words (int8, int4), 3 for decode's kv_align 4
+    binaries (4-byte words), 0 for none. alibi: the split kernel takes ALiBi slopes after the
+    partial lse (decode's). fast_split / fast_merge: the
     prepared launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
     """
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
                  "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "fast_split",
-                 "fast_merge", "apart")
+                 "fast_merge", "apart", "alibi")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
-                 halfword: bool):
+                 halfword: int):
         """split, merge: (spec, axes, grid, ints) of each kernel."""
         self.split_spec, self.split_axes, self.split_grid, self.split_ints = split
+        self.alibi = "Alibi" in self.split_spec.arg_index
         self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
         self.n_o, self.n_lse, self.device, self.fmt = n_o, n_lse, device, fmt
         self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
@@ -74,23 +78,27 @@ class SplitMerge:
                 prepare(self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints, index))
 
     def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
-        if (k_ptr | v_ptr) & 1:
-            name = "k_cache" if k_ptr & 1 else "v_cache"
-            raise ValueError(f"{name}: an {self.fmt} cache is read two bytes at a time; its data must start at an "
-                             f"even address (it is a view at an odd byte offset)")
+        mask = int(self.halfword)
+        if (k_ptr | v_ptr) & mask:
+            name = "k_cache" if k_ptr & mask else "v_cache"
+            if mask == 1:
+                raise ValueError(f"{name}: an {self.fmt} cache is read two bytes at a time; its data must start at "
+                                 f"an even address (it is a view at an odd byte offset)")
+            raise ValueError(f"{name}: this per-token {self.fmt} cache is read 4 bytes at a time (kv_align 4); its "
+                             f"data must start at a multiple of 4 bytes")
 
-    def split_args(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse) -> list:
+    def split_args(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi=None) -> list:
         """The split kernel's arguments as run_kernel takes them (tensors, then the ints)."""
         return split_args(self.fp8, self.byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o,
-                          part_lse, self.split_ints)
+                          part_lse, self.split_ints, (alibi if alibi is not None else part_lse) if self.alibi else None)
 
-    def launch(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse=None) -> None:
+    def launch(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse=None, alibi=None) -> None:
         """One eager call (k, v: the paged [pages, page_size, heads, d] views)."""
         if self.fast_split is not None:
             index = self.device.index
             if torch._C._cuda_getDevice() == index:
                 self._launch_prepared(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse,
-                                      torch._C._cuda_getCurrentRawStream(index))
+                                      torch._C._cuda_getCurrentRawStream(index), alibi)
                 return
         if self.halfword:
             self.check_halfword(k.data_ptr(), v.data_ptr())
@@ -104,12 +112,13 @@ class SplitMerge:
             together = contextlib.nullcontext()  # CPU: a fresh workspace a call
         with together:
             run_kernel(self.split_spec, self.split_axes, self.split_grid,
-                       self.split_args(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse))
+                       self.split_args(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi))
             run_kernel(self.merge_spec, self.merge_axes, self.merge_grid,
                        [part_o, part_lse, sinks if sinks is not None else part_lse, out,
                         lse if lse is not None else part_lse, *self.merge_ints])
 
-    def _launch_prepared(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, stream):
+    def _launch_prepared(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, stream,
+                         alibi=None):
         """The steady-state launch: pointers only; grids and every other argument are packed."""
         keep, part_o, part_lse = workspace.pair_pointers(self.device, stream, self.n_o, self.n_lse)
         if self.fp8:
@@ -124,8 +133,11 @@ class SplitMerge:
         if self.halfword:
             self.check_halfword(kp, vp)
         with workspace.stream_lock(self.device.index, stream):  # no other call's split between ours and our merge
-            self.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
-                             lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+            pointers = (q.data_ptr(), kp, vp, ks, vs, table.data_ptr(), lens if req_idx is None else req_idx.data_ptr(),
+                        lens, part_o, part_lse)
+            if self.alibi:
+                pointers += (part_lse if alibi is None else alibi.data_ptr(),)
+            self.fast_split(pointers, stream)
             self.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
                              part_lse if lse is None else lse.data_ptr()), stream)
         del keep
@@ -152,8 +164,11 @@ class Bound:
         part_o = self.workspace.data_ptr()
         part_lse = part_o + 4 * sm.n_o
         lens = seq_lens.data_ptr()
-        split.fix({5: table.data_ptr(), 6: lens if req_idx is None else req_idx.data_ptr(), 7: lens,
-                   8: part_o, 9: part_lse})
+        fixed = {5: table.data_ptr(), 6: lens if req_idx is None else req_idx.data_ptr(), 7: lens, 8: part_o,
+                 9: part_lse}
+        if sm.alibi:
+            fixed[10] = part_lse  # ALiBi slopes, never read: a plan runs no score modifiers
+        split.fix(fixed)
         split.per_call(0, 5)
         merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
         merge.per_call(3, 2 if return_lse else 1)
@@ -178,7 +193,9 @@ class Bound:
             self.merge_go[not op & 15](stream)
 
 
-def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints) -> list:
+def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints,
+               alibi=None) -> list:
+    """alibi: the slopes tensor (or a stand-in) for a split kernel that takes one, else None."""
     if fp8:
         ks, vs = fp8_scales(k_scale, v_scale, q.device)
     elif k_scale is None:
@@ -187,7 +204,9 @@ def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_le
         ks, vs = k_scale, v_scale
     if byte_view and k.dtype != torch.int8:
         k, v = k.view(torch.int8), v.view(torch.int8)  # raw bytes, widened in the kernel
-    return [q, k, v, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens, part_o, part_lse, *ints]
+    extra = [] if alibi is None else [alibi]
+    return [q, k, v, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens, part_o, part_lse, *extra,
+            *ints]
 
 
 def split_programs_per_sm(spec, axes, fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens,
@@ -197,4 +216,5 @@ def split_programs_per_sm(spec, axes, fp8, byte_view, q, k, v, k_scale, v_scale,
         return None
     ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
     return programs_per_sm(spec, axes, split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx,
-                                                  seq_lens, ws, ws, ints), q.device.index)
+                                                  seq_lens, ws, ws, ints, ws if "Alibi" in spec.arg_index else None),
+                           q.device.index)

@@ -20,15 +20,16 @@ def names(spec):
 def test_builtin_kernels_hash_every_file_they_import():
     # prefix_prefill's kernels read their decorator switches from their spec module (which imports
     # the shared formats and the variant types) and share the block schedule's helper.
-    shared = ["common/dequant.py", "common/formats.py", "common/schedule.py", "prefix_prefill/quant.py",
-              "prefix_prefill/spec.py", "variants.py"]
+    shared = ["common/dequant.py", "common/formats.py", "common/schedule.py", "common/score_mod.py",
+              "prefix_prefill/quant.py", "prefix_prefill/spec.py", "variants.py"]
     assert names(get_spec("prefix_prefill")) == sorted(shared + ["prefix_prefill/kernel.py"])
     # the Gluon kernel takes kernel.py's constants
     assert names(get_spec("prefix_prefill_ws")) == sorted(shared + ["prefix_prefill/kernel.py",
                                                                     "prefix_prefill/kernel_ws.py"])
-    # decode's kernel reads constants from its spec module, which imports the variant types, and
-    # takes its split's tokens from the shared schedule.
+    # decode's kernel reads constants from its spec module, which imports the variant types, takes
+    # its split's tokens from the shared schedule and its score modifiers from common/score_mod.
     assert names(get_spec("decode_split")) == ["common/dequant.py", "common/formats.py", "common/schedule.py",
+                                               "common/score_mod.py",
                                                "decode/kernel.py", "decode/spec.py", "variants.py"]
     assert names(get_spec("gdn_chunk_prep")) == ["common/schedule.py", "gated_delta/chunk.py"]
 

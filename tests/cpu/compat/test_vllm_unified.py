@@ -63,10 +63,7 @@ def test_fp8_output():
 
 
 UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
-    ("INT8_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.INT8_PER_TOKEN_HEAD)),
-    ("FP8_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.FP8_PER_TOKEN_HEAD)),
     ("INT4_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD)),
-    ("k_scale_cache", dict(k_scale_cache=torch.ones(1))),
     ("causal=False", dict(causal=False)),
     ("per-sequence", dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool))),
     ("qq_bias", dict(qq_bias=torch.zeros(1))),
@@ -74,6 +71,115 @@ UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
     ("rswa", dict(rswa_window=16, rswa_prefix_lens=torch.zeros(len(Q_LENS), dtype=torch.int32))),
     ("chunk_lookback", dict(chunk_lookback=1, window_size=(63, 0))),
 ]
+
+
+def _per_token_head_problem(mode, q_lens, ctx_lens, head_dim=64, seed=0, padded=False):
+    """vLLM's per-token-head call: codes and [num_blocks, block_size, kv_heads] fp32 scale caches as
+    its cache writer makes them; padded: k and v are vLLM's backend views (codes then the inline
+    scale, V 4-byte aligned), else the separate tensors vLLM's tests pass. Returns (vLLM's
+    arguments, the float32 reference)."""
+    from tests.cpu.kernels.decode.test_vllm_caches import vllm_inline_cache
+
+    g = torch.Generator().manual_seed(seed)
+    q_heads, kv_heads, bs = 4, 2, 16
+    full = [c + n for c, n in zip(ctx_lens, q_lens)]
+    pages = [-(-n // bs) for n in full]
+    nb = sum(pages) + 2
+    order = torch.randperm(nb, generator=g)
+    table = torch.zeros(len(full), max(pages + [1]), dtype=torch.int32)
+    i = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = order[i:i + n].to(torch.int32)
+        i += n
+    k = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
+    v = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
+    fmt = "int8" if mode == vllm.KVQuantMode.INT8_PER_TOKEN_HEAD else "fp8_e4m3"
+    kc, vc, ks, vs, k_real, v_real = vllm_inline_cache(k, v, fmt)
+    if padded:
+        kc = torch.as_strided(kc, kc.shape[:-1] + (head_dim + 4,), kc.stride(), kc.storage_offset())
+        vc = torch.as_strided(vc, vc.shape[:-1] + (head_dim + 4,), vc.stride(), vc.storage_offset())
+    else:
+        kc, vc, ks, vs = kc.contiguous(), vc.contiguous(), ks.contiguous(), vs.contiguous()
+    q = torch.randn(sum(q_lens), q_heads, head_dim, generator=g).to(torch.bfloat16)
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    lens = torch.tensor(full, dtype=torch.int32)
+    args = dict(q=q, k=kc, v=vc, out=torch.full(q.shape, float("nan"), dtype=q.dtype), cu_seqlens_q=qsl,
+                max_seqlen_q=max(q_lens), seqused_k=lens, max_seqlen_k=max(full), softmax_scale=head_dim ** -0.5,
+                causal=True, window_size=(-1, -1), block_table=table, softcap=0, q_descale=None, k_descale=None,
+                v_descale=None, kv_quant_mode=mode, k_scale_cache=ks[..., 0], v_scale_cache=vs[..., 0])
+    ref = prefix_prefill_ref(q, None, None, k_real, v_real, table, qsl, lens, sm_scale=head_dim ** -0.5)
+    return args, ref
+
+
+PTH = [vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, vllm.KVQuantMode.FP8_PER_TOKEN_HEAD]
+
+
+@pytest.mark.parametrize("mode", PTH, ids=lambda m: m.name)
+@pytest.mark.parametrize("padded", [False, True], ids=["separate", "inline"])
+def test_per_token_head_decode_rows(mode, padded):
+    # decode rows only: aotc's decode kernel (vLLM's test_per_token_kv_cache shapes are these)
+    args, ref = _per_token_head_problem(mode, [1, 1, 1, 1], [0, 14, 16, 90], padded=padded, head_dim=128)
+    vllm.unified_attention(**args)
+    assert_matches(args["out"], ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["separate", "inline"])
+def test_int8_per_token_head_prefill_rows(padded):
+    # a mixed batch: one prefix_prefill over the int8 cache, the new tokens read from it
+    args, ref = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS, padded=padded)
+    vllm.unified_attention(**args)
+    assert_matches(args["out"], ref, torch.bfloat16)
+
+
+def test_prefill_rows_under_another_default_device():
+    # vLLM's tests set torch's default device to CUDA; the host-side checks build theirs on the CPU
+    args, ref = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS, seed=3)
+    with torch.device("meta"):
+        vllm.unified_attention(**args)
+    assert_matches(args["out"], ref, torch.bfloat16)
+
+
+def test_per_token_head_refusals():
+    args, _ = _per_token_head_problem(vllm.KVQuantMode.FP8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS)
+    with pytest.raises(NotImplementedError, match="FP8_PER_TOKEN_HEAD with prefill rows"):
+        vllm.unified_attention(**args)
+    args, _ = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS)
+    with pytest.raises(NotImplementedError, match="INT8_PER_TOKEN_HEAD with softcap"):
+        vllm.unified_attention(**{**args, "softcap": 5.0})
+    with pytest.raises(ValueError, match="needs v_scale_cache"):
+        vllm.unified_attention(**{**args, "v_scale_cache": None})
+    with pytest.raises(TypeError, match="needs torch.int8 caches"):
+        vllm.unified_attention(**{**args, "kv_quant_mode": vllm.KVQuantMode.INT8_PER_TOKEN_HEAD,
+                                  "k": args["k"].view(torch.uint8)})
+    with pytest.raises(ValueError, match="k_scale_cache / v_scale_cache"):
+        vllm.unified_attention(**{**args, "kv_quant_mode": vllm.KVQuantMode.NONE, "k": args["q"]})
+    assert torch.isnan(args["out"]).all()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_decode_rows_score_mods(fmt):
+    # decode rows with softcap, ALiBi (sqrt), sinks and a window: the decode kernel's "mod" binaries
+    q_lens, ctx = [1, 1, 1], [0, 16, 70]
+    full = [c + n for c, n in zip(ctx, q_lens)]
+    cache_dtype = torch.float8_e4m3fn if fmt == "fp8" else None
+    case, kw = make_case(full, q_lens, dtype=torch.bfloat16, cache_dtype=cache_dtype, seed=9, head_dim=64)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32)
+    case["k"] = case["v"] = None
+    q = case["q"] * 4
+    sinks, slopes = torch.tensor([1.0, -0.5, 0.0, 2.0]), torch.tensor([0.2, 0.1, 0.05, 0.3])
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    extra = {}
+    if fmt == "fp8":
+        shape = (len(q_lens), 2)
+        extra = dict(kv_quant_mode=vllm.KVQuantMode.FP8_PER_TENSOR, k_descale=kw["k_scale"].expand(shape),
+                     v_descale=kw["v_scale"].expand(shape))
+    vllm.unified_attention(q, case["k_cache"], case["v_cache"], out, case["query_start_loc"], 1, case["seq_lens"],
+                           max(full), 0.125, True, (39, 0), case["block_table"], 3.0, None,
+                           extra.pop("k_descale", None), extra.pop("v_descale", None), sinks=sinks,
+                           alibi_slopes=slopes, use_alibi_sqrt=True, **extra)
+    ref = prefix_prefill_ref(**{**case, "q": q}, **kw, sm_scale=0.125, window=40, softcap=3.0, sinks=sinks,
+                             alibi_slopes=slopes, alibi_sqrt=True)
+    assert_matches(out, ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("name,options", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])

@@ -43,7 +43,15 @@ SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112
 TEST_DIR = "tests/kernels/attention"
 OPS_DIR = "vllm/v1/attention/ops"
 FILES = {"prefix_prefill": "test_prefix_prefill.py", "unified": "test_triton_unified_attention.py",
-         "decode": "test_triton_decode_attention.py"}
+         "decode": "test_triton_decode_attention.py", "per_token": "test_per_token_kv_cache.py"}
+# the test files that do not sit in TEST_DIR
+TEST_DIRS = {"test_per_token_kv_cache.py": "tests/quantization"}
+
+
+def test_dir(name: str) -> str:
+    return TEST_DIRS.get(name, TEST_DIR)
+
+
 # Test functions that exercise vLLM's internals, not the bound entry point (see the docstring).
 INTERNAL = {
     "test_splitk_admission_preserves_decode_and_bounds_verification",  # patches kernel_unified_attention
@@ -52,6 +60,12 @@ INTERNAL = {
     "test_clamped_mm_prefix_preserves_noncausal_right_window", "test_softcap_does_not_overflow_on_large_scores",
     # call unified_attention, then assert it launched vLLM's reduce_segments once (a spy on it)
     "test_speculative_splitk_matches_reference", "test_speculative_splitk_bf16_query_fp8_kv",
+    # test_per_token_kv_cache.py: vLLM's cache writer (aotc binds no writer in the sandbox, so both
+    # columns run vLLM's), its kv_cache_dtype strings and its weight loader; only
+    # test_triton_unified_attention_per_token_head_scale calls the bound unified_attention
+    "test_reshape_and_cache_per_token_head", "test_per_token_head_round_trip_accuracy",
+    "test_int8_per_token_head_raw_cache_matches_round_reference", "test_per_token_head_negative_slot_skipped",
+    "test_process_weights_sets_placeholder_scales", "TestIsQuantizedKvCache",
 }
 
 
@@ -100,7 +114,7 @@ def locate_peer(peer: str | None, workdir: str) -> str:
     got = _sha256(peer)
     if got != SDIST_SHA256:
         raise PeerMissing(f"{peer}: sha256 {got}, expected vLLM {VERSION}'s {SDIST_SHA256}")
-    wanted = [f"vllm-{VERSION}/{TEST_DIR}/{f}" for f in FILES.values()]
+    wanted = [f"vllm-{VERSION}/{test_dir(f)}/{f}" for f in FILES.values()]
     wanted += [f"vllm-{VERSION}/{OPS_DIR}/{f}" for f in _kernel_files()]
     with tarfile.open(peer) as tar:
         members = [m for m in tar.getmembers() if m.name in wanted]
@@ -138,7 +152,7 @@ def build_sandbox(root: str, impl: str, dest: str) -> str:
     tests = os.path.join(dest, "tests")
     os.makedirs(tests, exist_ok=True)
     for name in FILES.values():
-        src = os.path.join(root, TEST_DIR, name)
+        src = os.path.join(root, test_dir(name), name)
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(tests, name))
     shutil.copyfile(os.path.join(HERE, "sandbox_conftest.py"), os.path.join(tests, "conftest.py"))
@@ -191,7 +205,8 @@ def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str
 
 
 def _function(nodeid: str) -> str:
-    return nodeid.split("::", 1)[1].split("[", 1)[0]
+    """The test function of a node id (a test class's methods count as the class)."""
+    return nodeid.split("::", 1)[1].split("[", 1)[0].split("::", 1)[0]
 
 
 def summarize(rows) -> dict:

@@ -2,6 +2,7 @@
 written for the conformance sandbox (vllm_runner.py): enough of each for those files, nothing else.
 
 Facts they mirror (vLLM 0.33.0): `KVQuantMode`'s member values (vllm/v1/kv_cache_interface.py);
+`get_fp8_min_max()` is float8_e4m3fn's range on CUDA (its quant_utils.py);
 `STR_DTYPE_TO_TORCH_DTYPE` maps "fp8", "fp8_e4m3" and "fp8_e5m2" to uint8 storage
 (vllm/utils/torch_utils.py); `current_platform.fp8_dtype()` is float8_e4m3fn on CUDA;
 `envs.VLLM_BATCH_INVARIANT` defaults to off.
@@ -175,7 +176,8 @@ def __getattr__(name):
 '''
 
 KV_CACHE_INTERFACE = '''
-"""Shim of vllm.v1.kv_cache_interface: KVQuantMode's values."""
+"""Shim of vllm.v1.kv_cache_interface: KVQuantMode's values, and whether a kv_cache_dtype string
+quantizes (the fp8 and per-token-head names; vLLM's triton_reshape_and_cache_flash imports it)."""
 from enum import IntEnum
 
 
@@ -186,6 +188,28 @@ class KVQuantMode(IntEnum):
     FP8_PER_TOKEN_HEAD = 3
     INT4_PER_TOKEN_HEAD = 4
     NVFP4 = 5
+
+    @property
+    def is_per_token_head(self):
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                        KVQuantMode.INT4_PER_TOKEN_HEAD)
+
+
+def is_quantized_kv_cache(kv_cache_dtype):
+    return kv_cache_dtype.startswith("fp8") or kv_cache_dtype.endswith("_per_token_head")
+'''
+
+QUANT_UTILS = '''
+"""Shim of vllm.model_executor.layers.quantization.utils.quant_utils: the fp8 dtype and range on CUDA."""
+import torch
+
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def get_fp8_min_max():
+    finfo = torch.finfo(torch.float8_e4m3fn)
+    return finfo.min, finfo.max
 '''
 
 # module path (relative to the sandbox root) -> source
@@ -202,13 +226,19 @@ COMMON = {
     "vllm/_custom_ops.py": CUSTOM_OPS,
     "vllm/v1/__init__.py": "",
     "vllm/v1/kv_cache_interface.py": KV_CACHE_INTERFACE,
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/layers/__init__.py": "",
+    "vllm/model_executor/layers/quantization/__init__.py": "",
+    "vllm/model_executor/layers/quantization/utils/__init__.py": "",
+    "vllm/model_executor/layers/quantization/utils/quant_utils.py": QUANT_UTILS,
     "vllm/v1/attention/__init__.py": "",
     "vllm/v1/attention/ops/__init__.py": "",
 }
 
 # vLLM's own kernel files (copied from the sdist into the sandbox, never into the repo)
 KERNEL_FILES = ("prefix_prefill.py", "chunked_prefill_paged_decode.py", "triton_unified_attention.py",
-                "triton_attention_helpers.py", "triton_decode_attention.py", "int4_per_token_head.py")
+                "triton_attention_helpers.py", "triton_decode_attention.py", "int4_per_token_head.py",
+                "triton_reshape_and_cache_flash.py")
 
 # In the aotc sandbox an entry-point module re-exports vLLM's module (for the internals some tests
 # import: reduce_segments, softmax_step, ...) with the entry points bound to aotc.compat.vllm.

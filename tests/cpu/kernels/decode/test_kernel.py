@@ -19,10 +19,10 @@ def split_launch(case, splits, window=0):
     group = q_heads // kv_heads
     part_o = torch.full((batch, q_heads, splits, head_dim), float("nan"))
     part_lse = torch.full((batch, q_heads, splits), float("nan"))
-    args = [q, k, v, part_lse, part_lse, case.table, case.seq_lens, case.seq_lens, part_o, part_lse,
+    args = [q, k, v, part_lse, part_lse, case.table, case.seq_lens, case.seq_lens, part_o, part_lse, part_lse,
             1 / math.sqrt(head_dim), window, 0, k.shape[1].bit_length() - 1, case.table.shape[1],
             case.table.stride(0), q_heads, group, S.MAX_QUANT_GROUP.bit_length() - 1, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3],
-            0, 0, 0, 0, 0, 0]
+            0, 0, 0, 0, 0, 0, 0.0, 0]
     axes = S.split_axes("bf16", "bf16", "fp32", head_dim)
     kernel.decode_split_kernel[S.split_grid(batch, kv_heads, group, splits)](*args, **S.SPLIT.compile_constexprs(axes, 90))
     return part_o, part_lse

@@ -36,11 +36,14 @@ def test_variant_count_and_keys():
     # head_dim) at 64 and 128; int8 groups of 64 at head_dim 128 ("chunk", q dtype x 3 scale
     # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes);
     # int8 with fp32 scales per KV head and channel ("channel") at every head dim (q dtype x 4)
-    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 == 140
+    # plus vLLM's (spec.vllm_variants): q dtype x (3 formats x 4 head dims with "mod" + int8 / fp8
+    # e4m3 per token x 2 head dims x plain/mod at kv_align 4)
+    assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 \
+        + 2 * (3 * 4 + 2 * 2 * 2) == 180
     assert sum(a["scales"] == "channel" for a in split) == 8
     assert len(merge) == 2 * 4 * 4  # out dtype x head_dim x split tile (4, 16, 64, the loop)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (140 + 32)
+    assert len(set(keys)) == len(keys) == 2 * (180 + 32)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
@@ -209,3 +212,20 @@ def test_int8_groups_of_64_at_head_dim_128_scale_chunk_dots(head_dim, quant_grou
     cfg = S.split_launch(axes, 90)
     # chunk: 3 stages uncapped; per-element scales: 3 stages at 168 registers up to head_dim 128, 2 at 256
     assert (cfg.num_stages, cfg.maxnreg) == ((3, 0) if want == "chunk" else (3, 168) if head_dim <= 128 else (2, 168))
+
+
+def test_vllm_variants():
+    # score "mod" and kv_align 4 appear only in vLLM's keys; the others' keys keep their axes
+    mod = S.split_axes("bf16", "fp8_e5m2", "fp32", 96, score="mod")
+    assert (mod["score"], mod["kv_align"]) == ("mod", 16) and mod in list(S.SPLIT.variants())
+    assert "score" not in S.split_axes("bf16", "int8", "fp32", 128, per_token=True)
+    fp8 = S.split_axes("fp16", "fp8_e4m3", "fp32", 128, per_token=True, kv_align=4)
+    assert fp8["scales"] == "token" and S.split_constexprs(fp8)["KV_ALIGN"] == 4
+    assert S.split_constexprs(fp8)["PER_TOKEN"] == 1 and fp8 in list(S.SPLIT.variants())
+    for bad in (dict(kv="int8", per_token=False, quant_group=64, score="mod"),  # per-group int8: no mod
+                dict(kv="fp8_e4m3", per_token=True),  # fp8 per token is kv_align 4 only
+                dict(kv="fp8_e5m2", per_token=True, kv_align=4),
+                dict(kv="bf16", kv_align=4)):
+        kv = bad.pop("kv")
+        with pytest.raises(ValueError):
+            S.split_axes("bf16", kv, "fp32", 128, **bad)

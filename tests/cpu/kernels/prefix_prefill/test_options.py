@@ -1,6 +1,7 @@
 """prefix_prefill's runtime options (spec.OPTION_ARGS) and vLLM's interleaved V cache, through the
 public op (Triton interpreter) against the float32 reference: softcap, ALiBi (linear and sqrt),
-k = v = None (the new tokens' keys and values read from the cache, causal part at its end) and
+k = v = None (the new tokens' keys and values read from the cache, causal part at its end; float,
+fp8, int8 and int4 caches) and
 v_pack. Caches poisoned as in cases.py (NaN pages and slots), outputs NaN first; tolerance
 cases.TOL (4e-3 fp16, 3e-2 bf16, abs and rel)."""
 import pytest
@@ -67,6 +68,14 @@ def test_keys_from_cache(layout, cache_dtype):
     assert_matches(got, ref, torch.float16)
 
 
+@pytest.mark.parametrize("kv_format,scales", [("int8", "token"), ("int8", "group"), ("int4", "token")])
+def test_keys_from_cache_int(kv_format, scales):
+    # vLLM's INT8_PER_TOKEN_HEAD prefill rows: the cache holds the new tokens, causal in masked tiles
+    case, kw = cache_holds_all(CTX, QLEN, layout="nhd", head_dim=64, kv_format=kv_format, scales=scales, seed=27)
+    got, ref = run(case, kw, window=60)
+    assert_matches(got, ref, torch.float16)
+
+
 def test_keys_from_cache_with_window_softcap_alibi():
     case, kw = cache_holds_all([3, 31, 0], [33, 1, 129], layout="nhd", head_dim=32, block_size=32, seed=24)
     got, ref = run(case, kw, window=20, softcap=5.0, alibi_slopes=torch.tensor([0.3, 0.1, 0.2, 0.05]))
@@ -104,5 +113,3 @@ def test_option_errors():
     for extra in ({"softcap": 1.0}, {"alibi_slopes": torch.ones(4)}):
         with pytest.raises(NotImplementedError, match="int8"):
             prefix_prefill(**icase, **ikw, **extra)
-    with pytest.raises(NotImplementedError, match="int8"):
-        prefix_prefill(**{**icase, "k": None, "v": None}, **ikw)

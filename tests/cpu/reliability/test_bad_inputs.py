@@ -228,7 +228,7 @@ VALUES = [
     ("decode", "sm_scale inf", _kw(sm_scale=math.inf), "sm_scale", False),
     ("decode", "sm_scale str", _kw(sm_scale="0.1"), "sm_scale", False),
     ("decode", "num_splits 0", _kw(num_splits=0), "num_splits", False),
-    ("decode", "num_splits 65", _kw(num_splits=65), "num_splits", False),
+    ("decode", "num_splits 513", _kw(num_splits=513), "num_splits", False),
     ("decode", "kv_format int3", _kw(kv_format="int3"), "kv_format", False),
     ("decode", "kv_format int8 on bf16", _kw(kv_format="int8"), "k_cache", False),
     ("decode", "k_scale on bf16", lambda a, k: k.update(k_scale=torch.ones(1), v_scale=torch.ones(1)),

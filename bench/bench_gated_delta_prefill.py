@@ -159,6 +159,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time other launch choices of both kernels (JIT)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
+    ap.add_argument("--gates", default="gdn,kda", help="gdn, kda or both (fla's chunk_kda autotuning takes minutes)")
     a = ap.parse_args()
     rows = Rows(a.out)
     bw = copy_bandwidth()
@@ -171,7 +172,7 @@ def main():
     for name, lengths in SHAPES:
         if wanted and name not in wanted:
             continue
-        for kda in (False, True):
+        for kda in [g == "kda" for g in a.gates.split(",")]:
             times, prov = {}, "aot"
             for layout in ("vmajor", "kmajor"):
                 q, k, v, g, beta, state, idx, cu = make(lengths, kda, layout)

@@ -67,13 +67,14 @@ def sweep(rows, copy_bw, shapes):
     from aotc.loader import workspace
     from aotc.loader.dispatch import run_kernel
     from aotc.loader.ops import mla as M
+    from aotc.loader.ops.split_merge import split_args
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for heads, batch, ctx in shapes:
         q, kv, table, lens = problem(batch, heads, ctx)
         out = torch.empty(batch, heads, D_V, dtype=q.dtype, device="cuda")
-        c = M.check(q, kv, kv[..., :D_V], table, lens, None, None, None, "auto", None, None, None, None, out, None,
-                    True)
+        c = M.check(q, kv, kv[..., :D_V], table, lens, None, None, None, "auto", None, None, None, None, True, out,
+                    None)
         nbytes = batch * ctx * D_QK * 2
         for bh, bn, warps, stages in CONFIGS:
             if bh > heads or (bh < 32 and heads >= 128) or (bh == 64 and heads < 64):
@@ -88,7 +89,7 @@ def sweep(rows, copy_bw, shapes):
             part_o, part_lse = workspace.pair(q.device, n_o, n_lse)
             ints = [c.sm_scale, 0, 0, PAGE.bit_length() - 1, table.shape[1], table.stride(0), heads, heads,
                     q.stride(0), q.stride(1), *kv.stride()[:3], *kv.stride()[:3]]
-            args = M._split_args(False, c, q, kv, kv[..., :D_V], None, None, table, None, lens, part_o, part_lse, ints)
+            args = split_args(False, False, q, kv, kv[..., :D_V], None, None, table, None, lens, part_o, part_lse, ints)
             merge_axes = S.merge_axes("bf16", D_V, splits)
 
             def run():

@@ -1,158 +1,238 @@
-"""Host time per launch: loader.decode and DecodePlan.run vs the same kernels through Triton's
-JIT vs a bare prepacked ctypes cuLaunchKernel, measured side by side in one run.
+"""Host time per op call, every op measured the same way side by side in one run: a bare
+prepacked driver call of each binary the op launches (the floor: "bare_same_calls" makes the
+loader's own driver calls, cuLaunchKernelEx for a dependent launch; "bare_cuLaunchKernel" uses
+cuLaunchKernel for every binary, as issue 36's baseline did), the op's plan path where it
+has one (DecodePlan.run, MLADecodePlan.run), the eager op (`loader.<op>(..., validate=False)`),
+and the same kernels through Triton's JIT launcher.
 
 Small shapes, so the GPU finishes each kernel faster than the host can issue the next: the
-loop measures the host. Run after `aotc build --arch sm90 --kernel decode_split --kernel decode_merge`.
+loop measures the host. The paths are timed interleaved, round by round (`host_times`), and the
+run goes under torch.inference_mode(), as a serving engine runs. `--warm` runs each op once and
+exits: on a machine without artifacts the calls take the JIT fallback and log their keys, which
+`aotc build --from-misses` builds.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import struct
+import time
 
 import torch
 
 from aotc import loader
+from aotc.kernels.variants import ALIGNED, GENERIC
 from aotc.loader import cuda_driver, dispatch
-from aotc.kernels.decode import spec as S
 from aotc.loader.fallback import jit_function
+from aotc.loader.launch import Launch
+from aotc.loader.ops import gated_delta, split_merge
 
-from harness import Rows, host_time_per_call
+from harness import Rows
+
+
+def host_times(fns: dict, iters: int, repeats: int = 9) -> dict:
+    """Median host seconds per call of each function, the functions interleaved round by round
+    (this VM's host speed drifts over seconds: measured one after the other, the first would win)."""
+    for fn in fns.values():
+        for _ in range(50):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n = iters // 4 if name == "triton_jit" else iters
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+            torch.cuda.synchronize()
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def capture_launches(call):
-    """The (spec, axes, grid, args) of every kernel launch one op call makes (through run_kernel:
-    prepared launches are switched off, and the op's plans forgotten, while it runs)."""
-    import aotc.loader.ops.decode as decode_module
-
+    """(selection, grid, args) of every kernel launch one op call makes, taken where every launch
+    of the general path passes (dispatch.Selection.launch); prepared launches are switched off and
+    the op's plans forgotten while it runs."""
     seen = []
-    real, real_prepare = decode_module.run_kernel, decode_module.prepare
+    real_launch = dispatch.Selection.launch
+    real = split_merge.prepare, gated_delta.prepare
 
-    def spy(spec, axes, grid, args):
-        seen.append((spec, dict(axes), tuple(grid), list(args)))
-        return real(spec, axes, grid, args)
+    def spy(sel, grid, args, stream):
+        seen.append((sel, tuple(grid), list(args)))
+        return real_launch(sel, grid, args, stream)
 
-    decode_module.run_kernel, decode_module.prepare = spy, (lambda *a, **k: None)
-    decode_module._plans.clear()
+    dispatch.Selection.launch = spy
+    split_merge.prepare = gated_delta.prepare = lambda *a, **k: None
+    dispatch.reset()
     try:
         call()
+        torch.cuda.synchronize()
     finally:
-        decode_module.run_kernel, decode_module.prepare = real, real_prepare
-        decode_module._plans.clear()
+        dispatch.Selection.launch = real_launch
+        split_merge.prepare, gated_delta.prepare = real
+        dispatch.reset()
     return seen
 
 
-def decode_inputs(batch=1, q_heads=32, kv_heads=8, head_dim=128, page=16, seq=256, dtype=torch.bfloat16):
-    pages_per_seq = seq // page
-    num_pages = batch * pages_per_seq
-    q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(num_pages, page, kv_heads, head_dim, device="cuda", dtype=dtype)
+def bare_calls(launches, stream, plain=False):
+    """Each captured launch as one driver call with its arguments packed once (a cuLaunchKernelEx
+    config built once where the binary is a dependent launch; with `plain`, cuLaunchKernel for
+    every binary, as issue 36's baseline launched them); None if a binary is not built."""
+    calls, keep = [], []
+    drv = cuda_driver.driver()
+    for sel, grid, args in launches:
+        values, misaligned = sel.values(args)
+        level = ALIGNED if sel.has_aligned and not misaligned else GENERIC if sel.has_generic else None
+        if level is None:
+            return None
+        b = sel.binary(level)
+        packed = Launch(None, b.entry.params)
+        struct.pack_into(packed.format, packed.buffer, 0, *values, 0, 0)
+        keep.append(packed)
+        if b.needs_ex and not plain:
+            e = b.entry
+            config, attrs = cuda_driver.cluster_launch_config(grid, b.block, b.shared, stream, e.num_ctas,
+                                                              e.launch_cooperative_grid, e.launch_pdl)
+            keep.append((config, attrs))
+            calls.append((drv.cuLaunchKernelEx, (ctypes.byref(config), b.function, packed.pointers, None)))
+        else:
+            calls.append((b.cu_launch, (b.function, *grid, b.block, 1, 1, b.shared, stream, packed.pointers, None)))
+
+    def bare():
+        for fn, a in calls:
+            fn(*a)
+    bare.keep = keep
+    return bare
+
+
+def jit_calls(launches):
+    jit = []
+    for sel, grid, args in launches:
+        spec, axes = sel.spec, sel.axes
+        cfg = spec.launch(axes, 90)
+        jit.append((jit_function(spec), grid, args, dict(spec.compile_constexprs(axes, 90), **cfg.triton_options())))
+
+    def run():
+        for fn, grid, args, kw in jit:
+            fn[grid](*args, **kw)
+    return run
+
+
+# -- each op's inputs (small: the host is the bottleneck) ----------------------------------------
+def decode_case():
+    q = torch.randn(1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(16, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    table = torch.randperm(num_pages, device="cuda", dtype=torch.int32).view(batch, pages_per_seq)
-    lens = torch.full((batch,), seq, device="cuda", dtype=torch.int32)
-    return q, k, v, table, lens
+    table = torch.randperm(16, device="cuda", dtype=torch.int32).view(1, 16)
+    lens = torch.full((1,), 256, device="cuda", dtype=torch.int32)
+    out = torch.empty_like(q)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=k, v_cache=v, out=out)
+    return ("decode", "bf16 b1 h32/8 d128 page16 len256",
+            lambda: loader.decode(q, k, v, table, lens, out=out, validate=False),
+            lambda: plan.run(q, k, v, out), plan._bound is not None)
+
+
+def mla_case():
+    q = torch.randn(1, 16, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(16, 16, 1, 576, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(16, device="cuda", dtype=torch.int32).view(1, 16)
+    lens = torch.full((1,), 256, device="cuda", dtype=torch.int32)
+    out = torch.empty(1, 16, 512, device="cuda", dtype=torch.bfloat16)
+    plan = loader.MLADecodePlan(table, lens, q=q, kv_cache=kv, v_head_dim=512, out=out)
+    return ("mla_decode", "bf16 b1 h16 d576/512 page16 len256",
+            lambda: loader.mla_decode(q, kv, table, lens, v_head_dim=512, out=out, validate=False),
+            lambda: plan.run(q, kv, out), plan._bound is not None)
+
+
+def prefix_prefill_case():
+    from tests.cpu.kernels.prefix_prefill.cases import make_case
+
+    case, kw = make_case([64], [16], q_heads=8, kv_heads=2, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         device="cuda")
+    out = torch.empty_like(case["q"])
+    return ("prefix_prefill", "bf16 b1 ctx64 new16 h8/2 d128 block16",
+            lambda: loader.prefix_prefill(**case, **kw, out=out, validate=False), None, False)
+
+
+def gated_delta_decode_case():
+    from tests.cpu.kernels.gated_delta.cases import make_case
+
+    args, kw = make_case(B=1, T=1, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, qk_l2norm=True, pads=(),
+                         slots=4, device="cuda")
+    out = torch.empty_like(args["v"])
+    return ("gated_delta_decode", "bf16 b1 t1 h4/8 k128 v128",
+            lambda: loader.gated_delta_decode(**args, **kw, out=out, validate=False), None, False)
+
+
+def gated_delta_prefill_case():
+    from tests.cpu.kernels.gated_delta.chunk_cases import make_case
+
+    case = make_case([64], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(case["v"])
+    return ("gated_delta_prefill", "bf16 1x64 tokens h4/8 k128 v128",
+            lambda: loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False), None, False)
+
+
+def store_kv_case():
+    k = torch.randn(1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kc = torch.zeros(16, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    slots = torch.tensor([37], device="cuda", dtype=torch.int32)
+    return ("store_kv", "bf16 1 token h8 d128 page16",
+            lambda: loader.store_kv(k, v, kc, vc, slots, validate=False), None, False)
+
+
+CASES = (decode_case, mla_case, prefix_prefill_case, gated_delta_decode_case, gated_delta_prefill_case, store_kv_case)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--warm", action="store_true", help="run each op once (JIT fallback: logs misses) and exit")
     a = ap.parse_args()
     rows = Rows(a.out)
-    q, k, v, table, lens = decode_inputs()
-    out = torch.empty_like(q)
-    call = lambda: loader.decode(q, k, v, table, lens, out=out, validate=False)  # noqa: E731
-    call()
-    torch.cuda.synchronize()
-    launches = capture_launches(call)
-    n = len(launches)
-    sels = [dispatch._selections[(spec.name, tuple(axes.items()), 0)] for spec, axes, _, _ in launches]
-    for sel in sels:
-        assert sel.loaded, f"{sel.spec.name} ran through the JIT: build the decode artifacts first"
-    # The bare baseline replays each binary with the arguments the loader packed last time.
-    bare = [(next(iter(s.loaded.values())), grid) for s, (_, _, grid, _) in zip(sels, launches)]
-    drv = cuda_driver.driver()
-    cu = drv.cuLaunchKernel
+    torch.inference_mode().__enter__()
     stream = torch._C._cuda_getCurrentRawStream(0)
-    packed = [(l.function, g[0], g[1], g[2], l.block, l.shared, l.pointers) for l, g in bare]
-
-    def bare_launches():
-        for f, gx, gy, gz, bx, sh, p in packed:
-            cu(f, gx, gy, gz, bx, 1, 1, sh, stream, p, None)
-
-    def loader_launch_layer():
-        for (spec, axes, grid, args), sel in zip(launches, sels):
-            sel.launch(grid, args, torch._C._cuda_getCurrentRawStream(0))
-
-    import aotc.loader.ops.decode as decode_module
-
-    call()
-    (plan,) = decode_module._plans.values()
-    assert plan.fast_split is not None, "decode did not take the prepared path"
-    prepared = [(plan.fast_split, tuple(a.data_ptr() if hasattr(a, "data_ptr") else a
-                                        for a in launches[0][3][:S.SPLIT.leading_ptrs])),
-                (plan.fast_merge, tuple(a.data_ptr() for a in launches[1][3][:S.MERGE.leading_ptrs]))]
-
-    def prepared_launches():
-        stream = torch._C._cuda_getCurrentRawStream(0)
-        for prep, pointers in prepared:
-            prep(pointers, stream)
-
-    def run_kernel_path():
-        for spec, axes, grid, args in launches:
-            dispatch.run_kernel(spec, axes, grid, args)
-
-    jit = []
-    for spec, axes, grid, args in launches:
-        cfg = spec.launch(axes, 90)
-        jit.append((jit_function(spec), grid, args, dict(spec.compile_constexprs(axes, 90), **cfg.triton_options())))
-
-    def triton_jit():
-        for fn, grid, args, kw in jit:
-            fn[grid](*args, **kw)
-
-    triton_jit()
-    # DecodePlan: planned once (a decode step), run per layer with pointers only. Its bare
-    # counterpart replays the same two launches through the driver call it makes (cuLaunchKernelEx
-    # with the plan's config where the binary is a dependent launch, on sm90), arguments as packed.
-    dplan = loader.DecodePlan(table, lens, q=q, k_cache=k, v_cache=v, out=out)
-    plan_run = lambda: dplan.run(q, k, v, out)  # noqa: E731
-    plan_run()
-    assert dplan._fast is not None, "DecodePlan did not take the prepared path"
-    import ctypes
-
-    plan_bare = []
-    for launch, ptr in zip(dplan._fast[:2], ((q.data_ptr() | k.data_ptr() | v.data_ptr()), out.data_ptr())):
-        prep = launch.prep
-        la = prep.sel.l_aligned if prep.use_aligned and not ptr & 15 else prep.sel.l_generic
-        if la.needs_ex:
-            config = prep.ex_configs[la][0]
-            plan_bare.append((True, drv.cuLaunchKernelEx, (ctypes.byref(config), la.function, prep.pointers, None)))
-        else:
-            plan_bare.append((False, cu, (la.function, *prep.grid, la.block, 1, 1, la.shared, stream,
-                                          prep.pointers, None)))
-
-    def bare_plan_launches():
-        for _, fn, args in plan_bare:
-            fn(*args)
-
-    torch.cuda.synchronize()
-    results = {}
-    validated = lambda: loader.decode(q, k, v, table, lens, out=out)  # noqa: E731  (reads lengths back: syncs)
-    for name, fn in (("bare_cuLaunchKernel", bare_launches), ("bare_plan_launches", bare_plan_launches),
-                     ("aot_plan_run", plan_run), ("aot_prepared_launch", prepared_launches),
-                     ("aot_launch_layer", loader_launch_layer),
-                     ("aot_run_kernel", run_kernel_path), ("aot_loader_decode", call), ("triton_jit", triton_jit),
-                     ("aot_decode_validated", validated)):
-        results[name] = host_time_per_call(fn, a.iters) / n
-    print(f"host time per kernel launch ({n} launches per decode call), median of 7 x {a.iters}:")
-    for name, t in results.items():
-        ratio = t / results["bare_cuLaunchKernel"]
-        print(f"  {name:22s} {t * 1e6:7.2f} us   {ratio:5.2f}x bare")
-        rows.add("decode", "bf16 b1 h32/8 d128 page16 len256", name, "launch", "host_us_per_launch", t * 1e6)
-        rows.add("decode", "bf16 b1 h32/8 d128 page16 len256", name, "launch", "ratio_vs_bare", ratio)
-    ex = " (cuLaunchKernelEx: dependent launches)" if any(e for e, _, _ in plan_bare) else ""
-    print(f"DecodePlan.run: {results['aot_plan_run'] / results['bare_cuLaunchKernel']:.2f}x a bare prepacked "
-          f"cuLaunchKernel pair (issue 21 target <= 1.15x), "
-          f"{results['aot_plan_run'] / results['bare_plan_launches']:.2f}x the same launches bare{ex}")
+    for make in CASES:
+        try:
+            op, shape, eager, plan, plan_prepared = make()
+            eager()
+            if plan:
+                plan()
+        except Exception as e:  # noqa: BLE001 - report and go on to the next op
+            print(f"{make.__name__}: {type(e).__name__}: {e}")
+            continue
+        torch.cuda.synchronize()
+        if a.warm:
+            continue
+        launches = capture_launches(eager)
+        fns = {}
+        bare = bare_calls(launches, stream) if launches else None
+        if launches and bare is None:
+            print(f"{op}: a binary is not built; skipped")
+            continue
+        if bare is not None:
+            fns["bare_same_calls"] = bare
+            fns["bare_cuLaunchKernel"] = bare_calls(launches, stream, plain=True)
+        if plan is not None:
+            assert plan_prepared, f"{op}: the plan did not take the prepared path"
+            fns["aot_plan_run"] = plan
+        eager()  # the op's plan again (capture_launches forgot it)
+        fns["aot_eager"] = eager
+        if launches:
+            fns["triton_jit"] = jit_calls(launches)
+        results = host_times(fns, a.iters)
+        base, plain = results.get("bare_same_calls"), results.get("bare_cuLaunchKernel")
+        print(f"{op} ({shape}; {len(launches)} launches a call): host us per call")
+        for name, t in results.items():
+            ratio = f"{t / base:5.2f}x bare, {t / plain:5.2f}x bare cuLaunchKernel" if base else "(torch ops)"
+            print(f"  {name:22s} {t * 1e6:7.2f} us   {ratio}")
+            rows.add(op, shape, name, "launch", "host_us_per_call", t * 1e6)
+            if base:
+                rows.add(op, shape, name, "launch", "ratio_vs_bare", t / base)
+                rows.add(op, shape, name, "launch", "ratio_vs_bare_cuLaunchKernel", t / plain)
 
 
 if __name__ == "__main__":

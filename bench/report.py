@@ -106,19 +106,19 @@ def prefill(rows: list[dict]) -> str:
 
 
 def launch(rows: list[dict]) -> str:
-    names = {"bare_cuLaunchKernel": "bare prepacked ctypes `cuLaunchKernel` (same binaries, same packed args)",
-             "aot_prepared_launch": "aotc prepared launch (`dispatch.Prepared`: pack the pointers, launch)",
-             "aot_launch_layer": "aotc launch layer (`Selection.launch`: every argument read and packed)",
-             "aot_run_kernel": "aotc `run_kernel` (+ selection lookup, stream, device)",
-             "aot_loader_decode": "**`loader.decode(..., validate=False)`** (the whole checked call)",
-             "triton_jit": "Triton 3.6 JIT launching the same two kernels",
-             "aot_decode_validated": "`loader.decode(...)` with its value check (a device sync a call)"}
-    out = ["| path (host time per kernel launch) | µs | vs bare |", "|---|---|---|"]
-    for provider, text in names.items():
-        us = _value(rows, shape="launch", provider=provider, metric="host_us_per_launch")
-        ratio = _value(rows, shape="launch", provider=provider, metric="ratio_vs_bare")
-        if us is not None:
-            out.append(f"| {text} | {us:.2f} | {ratio:.2f}x |")
+    """bench/launch_overhead.py: host time per op call, each op's paths against its bare launches."""
+    paths = (("bare_same_calls", "bare prepacked launches"), ("bare_cuLaunchKernel", "bare, cuLaunchKernel only"),
+             ("aot_plan_run", "plan `.run`"),
+             ("aot_eager", "eager `loader.<op>(validate=False)`"), ("triton_jit", "Triton JIT, same kernels"))
+    out = ["| op (shape) | " + " | ".join(text for _, text in paths) + " |", "|---" * (len(paths) + 1) + "|"]
+    ops = dict.fromkeys((r["op"], r["variant"]) for r in rows if r.get("metric") == "host_us_per_call")
+    for op, variant in ops:
+        cells = []
+        for provider, _ in paths:
+            us = _value(rows, op=op, variant=variant, provider=provider, metric="host_us_per_call")
+            ratio = _value(rows, op=op, variant=variant, provider=provider, metric="ratio_vs_bare")
+            cells.append("—" if us is None else f"{us:.2f} µs" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+        out.append(f"| {op} ({variant}) | " + " | ".join(cells) + " |")
     first = {"aot": "AOT, `validate=False`", "aot_validated": "AOT, default value check",
              "import_ops_ms": "`from aotc import loader` + importing the op module",
              "jit_warm_cache": "Triton JIT, warm cache", "jit_cold_cache": "Triton JIT, empty cache"}

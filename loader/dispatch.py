@@ -5,12 +5,11 @@ was rejected); tests run it on manifest data with no GPU. `run_kernel` is the ge
 per (kernel, axes, device) it keeps a `Selection` holding the loaded binaries, then per call
 reads pointers, checks the ALIGNED binary's assumptions and launches on the current torch
 stream (or takes the JIT fallback). `prepare` is the fast path for ops that cache a plan per
-checked input metadata: a `Prepared` launch has its grid and non-pointer arguments packed once,
+checked input metadata: a `launch.Launch` has its grid and non-pointer arguments packed once,
 and a call packs only the pointers.
 """
 from __future__ import annotations
 
-import ctypes
 import struct
 import threading
 from typing import Mapping, Sequence
@@ -18,7 +17,7 @@ from typing import Mapping, Sequence
 from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey
 
 from . import artifacts, cuda_driver, fallback, targets
-from .launch import Launchable, param_format
+from .launch import Binary, Launch
 from .manifest import Entry
 from .targets import Device
 
@@ -91,38 +90,46 @@ class Selection:
         self.driver = driver_for(self.info)
         entries = target.entries if target is not None else {}
         self.entries = {level: entries.get(str(VariantKey.make(spec.name, axes, level))) for level in (ALIGNED, GENERIC)}
-        self.loaded: dict[str, Launchable] = {}
+        self.loaded: dict[str, Binary] = {}
         aligned = self.entries[ALIGNED]
         self.aligned_idx = tuple(spec.arg_index[n] for n in aligned.divisible) if aligned else ()
         self.has_aligned = aligned is not None
         self.has_generic = self.entries[GENERIC] is not None
         # The loaded binaries, also as plain attributes: the hot path reads no dict.
-        self.l_aligned: Launchable | None = None
-        self.l_generic: Launchable | None = None
+        self.l_aligned: Binary | None = None
+        self.l_generic: Binary | None = None
         self.lock = threading.Lock()
         self.values = _values_function(spec, self.aligned_idx)
+        self.general: dict[str, Launch] = {}  # level -> the Launch that packs every value per call
 
-    def _launchable(self, level: str) -> Launchable:
+    def binary(self, level: str) -> Binary:
+        """The loaded binary of `level` (ALIGNED or GENERIC), loaded on first use."""
+        got = self.l_aligned if level == ALIGNED else self.l_generic
+        return got or self._load(level)
+
+    def _load(self, level: str) -> Binary:
         with self.lock:  # one thread loads; the others wait and reuse it
             got = self.loaded.get(level)
             if got is None:
                 entry = self.entries[level]
                 image = self.target.read_binary(entry)  # sha256-checked before any load
                 function = self.driver.load_function(self.device, image, entry.symbol, entry.shared)
-                got = self.loaded[level] = Launchable(entry, function, self.device, self.driver,
-                                                      self.info.warp_size)
+                got = self.loaded[level] = Binary(entry, function, self.device, self.driver, self.info.warp_size)
+                self.general[level] = Launch(None, entry.params)
                 setattr(self, "l_" + level, got)
         return got
 
     def launch(self, grid, args: Sequence, stream: int) -> None:
         values, misaligned = self.values(args)
         if self.has_aligned and not misaligned:
-            (self.l_aligned or self._launchable(ALIGNED)).launch(grid, values, stream)
-            return
-        if self.has_generic:
-            (self.l_generic or self._launchable(GENERIC)).launch(grid, values, stream)
+            level = ALIGNED
+        elif self.has_generic:
+            level = GENERIC
         else:
             self.miss(grid, args, "no binary for this key")
+            return
+        b = self.binary(level)
+        self.general[level].launch_values(b, grid, values, stream)
 
     def miss(self, grid, args, reason: str) -> None:
         key = VariantKey.make(self.spec.name, self.axes, GENERIC)
@@ -147,77 +154,13 @@ def _misaligned_function(idx: tuple):
 
 
 def _needs_general_launch(entry: Entry) -> bool:
-    # A PDL binary is fine: Prepared launches it through cuLaunchKernelEx with a config it keeps.
+    # A PDL binary is fine: a Launch launches it through cuLaunchKernelEx with a config it keeps.
     return (entry.num_ctas != 1 or entry.launch_cooperative_grid
             or entry.global_scratch_size > 0 or entry.profile_scratch_size > 0)
 
 
-class Prepared:
-    """One kernel launch of an op's plan: grid and non-pointer arguments fixed, pointers per call.
-
-    The non-pointer arguments are checked against both binaries' assumptions and packed once,
-    into this object's own parameter buffer; a call packs only the leading pointers, takes the
-    ALIGNED binary when they are 16-byte aligned (else GENERIC) and calls the driver. Thread
-    safe: the lock covers packing and the driver call, which copies the arguments.
-    """
-
-    def __init__(self, sel: Selection, grid: tuple, scalars: Sequence):
-        spec = sel.spec
-        n_ptr = spec.leading_ptrs
-        if n_ptr + len(scalars) != len(spec.args):
-            raise ValueError(f"{spec.name}: {len(scalars)} non-pointer arguments after {n_ptr} pointers, "
-                             f"expected {len(spec.args) - n_ptr}")
-        generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
-        values = [0] * n_ptr + list(scalars)
-        why = check_assumptions(spec, generic.divisible, values)
-        if why is not None:
-            raise ValueError(f"{spec.name}: {why}")
-        if aligned is not None and aligned.params != generic.params:
-            raise ValueError(f"{spec.name}: the ALIGNED and GENERIC binaries take different parameters")
-        # Pointers are 0 here, so only the ints decide; pointers are checked per call.
-        self.use_aligned = aligned is not None and check_assumptions(spec, aligned.divisible, values) is None
-        ptr_idx = tuple(i for i in sel.aligned_idx if i < n_ptr) if self.use_aligned else ()
-        self.misaligned = _misaligned_function(ptr_idx)
-        self.sel = sel
-        self.grid = tuple(grid)
-        n = len(generic.params)
-        self.buffer = ctypes.create_string_buffer(8 * n)
-        struct.pack_into(param_format(generic.params), self.buffer, 0, *values, 0, 0)
-        base = ctypes.addressof(self.buffer)
-        self.pointer_array = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-        self.pointers = ctypes.addressof(self.pointer_array)
-        self.pack_pointers = struct.Struct("<" + "Q" * n_ptr).pack_into
-        self.lock = threading.Lock()
-        self.ex_configs: dict = {}  # Launchable -> (cuLaunchKernelEx config, its attributes): PDL binaries
-
-    def __call__(self, pointers: tuple, stream: int) -> None:
-        sel = self.sel
-        if self.use_aligned and not self.misaligned(pointers):
-            la = sel.l_aligned or sel._launchable(ALIGNED)
-        else:
-            la = sel.l_generic or sel._launchable(GENERIC)
-        gx, gy, gz = self.grid
-        with self.lock:
-            self.pack_pointers(self.buffer, 0, *pointers)
-            if la.needs_ex:
-                config = (self.ex_configs.get(la) or self._ex_config(la))[0]
-                config.hStream = stream
-                code = la.driver.cuLaunchKernelEx(ctypes.byref(config), la.function, self.pointers, None)
-            else:
-                code = la.cu_launch(la.function, gx, gy, gz, la.block, 1, 1, la.shared, stream, self.pointers, None)
-            if code:  # retried under the lock: the packed arguments are still this call's
-                la._retry_or_raise(code, self.grid, stream, self.pointers)
-
-    def _ex_config(self, la):
-        e = la.entry
-        pair = cuda_driver.cluster_launch_config(self.grid, la.block, la.shared, None, e.num_ctas,
-                                                 e.launch_cooperative_grid, e.launch_pdl)
-        self.ex_configs[la] = pair
-        return pair
-
-
-def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Prepared | None:
-    """A `Prepared` launch of `spec`'s built binaries on CUDA device `device`, or None where calls
+def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Launch | None:
+    """A `launch.Launch` of `spec`'s built binaries on CUDA device `device`, or None where calls
     must take `run_kernel`'s path: a key that was not built (the JIT fallback), a binary that
     needs scratch buffers or a cluster/cooperative launch, an empty grid, or ints no binary takes.
     A binary built for a programmatic dependent launch (PDL) is prepared: cuLaunchKernelEx."""
@@ -228,9 +171,33 @@ def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, dev
     if sel.entries[GENERIC] is None or any(_needs_general_launch(e) for e in sel.entries.values() if e):
         return None
     try:
-        return Prepared(sel, grid, scalars)
+        return _prepared(sel, grid, scalars)
     except (ValueError, struct.error):
         return None
+
+
+def _prepared(sel: Selection, grid: tuple, scalars: Sequence) -> Launch:
+    """The Launch of `sel` over `grid` with `scalars` (the arguments after the leading pointers)
+    checked against both binaries' assumptions and packed once; pointers are checked per call."""
+    spec = sel.spec
+    n_ptr = spec.leading_ptrs
+    if n_ptr + len(scalars) != len(spec.args):
+        raise ValueError(f"{spec.name}: {len(scalars)} non-pointer arguments after {n_ptr} pointers, "
+                         f"expected {len(spec.args) - n_ptr}")
+    generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
+    values = [0] * n_ptr + list(scalars)
+    why = check_assumptions(spec, generic.divisible, values)
+    if why is not None:
+        raise ValueError(f"{spec.name}: {why}")
+    if aligned is not None and aligned.params != generic.params:
+        raise ValueError(f"{spec.name}: the ALIGNED and GENERIC binaries take different parameters")
+    # Pointers are 0 here, so only the ints decide; pointers are checked per call.
+    use_aligned = aligned is not None and check_assumptions(spec, aligned.divisible, values) is None
+    ptr_idx = tuple(i for i in sel.aligned_idx if i < n_ptr) if use_aligned else ()
+    launch = Launch(lambda a: sel.binary(ALIGNED if a else GENERIC), generic.params, grid, scalars, n_ptr,
+                    use_aligned, _misaligned_function(ptr_idx))
+    launch.sel = sel
+    return launch
 
 
 def is_built(spec: KernelSpec, axes: Mapping, device: int) -> bool:
@@ -244,7 +211,7 @@ def is_built(spec: KernelSpec, axes: Mapping, device: int) -> bool:
 def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int) -> int | None:
     """How many programs of the binary that `args` (CUDA tensors and ints, in `spec.args` order)
     would launch fit one SM at once: the driver's occupancy of the built binary (ALIGNED when the
-    ints meet its assumptions, as `Prepared` picks), or of the JIT's compile when the key is not
+    ints meet its assumptions, as `prepare` picks), or of the JIT's compile when the key is not
     built. None where the JIT is switched off or the launch takes the general path."""
     sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
     generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
@@ -256,8 +223,7 @@ def programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, device: int
         return None
     values = [0] * spec.leading_ptrs + list(args[spec.leading_ptrs:])
     level = ALIGNED if aligned is not None and check_assumptions(spec, aligned.divisible, values) is None else GENERIC
-    la = sel.l_aligned if level == ALIGNED else sel.l_generic
-    la = la or sel._launchable(level)
+    la = sel.binary(level)
     if la.occupancy is None:
         la.occupancy = la.driver.occupancy(sel.device, la.function, la.block, la.shared)
     return la.occupancy
@@ -302,7 +268,7 @@ _plan_caches: list[dict] = []
 
 
 def register_plan_cache(cache: dict) -> dict:
-    """An op's cache of plans holding `Prepared` launches: `reset` empties it with the selections."""
+    """An op's cache of plans holding prepared `Launch`es: `reset` empties it with the selections."""
     _plan_caches.append(cache)
     return cache
 

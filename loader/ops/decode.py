@@ -1,253 +1,69 @@
-"""Paged flash-decoding (`decode`); the cache writer that feeds it is `store_kv.py`, which
-shares this module's cache checks.
+"""Paged flash-decoding (`decode`): rules (`check_decode`, with the cache checks of kv_cache.py),
+plan (`_make_plan`: a split_merge.SplitMerge, cached by the inputs' metadata), launch
+(`SplitMerge.launch`). The cache writer that feeds it is `store_kv.py`.
 
-`decode` is also a `torch.library` custom op (`torch.ops.aotc.decode`, mutating `out` and
-returning nothing) with a fake implementation, so `torch.compile(fullgraph=True)` traces through
-it. The public function runs the same checks and code; under compilation it calls the op.
+`decode` is declared once as `DECODE` (library.Op): the `torch.ops.aotc.decode` op (mutating `out`
+and `lse`), its fake implementation and its plan key follow from that declaration, so
+`torch.compile(fullgraph=True)` traces through it. The public function runs the same checks and
+code; under compilation it calls the op.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from aotc.kernels.decode import spec as S
 
-from .. import workspace
-from . import guards, library
-from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
 from ..sm_count import cuda_sm_count
-from .value_checks import skip_value_checks
+from . import guards, library, rules
+from .kv_cache import FLOAT_NAMES, FP8_DTYPES, check_cache, check_page_values, check_rows
+from .split_merge import SplitMerge, split_programs_per_sm
 
-_FLOAT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-_FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
-_FP8_DTYPES = {v: k for k, v in _FP8_NAMES.items()}
-_STORAGE = {  # dtypes a cache of each format may have (fp8 also as its raw bytes)
-    "fp16": (torch.float16,), "bf16": (torch.bfloat16,), "int8": (torch.int8,),
-    "int4": (torch.int8, torch.uint8),
-    "fp8_e4m3": (torch.float8_e4m3fn, torch.int8, torch.uint8),
-    "fp8_e5m2": (torch.float8_e5m2, torch.int8, torch.uint8),
-}
-_I32_MAX = 2 ** 31 - 1
-
-
-def _tensor(t, name, dtypes=None, dim=None, device=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
-    if dim is not None and t.dim() not in ((dim,) if isinstance(dim, int) else dim):
-        raise ValueError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of the first argument)")
-    return t
-
-
-def _unit_last(t, name):
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
-
-
-def _as_paged(t):
-    """A 3-D token-level cache [slots, heads, d] is page size 1: view it as [slots, 1, heads, d]."""
-    return t.unsqueeze(1) if t.dim() == 3 else t
-
-
-def resolve_format(kv_format: str, cache: torch.Tensor, head_dim: int, name: str = "k_cache") -> str:
-    """The cache format for `kv_format` ("auto" infers it from dtype and last dim); checked."""
-    last = cache.shape[-1]
-    if kv_format == "auto":
-        if cache.dtype in (torch.float16, torch.bfloat16):
-            fmt = _FLOAT_NAMES[cache.dtype]
-        elif cache.dtype in _FP8_NAMES:
-            fmt = _FP8_NAMES[cache.dtype]
-        elif cache.dtype == torch.uint8 or (cache.dtype == torch.int8 and last * 2 == head_dim):
-            fmt = "int4"
-        elif cache.dtype == torch.int8:
-            fmt = "int8"
-        else:
-            raise TypeError(f"{name}: cannot infer a cache format from dtype {cache.dtype}; "
-                            f"expected fp16, bf16, int8, uint8 (int4) or an fp8 dtype")
-    elif kv_format not in S.KV_FORMATS:
-        raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS}, got {kv_format!r}")
-    else:
-        fmt = kv_format
-        if cache.dtype not in _STORAGE[fmt]:
-            raise TypeError(f"{name}: a {fmt} cache must have dtype {' or '.join(map(str, _STORAGE[fmt]))}, "
-                            f"got {cache.dtype}")
-    want = head_dim // 2 if fmt == "int4" else head_dim
-    if last != want:
-        raise ValueError(f"{name}: last dim {last}, expected {want} for a {fmt} cache with head_dim {head_dim}")
-    return fmt
-
-
-def _group_scales(scale, name, cache, head_dim, device):
-    """Check an int8/int4 per-group scale tensor against its cache; returns the group size."""
-    _tensor(scale, name, (torch.float16, torch.bfloat16, torch.float32), device=device)
-    if scale.dim() != cache.dim() or scale.shape[:-1] != cache.shape[:-1]:
-        raise ValueError(f"{name}: shape {tuple(scale.shape)} must be the cache's {tuple(cache.shape[:-1])} "
-                         f"plus head_dim // group")
-    groups = scale.shape[-1]
-    group = head_dim // groups if groups and head_dim % groups == 0 else 0
-    if not (S.MIN_QUANT_GROUP <= group <= S.MAX_QUANT_GROUP and group & (group - 1) == 0):
-        raise ValueError(f"{name}: last dim {groups} gives group size head_dim/{groups}; the group must be a "
-                         f"power of two in [{S.MIN_QUANT_GROUP}, {S.MAX_QUANT_GROUP}]")
-    _unit_last(scale, name)
-    return group
-
-
-def _fp8_scale(scale, name, kv_heads, device):
-    """fp8 scale: None (1.0), a one-element tensor or one per kv head. Returns (fp32 tensor, head stride)."""
-    if scale is None:
-        return None, 0
-    _tensor(scale, name, (torch.float16, torch.bfloat16, torch.float32), device=device)
-    if scale.numel() == 1:
-        return scale, 0
-    if scale.dim() != 1 or scale.shape[0] != kv_heads:
-        raise ValueError(f"{name}: an fp8 scale is a scalar or [kv_heads={kv_heads}], got {tuple(scale.shape)}")
-    return scale, scale.stride(0)
-
-
-class _KV:
-    """A checked cache: format, [pages, page_size, kv_heads, d] views, scales.
-
-    (Plain classes here and below: a dataclass costs ~1 ms to create at import, which the first
-    `decode` in a process pays.)"""
-
-    __slots__ = ("fmt", "k", "v", "ks", "vs", "group", "scale_name", "ks_head_stride", "vs_head_stride", "channel")
-
-    def __init__(self, fmt, k, v, ks, vs, group, scale_name, ks_head_stride=0, vs_head_stride=0, channel=False):
-        self.fmt, self.k, self.v = fmt, k, v
-        # int: [pages, page_size, kv_heads, groups], or [kv_heads, head_dim] (channel); fp8: scalar/[kv_heads]
-        self.ks, self.vs = ks, vs
-        self.group, self.scale_name = group, scale_name
-        self.ks_head_stride, self.vs_head_stride = ks_head_stride, vs_head_stride
-        self.channel = channel
-
-
-SCALE_LAYOUTS = ("group", "channel")
-
-
-def _channel_scales(scale, name, kv_heads, head_dim, device):
-    """Check an int8 per-channel scale: [kv_heads, head_dim] fp32, channels contiguous."""
-    _tensor(scale, name, (torch.float32,), dim=2, device=device)
-    if tuple(scale.shape) != (kv_heads, head_dim):
-        raise ValueError(f"{name}: per-channel scales are [kv_heads, head_dim] = [{kv_heads}, {head_dim}], got "
-                         f"{tuple(scale.shape)}")
-    _unit_last(scale, name)
-
-
-def _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, device, scale_layout="group") -> _KV:
-    _tensor(k_cache, "k_cache", dim=(3, 4), device=device)
-    _tensor(v_cache, "v_cache", dim=(3, 4), device=device)
-    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache ({tuple(v_cache.shape)}, {v_cache.dtype}) must match k_cache "
-                         f"({tuple(k_cache.shape)}, {k_cache.dtype})")
-    fmt = resolve_format(kv_format, k_cache, head_dim)
-    _unit_last(k_cache, "k_cache")
-    _unit_last(v_cache, "v_cache")
-    kv = _KV(fmt, _as_paged(k_cache), _as_paged(v_cache), None, None, S.MAX_QUANT_GROUP, "fp32")
-    if scale_layout not in SCALE_LAYOUTS:
-        raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
-    if scale_layout == "channel" and fmt != "int8":
-        raise ValueError(f"scale_layout='channel' (scales [kv_heads, head_dim]) is for int8 caches, not {fmt}")
-    if fmt in S.INT_FORMATS:
-        for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
-            if any(st % 2 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
-                raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time, so its strides must be "
-                                 f"even; got {t.stride()}")
-        if k_scale is None or v_scale is None:
-            raise ValueError(f"a {fmt} cache needs k_scale and v_scale")
-        if scale_layout == "channel":
-            kv_heads = kv.k.shape[2]
-            _channel_scales(k_scale, "k_scale", kv_heads, head_dim, device)
-            _channel_scales(v_scale, "v_scale", kv_heads, head_dim, device)
-            kv.ks, kv.vs, kv.channel = k_scale, v_scale, True
-            kv.ks_head_stride, kv.vs_head_stride = k_scale.stride(0), v_scale.stride(0)
-            return kv
-        kv.group = _group_scales(k_scale, "k_scale", k_cache, head_dim, device)
-        _group_scales(v_scale, "v_scale", v_cache, head_dim, device)
-        if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
-            raise ValueError("v_scale must have k_scale's shape and dtype")
-        kv.ks, kv.vs, kv.scale_name = _as_paged(k_scale), _as_paged(v_scale), _FLOAT_NAMES[k_scale.dtype]
-    elif fmt in _FP8_DTYPES:
-        kv_heads = kv.k.shape[2]
-        kv.ks, kv.ks_head_stride = _fp8_scale(k_scale, "k_scale", kv_heads, device)
-        kv.vs, kv.vs_head_stride = _fp8_scale(v_scale, "v_scale", kv_heads, device)
-    elif k_scale is not None or v_scale is not None:
-        raise ValueError(f"k_scale/v_scale are for int8, int4 and fp8 caches, not {fmt}")
-    return kv
-
-
-def _check_halfword_aligned(k_ptr: int, v_ptr: int, fmt: str) -> None:
-    # Checked on every call, the plan's too: a plan is keyed by metadata, not by address.
-    if (k_ptr | v_ptr) & 1:
-        name = "k_cache" if k_ptr & 1 else "v_cache"
-        raise ValueError(f"{name}: an {fmt} cache is read two bytes at a time; its data must start at an even "
-                         f"address (it is a view at an odd byte offset)")
+OP = "decode"
 
 
 class _Decode:
     """A checked decode call."""
 
-    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "lse")
+    __slots__ = ("q", "kv", "table", "seq_lens", "req_idx", "sinks", "sm_scale", "window", "splits", "out", "lse")
 
-    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, lse=None):
+    def __init__(self, q, kv, table, seq_lens, req_idx, sinks, sm_scale, window, splits, out, lse=None):
         self.q, self.kv, self.table, self.seq_lens, self.req_idx = q, kv, table, seq_lens, req_idx
-        self.sinks, self.sm_scale, self.window, self.splits, self.lse = sinks, sm_scale, window, splits, lse
+        self.sinks, self.sm_scale, self.window, self.splits, self.out, self.lse = \
+            sinks, sm_scale, window, splits, out, lse
 
 
-def check_rows(table, seq_lens, req_idx, sinks, batch: int, q_heads: int, dev) -> None:
-    """The request-indexing tensors every decode kernel reads: table [rows, max_pages] int32 (unit
-    last stride), seq_lens and req_idx [batch] int32 contiguous, sinks [q_heads] fp32."""
-    _tensor(table, "table", (torch.int32,), dim=2, device=dev)
-    _unit_last(table, "table")
-    _tensor(seq_lens, "seq_lens", (torch.int32,), dim=1, device=dev)
-    if seq_lens.shape[0] != batch or not seq_lens.is_contiguous():
-        raise ValueError(f"seq_lens: expected a contiguous [batch={batch}] tensor, got {tuple(seq_lens.shape)}")
-    if req_idx is not None:
-        _tensor(req_idx, "req_idx", (torch.int32,), dim=1, device=dev)
-        if req_idx.shape[0] != batch or not req_idx.is_contiguous():
-            raise ValueError(f"req_idx: expected a contiguous [batch={batch}] tensor, got {tuple(req_idx.shape)}")
-    elif table.shape[0] < batch:
-        raise ValueError(f"table: {table.shape[0]} rows for batch {batch} (row b serves request b without req_idx)")
-    if sinks is not None:
-        _tensor(sinks, "sinks", (torch.float32,), dim=1, device=dev)
-        if sinks.shape[0] != q_heads or not sinks.is_contiguous():
-            raise ValueError(f"sinks: expected a contiguous [q_heads={q_heads}] tensor, got {tuple(sinks.shape)}")
-
-
-def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                  window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
+def check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                 window, sinks, num_splits, out, lse=None, scale_layout="group") -> _Decode:
     """Every check that needs no tensor values (safe under tracing and graph capture)."""
-    guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
+    guards.refuse_grad(OP, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
                        sinks=sinks, out=out, lse=lse)
-    _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
+    rules.tensor(OP, "q", q, (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
     batch, q_heads, head_dim = q.shape
     if head_dim not in S.HEAD_DIMS:
         raise ValueError(f"q: head_dim {head_dim} is not supported; expected one of {S.HEAD_DIMS}")
     if batch > S.MAX_BATCH:
         raise ValueError(f"q: batch {batch} is over {S.MAX_BATCH} (the split grid's second dimension)")
-    _unit_last(q, "q")
-    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
-    if kv.fmt in ("fp16", "bf16") and kv.fmt != _FLOAT_NAMES[q.dtype]:
+    rules.unit_last(OP, "q", q)
+    kv = check_cache(OP, k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
+    if kv.fmt in ("fp16", "bf16") and kv.fmt != FLOAT_NAMES[q.dtype]:
         raise TypeError(f"k_cache: an {kv.fmt} cache needs an {kv.fmt} query, got q of dtype {q.dtype}")
     kv_heads = kv.k.shape[2]
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    check_rows(table, seq_lens, req_idx, sinks, batch, q_heads, dev)
+    check_rows(OP, table, seq_lens, req_idx, sinks, batch, q_heads, dev)
     if out is not None:
-        _tensor(out, "out", (q.dtype,), dim=3, device=dev)
+        rules.tensor(OP, "out", out, (q.dtype,), dim=3, device=dev)
         if out.shape != q.shape:
             raise ValueError(f"out: shape {tuple(out.shape)}, expected q's {tuple(q.shape)}")
-        _unit_last(out, "out")
+        rules.unit_last(OP, "out", out)
     if lse is not None:
-        _tensor(lse, "lse", (torch.float32,), dim=2, device=dev)
+        rules.tensor(OP, "lse", lse, (torch.float32,), dim=2, device=dev)
         if lse.shape != q.shape[:2]:
             raise ValueError(f"lse: shape {tuple(lse.shape)}, expected [batch, q_heads] = {tuple(q.shape[:2])}")
-        _unit_last(lse, "lse")
+        rules.unit_last(OP, "lse", lse)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else guards.real("decode", "sm_scale", sm_scale)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
@@ -257,65 +73,21 @@ def _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scal
     if page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"k_cache: page size {page_size} (dim 1 of {tuple(k_cache.shape)}) is not a power of two; "
                          f"decode reads pages of 1, 2, 4, ... 2^k tokens")
-    if page_size * max_pages > _I32_MAX:
+    if page_size * max_pages > rules.I32_MAX:
         raise ValueError(f"table: {max_pages} pages of {page_size} tokens exceed int32 token indices")
     for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("table", table), ("out", out),
                     ("k_scale", kv.ks), ("v_scale", kv.vs), ("lse", lse)):
-        if t is not None and max(t.stride(), default=0) > _I32_MAX:
+        if t is not None and max(t.stride(), default=0) > rules.I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
     guards.check_outputs("decode", {"out": out, "lse": lse}, _inputs(q, k_cache, v_cache, table, seq_lens, req_idx,
                                                                      k_scale, v_scale, sinks))
-    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, lse)
+    return _Decode(q, kv, table, seq_lens, req_idx, sinks, float(sm_scale), window or 0, num_splits, out, lse)
 
 
 def _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks) -> dict:
-    """What decode reads, by name, in the order `_Plan.apart` takes it after out and lse."""
+    """What decode reads, by name, in the order a plan's `apart` takes it after out and lse."""
     return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "table": table, "seq_lens": seq_lens, "req_idx": req_idx,
             "k_scale": k_scale, "v_scale": v_scale, "sinks": sinks}
-
-
-def _check_decode_values(d: _Decode) -> None:
-    """Lengths within the table, req_idx within its rows, used page ids within the cache.
-
-    The values are copied to the host (seq_lens, req_idx, then the table rows in use) and
-    checked there: plain device-to-host copies and one sync, no GPU kernel, so even a first call
-    in a fresh process loads no extra device code.
-    """
-    batch = d.q.shape[0]
-    if batch == 0 or skip_value_checks(d.q):
-        return
-    rows_n, max_pages = d.table.shape
-    pages_n, page_size = d.kv.k.shape[:2]
-    cap = max_pages * page_size
-    lens = d.seq_lens.cpu()
-    bad = (lens < 0) | (lens > cap)
-    if bool(bad.any()):
-        b = int(bad.nonzero()[0, 0])
-        raise ValueError(f"seq_lens[{b}] = {int(lens[b])} is outside [0, {cap}] (table of {max_pages} pages "
-                         f"of {page_size} tokens)")
-    if d.req_idx is not None:
-        rows = d.req_idx.cpu().long()
-        bad = (rows < 0) | (rows >= rows_n)
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"req_idx[{b}] = {int(rows[b])} is outside the table's {rows_n} rows")
-    else:
-        rows = torch.arange(batch)
-    lens = lens.long()
-    used_cols = int(((lens + page_size - 1) // page_size).max())
-    if used_cols == 0:
-        return
-    # Only the columns any request uses; with req_idx only the rows it names (gathered on the host).
-    top = int(rows.max()) + 1
-    ids = d.table[:top, :used_cols].cpu()[rows]
-    first = (lens - d.window).clamp_min(0) // page_size if d.window else torch.zeros_like(lens)
-    col = torch.arange(used_cols)
-    used = (col >= first[:, None]) & (col < ((lens + page_size - 1) // page_size)[:, None])
-    bad = used & ((ids < 0) | (ids >= pages_n))
-    if bool(bad.any()):
-        b, c = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"table[{int(rows[b])}, {c}] = {int(ids[b, c])} (used by request {b}) is not a page "
-                         f"of the {pages_n}-page cache")
 
 
 def _sm_count(device) -> int:
@@ -324,38 +96,7 @@ def _sm_count(device) -> int:
     return cuda_sm_count(device)
 
 
-_ones: dict[torch.device, torch.Tensor] = {}
-
-
-def _one(device) -> torch.Tensor:
-    if device not in _ones:
-        _ones[device] = torch.ones(1, dtype=torch.float32, device=device)
-    return _ones[device]
-
-
-class _Plan:
-    """Everything a decode launch needs that follows from the inputs' metadata alone.
-
-    split_ints / merge_ints: the kernels' non-pointer arguments, in order. byte_view: fp8/int4
-    caches are read as int8 bytes. halfword: int8/int4 caches, which the kernel reads as int16
-    words, so their addresses must be even (checked every call). fast_split / fast_merge: for CUDA plans whose binaries are
-    built, both launches with their non-pointer arguments packed (dispatch.Prepared); None takes
-    run_kernel's general path (CPU, JIT fallback, another device)."""
-
-    __slots__ = ("split_axes", "split_grid", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints", "merge_ints",
-                 "byte_view", "fp8", "halfword", "fmt", "device", "fast_split", "fast_merge", "apart")
-
-    def __init__(self, split_axes, split_grid, merge_axes, merge_grid, n_o, n_lse, split_ints, merge_ints, byte_view,
-                 fp8, fmt, device):
-        self.split_axes, self.split_grid, self.merge_axes, self.merge_grid = split_axes, split_grid, merge_axes, merge_grid
-        self.n_o, self.n_lse, self.split_ints, self.merge_ints = n_o, n_lse, split_ints, merge_ints
-        self.byte_view, self.fp8, self.fmt, self.device = byte_view, fp8, fmt, device
-        self.halfword = fmt in S.INT_FORMATS  # int8/int4 caches are read as int16 words
-        self.fast_split = self.fast_merge = None
-        self.apart = None  # guards.Apart: out and lse apart from the inputs, by this call's pointers
-
-
-def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
+def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     q, kv, table = d.q, d.kv, d.table
     batch, q_heads, head_dim = q.shape
     kv_heads = kv.k.shape[2]
@@ -364,7 +105,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     elif kv.fmt in S.INT_FORMATS:
         ks_strides, vs_strides = kv.ks.stride()[:3], kv.vs.stride()[:3]
-    elif kv.fmt in _FP8_DTYPES:
+    elif kv.fmt in FP8_DTYPES:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     else:
         ks_strides = vs_strides = (0, 0, 0)
@@ -372,179 +113,68 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> _Plan:
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides]
     if kv.channel:
-        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, channel=True)
+        split_axes = S.split_axes(FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, channel=True)
     else:
         per_token = kv.fmt in S.INT_FORMATS and kv.group == head_dim
-        split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
+        split_axes = S.split_axes(FLOAT_NAMES[q.dtype], kv.fmt, kv.scale_name, head_dim, per_token, kv.group)
     tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
     split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
-    fp8 = kv.fmt in _FP8_DTYPES
+    fp8 = kv.fmt in FP8_DTYPES
     byte_view = fp8 or kv.fmt == "int4"
     splits = d.splits
     if not splits:
-        per_sm = None
-        if q.is_cuda and batch:
-            ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
-            per_sm = programs_per_sm(S.SPLIT, split_axes, _split_args(
-                fp8, byte_view, q, kv.k, kv.v, kv.ks, kv.vs, table, d.req_idx, d.seq_lens, ws, ws, split_ints),
-                q.device.index)
+        per_sm = split_programs_per_sm(S.SPLIT, split_axes, fp8, byte_view, q, kv.k, kv.v, kv.ks, kv.vs, table,
+                                       d.req_idx, d.seq_lens, split_ints)
         splits = S.num_splits(batch, kv_heads, group, _sm_count(q.device), per_sm)
     n_o, n_lse = S.workspace_elements(batch, q_heads, splits, head_dim)
     lse = d.lse
     merge_ints = [int(d.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                   lse.stride(0) if lse is not None else 0]
-    plan = _Plan(split_axes, S.split_grid(batch, kv_heads, group, splits),
-                 S.merge_axes(_FLOAT_NAMES[out.dtype], head_dim, splits), S.merge_grid(batch, q_heads),
-                 n_o, n_lse, split_ints, merge_ints, byte_view, fp8, kv.fmt, q.device)
-    if q.is_cuda and all(plan.split_grid) and all(plan.merge_grid):
-        split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, split_ints, q.device.index)
-        merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, merge_ints, q.device.index)
-        if split is not None and merge is not None:
-            plan.fast_split, plan.fast_merge = split, merge
-    return plan
+    return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
+                      (S.MERGE, S.merge_axes(FLOAT_NAMES[out.dtype], head_dim, splits), S.merge_grid(batch, q_heads),
+                       merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view, kv.fmt in S.INT_FORMATS)
 
 
-def _fp8_scales(k_scale, v_scale, device):
-    return ((k_scale if k_scale is not None else _one(device)).float(),
-            (v_scale if v_scale is not None else _one(device)).float())
+def _run_decode(d: _Decode) -> None:
+    _make_plan(d, d.out).launch(d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, d.out,
+                                d.lse)
 
 
-def _launch_prepared(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                     lse, stream) -> None:
-    """The steady-state launch: pointers only; grids and every other argument are in the plan."""
-    keep, part_o, part_lse = workspace.pair_pointers(plan.device, stream, plan.n_o, plan.n_lse)
-    if plan.fp8:
-        keep = _fp8_scales(k_scale, v_scale, plan.device)
-        ks, vs = keep[0].data_ptr(), keep[1].data_ptr()
-    elif k_scale is None:
-        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
-    else:
-        ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
-    lens = seq_lens.data_ptr()
-    kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
-    if plan.halfword:
-        _check_halfword_aligned(kp, vp, plan.fmt)
-    with workspace.stream_lock(plan.device.index, stream):  # no other call's split between ours and our merge
-        plan.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
-                         lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
-        plan.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
-                         part_lse if lse is None else lse.data_ptr()), stream)
-    del keep
+DECODE = library.Op(
+    "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
+    "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
+    "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()",
+    check=check_decode, run=_run_decode)
+# Plans by the inputs' metadata (DECODE.key); `DecodePlan` (decode_plan.py) builds on the same plans.
+_plans = rules.PlanCache()
 
 
-def _split_args(fp8, byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse,
-                split_ints) -> list:
-    """The split kernel's arguments as run_kernel takes them (tensors, then the plan's ints)."""
-    if fp8:
-        ks, vs = _fp8_scales(k_scale, v_scale, q.device)
-    elif k_scale is None:
-        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
-    else:
-        ks, vs = k_scale, v_scale
-    if byte_view and k_cache.dtype != torch.int8:
-        k_cache, v_cache = k_cache.view(torch.int8), v_cache.view(torch.int8)  # raw bytes, widened in the kernel
-    return [q, k_cache, v_cache, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens,
-            part_o, part_lse, *split_ints]
-
-
-def _launch(plan: _Plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-            lse=None) -> None:
-    if plan.fast_split is not None:
-        index = plan.device.index
-        if torch._C._cuda_getDevice() == index:
-            _launch_prepared(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out,
-                             lse, torch._C._cuda_getCurrentRawStream(index))
-            return
-    if plan.halfword:
-        _check_halfword_aligned(k_cache.data_ptr(), v_cache.data_ptr(), plan.fmt)
-    if not all(plan.split_grid) or not all(plan.merge_grid):
-        return
-    part_o, part_lse = workspace.pair(q.device, plan.n_o, plan.n_lse)
-    if q.is_cuda:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        together = workspace.stream_lock(index, torch._C._cuda_getCurrentRawStream(index))
-    else:
-        together = contextlib.nullcontext()  # CPU: a fresh workspace a call
-    with together:
-        run_kernel(S.SPLIT, plan.split_axes, plan.split_grid,
-                   _split_args(plan.fp8, plan.byte_view, q, k_cache, v_cache, k_scale, v_scale, table, req_idx,
-                               seq_lens, part_o, part_lse, plan.split_ints))
-        run_kernel(S.MERGE, plan.merge_axes, plan.merge_grid,
-                   [part_o, part_lse, sinks if sinks is not None else part_lse, out,
-                    lse if lse is not None else part_lse, *plan.merge_ints])
-
-
-def _run_decode(d: _Decode, out: torch.Tensor) -> None:
-    _launch(_make_plan(d, out), d.q, d.kv.k, d.kv.v, d.kv.ks, d.kv.vs, d.table, d.req_idx, d.seq_lens, d.sinks, out,
-            d.lse)
-
-
-def _meta(t):
-    # size() and get_device() are the cheapest reads of shape and device (-1 on the CPU).
-    return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
-
-
-# Plans by the inputs' metadata: a call whose tensors have the shapes, strides, dtypes and
-# devices of a call already checked skips the checks and the argument derivation. Bounded, so
-# a stream of ever-new shapes cannot grow it without limit; emptied by `set_artifacts`.
-# `DecodePlan` (decode_plan.py) builds on the same plans.
-_plans: dict = register_plan_cache({})
-_MAX_PLANS = 4096
-
-
-def plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-             num_splits, out, lse, scale_layout="group"):
-    """The metadata a plan depends on; raises AttributeError/TypeError for non-tensors."""
-    return (q.size(), q.stride(), q.dtype, q.get_device(), k_cache.size(), k_cache.stride(), k_cache.dtype,
-            k_cache.get_device(), v_cache.size(), v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-            table.size(), table.stride(), table.dtype, table.get_device(), seq_lens.size(), seq_lens.stride(),
-            seq_lens.dtype, seq_lens.get_device(), out.size(), out.stride(), out.dtype, out.get_device(),
-            _meta(req_idx), _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(lse), kv_format, sm_scale, window,
-            num_splits, scale_layout, type(sm_scale), type(window), type(num_splits))  # True == 1, and hashes alike
-
-
-def cached_plan(key, d: _Decode, out) -> _Plan:
+def cached_plan(key, d: _Decode, out) -> SplitMerge:
     """The plan of `key` (made from the checked call `d` when it is new)."""
     plan = _plans.get(key) if key is not None else None
     if plan is None:
         plan = _make_plan(d, out)
         plan.apart = guards.Apart("decode", {"out": out, "lse": d.lse}, _inputs(
             d.q, d.kv.k, d.kv.v, d.table, d.seq_lens, d.req_idx, d.kv.ks, d.kv.vs, d.sinks))
-        if key is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
+        _plans.put(key, plan)
     return plan
-
-
-def _decode_op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-               num_splits, out, lse=None, scale_layout="group") -> None:
-    d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                      window, sinks, num_splits, out, lse, scale_layout)
-    _run_decode(d, out)
-
-
-def _decode_fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                 sinks, num_splits, out, lse=None, scale_layout="group") -> None:
-    _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                  sinks, num_splits, out, lse, scale_layout)
-
-
-library.define("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
-               "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-               "SymInt? num_splits, Tensor(a!) out, Tensor(b!)? lse=None, str scale_layout=\"group\") -> ()", _decode_op, _decode_fake)
 
 
 def _split_heads(q, k_cache, v_cache) -> bool:
     """Calls the MLA family serves (loader/ops/mla.py): key and value head sizes that differ, or an
     equal head size decode's kernel lacks (a multiple of 16 up to 512) over an fp16/bf16/fp8 cache."""
+    try:
+        d_k, d_v = k_cache.shape[-1], v_cache.shape[-1]
+    except (AttributeError, IndexError, TypeError):
+        return False
+    if d_k == d_v and d_k in S.HEAD_DIMS:  # decode's own kernel: the common case, decided first
+        return False
     if not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache)) or k_cache.dim() not in (3, 4):
         return False
-    d_k, d_v = k_cache.shape[-1], v_cache.shape[-1]
     if d_k != d_v:
         return True
     return (d_k not in S.HEAD_DIMS and q.dim() == 3 and q.shape[-1] == d_k
-            and k_cache.dtype in (torch.float16, torch.bfloat16, *_FP8_DTYPES.values()))
+            and k_cache.dtype in (torch.float16, torch.bfloat16, *FP8_DTYPES.values()))
 
 
 def _is_prefix_view(k_cache, v_cache) -> bool:
@@ -630,28 +260,28 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     if torch.compiler.is_compiling():  # the op's fake implementation runs the checks
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        torch.ops.aotc.decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
+        DECODE(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
                               sm_scale, window, sinks, num_splits, out, lse, scale_layout)
         return (out, lse) if return_lse else out
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if isinstance(q, torch.Tensor) else None
     try:
-        key = plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                       sinks, num_splits, out, lse, scale_layout)
+        key = DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                         sinks, num_splits, out, lse, scale_layout)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None
     if plan is None or validate:
-        d = _check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+        d = check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                           window, sinks, num_splits, out, lse, scale_layout)
         if validate:
-            _check_decode_values(d)
+            check_page_values(d)
         if plan is None:
             plan = cached_plan(key, d, out)
     else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
         if torch.is_grad_enabled():
-            guards.refuse_grad("decode", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
+            guards.refuse_grad(OP, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
                                sinks=sinks, out=out, lse=lse)
         plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks)
-    _launch(plan, q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
+    plan.launch(q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
     return (out, lse) if return_lse else out

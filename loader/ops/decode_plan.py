@@ -29,92 +29,11 @@ tied to one (window, sm_scale): alternating sliding-window layers take two plans
 """
 from __future__ import annotations
 
-import ctypes
-import struct
-import threading
-
 import torch
 
-from aotc.kernels.decode import spec as S
-from aotc.kernels.variants import ALIGNED, GENERIC
-
-from ..dispatch import prepare
 from . import decode as D
-from . import guards
-
-_PTR = struct.Struct("<Q")
-
-
-class _Meta:
-    """A tensor's dtype, size, stride and device index, as run() compares them."""
-
-    __slots__ = ("dtype", "size", "stride", "device")
-
-    def __init__(self, t):
-        self.dtype, self.size, self.stride, self.device = t.dtype, t.size(), t.stride(), t.get_device()
-
-    def matches(self, t) -> bool:
-        return (t.dtype is self.dtype and t.size() == self.size and t.stride() == self.stride
-                and t.get_device() == self.device)
-
-    def describe(self) -> str:
-        return f"dtype {self.dtype}, shape {tuple(self.size)}, strides {self.stride}"
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return f"a {type(t).__name__}"
-    return f"dtype {t.dtype}, shape {tuple(t.shape)}, strides {t.stride()}, device {t.device}"
-
-
-class _Launch:
-    """One kernel of a plan on the fast path: a private `dispatch.Prepared` (its own parameter
-    buffer) with the plan's fixed pointers packed once; `pack(buffer, offset, ...)` packs the
-    per-layer ones. `go(aligned)` is the driver call of the ALIGNED or GENERIC binary, resolved
-    on first use into a closure that takes only the stream."""
-
-    __slots__ = ("prep", "grid", "pack", "offset", "buffer", "calls")
-
-    def __init__(self, prep, fixed: dict, first_per_call: int, n_per_call: int):
-        self.prep, self.grid, self.buffer = prep, prep.grid, prep.buffer
-        for i, p in fixed.items():
-            _PTR.pack_into(prep.buffer, 8 * i, p)
-        self.pack = struct.Struct("<" + "Q" * n_per_call).pack_into
-        self.offset = 8 * first_per_call
-        self.calls = [None, None]  # [generic, aligned]
-
-    def go(self, aligned: bool):
-        call = self.calls[aligned]
-        return call if call is not None else self._resolve(aligned)
-
-    def _resolve(self, aligned: bool):
-        prep, grid = self.prep, self.grid
-        sel = prep.sel
-        if aligned and prep.use_aligned:
-            la = sel.l_aligned or sel._launchable(ALIGNED)
-        else:
-            la = sel.l_generic or sel._launchable(GENERIC)
-        function, pointers = la.function, prep.pointers
-        if la.needs_ex:
-            config = (prep.ex_configs.get(la) or prep._ex_config(la))[0]
-            ref, launch_ex = ctypes.byref(config), la.driver.cuLaunchKernelEx
-
-            def call(stream):
-                config.hStream = stream
-                code = launch_ex(ref, function, pointers, None)
-                if code:
-                    la._retry_or_raise(code, grid, stream, pointers)
-        else:
-            gx, gy, gz = grid
-            block, shared, launch = la.block, la.shared, la.cu_launch
-
-            def call(stream):
-                code = launch(function, gx, gy, gz, block, 1, 1, shared, stream, pointers, None)
-                if code:
-                    la._retry_or_raise(code, grid, stream, pointers)
-        self.calls[aligned] = call
-        return call
-
+from . import guards, rules
+from .kv_cache import FP8_DTYPES, check_page_values
 
 class DecodePlan:
     """`decode` for one step, planned once and run per layer.
@@ -137,81 +56,59 @@ class DecodePlan:
     def __init__(self, table, seq_lens, *, q, k_cache, v_cache, k_scale=None, v_scale=None, out=None,
                  req_idx=None, kv_format="auto", scale_layout="group", sm_scale=None, window=None, sinks=None,
                  num_splits=None, return_lse=False, lse=None, validate=True):
-        D._tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
+        rules.tensor("DecodePlan", "q", q, (torch.float16, torch.bfloat16), dim=3)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if return_lse and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None and not return_lse:
             raise ValueError("lse is written only with return_lse=True")
-        d = D._check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+        d = D.check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
                             window, sinks, num_splits, out, lse, scale_layout)
-        if d.kv.fmt in D._FP8_DTYPES:
+        if d.kv.fmt in FP8_DTYPES:
             if (k_scale is None) != (v_scale is None):
                 raise ValueError("k_scale/v_scale: a DecodePlan takes both fp8 scales or neither")
             for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if s is not None and s.dtype != torch.float32:
                     raise TypeError(f"{name}: a DecodePlan takes fp8 scales in fp32 (got {s.dtype}); convert once")
         if validate:
-            D._check_decode_values(d)
-        key = D.plan_key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                         window, sinks, num_splits, out, lse, scale_layout)
+            check_page_values(d)
+        key = D.DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                           window, sinks, num_splits, out, lse, scale_layout)
         self._plan = plan = D.cached_plan(key, d, out)
         self._d = d  # holds table, seq_lens, req_idx and sinks alive: their pointers are packed
         self.return_lse = bool(return_lse)
         self.device = q.device
-        self._meta = [_Meta(t) for t in (q, k_cache, v_cache, out)]
+        self._meta = [rules.Meta(t) for t in (q, k_cache, v_cache, out)]
         self._expect = (*(m.dtype for m in self._meta), *(m.size for m in self._meta),
                         *(m.stride for m in self._meta), q.get_device())
-        self._scale_meta = (_Meta(k_scale), _Meta(v_scale)) if k_scale is not None else None
-        self._fp8 = d.kv.fmt in D._FP8_DTYPES
-        self._lse_meta = _Meta(lse) if lse is not None else None
+        self._scale_meta = (rules.Meta(k_scale), rules.Meta(v_scale)) if k_scale is not None else None
+        self._fp8 = d.kv.fmt in FP8_DTYPES
+        self._lse_meta = rules.Meta(lse) if lse is not None else None
         self._halfword = plan.halfword
         # out and lse apart from every layer's inputs and from the step's own tensors, by address, every run
         self._apart = guards.Apart("DecodePlan.run", {"out": out, "lse": lse}, {
             "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
             fixed={"table": table, "seq_lens": seq_lens, "req_idx": req_idx, "sinks": sinks})
-        self._lock = threading.Lock()
-        self._fast = None
-        if plan.fast_split is not None:
-            self._fast = self._bind(d)
-
-    def _bind(self, d):
-        """Private launches with the step's pointers packed in, or None (the general path)."""
-        plan, dev = self._plan, self.device
-        split = prepare(S.SPLIT, plan.split_axes, plan.split_grid, plan.split_ints, dev.index)
-        merge = prepare(S.MERGE, plan.merge_axes, plan.merge_grid, plan.merge_ints, dev.index)
-        if split is None or merge is None:
-            return None
-        self._workspace = torch.zeros(plan.n_o + plan.n_lse, dtype=torch.float32, device=dev)  # see workspace.get
-        part_o = self._workspace.data_ptr()
-        part_lse = part_o + 4 * plan.n_o
-        lens = d.seq_lens.data_ptr()
-        fixed_split = {5: d.table.data_ptr(), 6: lens if d.req_idx is None else d.req_idx.data_ptr(), 7: lens,
-                       8: part_o, 9: part_lse}
-        fixed_merge = {0: part_o, 1: part_lse, 2: part_lse if d.sinks is None else d.sinks.data_ptr(),
-                       4: part_lse}
-        self._one = D._one(dev)
-        return (_Launch(split, fixed_split, 0, 5), _Launch(merge, fixed_merge, 3, 2 if self.return_lse else 1),
-                dev.index, part_lse)
+        self._bound = plan.bind(table, seq_lens, req_idx, sinks, self.return_lse)
 
     def _refuse(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
         names = ("q", "k_cache", "v_cache", "out")
         for name, m, t in zip(names, self._meta, (q, k_cache, v_cache, out)):
             if not isinstance(t, torch.Tensor) or not m.matches(t):
                 err = TypeError if not isinstance(t, torch.Tensor) or t.dtype is not m.dtype else ValueError
-                raise err(f"{name}: {_describe(t)}; this DecodePlan was made for {m.describe()} on {self.device}")
+                raise err(f"{name}: {rules.describe(t)}; this DecodePlan was made for {m.describe()} on {self.device}")
         if self._scale_meta is None:
             if k_scale is not None or v_scale is not None:
                 raise ValueError("k_scale/v_scale: this DecodePlan was made without scales")
         else:
             for name, m, t in zip(("k_scale", "v_scale"), self._scale_meta, (k_scale, v_scale)):
                 if not isinstance(t, torch.Tensor) or not m.matches(t):
-                    raise ValueError(f"{name}: {_describe(t)}; this DecodePlan was made for {m.describe()}")
+                    raise ValueError(f"{name}: {rules.describe(t)}; this DecodePlan was made for {m.describe()}")
         if lse is not None:
             if self._lse_meta is None:
                 raise ValueError("lse: this DecodePlan was made without return_lse=True")
-            raise ValueError(f"lse: {_describe(lse)}; this DecodePlan was made for {self._lse_meta.describe()}")
+            raise ValueError(f"lse: {rules.describe(lse)}; this DecodePlan was made for {self._lse_meta.describe()}")
         raise ValueError("inputs differ from the plan")  # not reached: one of the above differs
 
     def run(self, q, k_cache, v_cache, out, k_scale=None, v_scale=None, lse=None):
@@ -253,29 +150,19 @@ class DecodePlan:
             guards.refuse_grad("DecodePlan.run", q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale,
                                v_scale=v_scale, out=out, lse=lse)
         self._apart(out, lse, q, k_cache, v_cache, k_scale, v_scale)
-        fast = self._fast
-        if fast is not None and torch._C._cuda_getDevice() == fast[2]:
-            qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+        bound = self._bound
+        if bound is not None and torch._C._cuda_getDevice() == bound.index:
+            qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             if self._halfword and (kp | vp) & 1:
-                D._check_halfword_aligned(kp, vp, self._plan.fmt)
+                self._plan.check_halfword(kp, vp)
             if k_scale is not None:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
-            elif self._fp8:
-                ksp = vsp = self._one.data_ptr()
             else:
-                ksp = vsp = fast[3]  # never read: fp16/bf16 caches have no scales
-            split, merge = fast[0], fast[1]
-            stream = torch._C._cuda_getCurrentRawStream(fast[2])
-            with self._lock:
-                split.pack(split.buffer, split.offset, qp, kp, vp, ksp, vsp)
-                if lse is None:
-                    merge.pack(merge.buffer, merge.offset, op)
-                else:
-                    merge.pack(merge.buffer, merge.offset, op, lse.data_ptr())
-                split.go(not (qp | kp | vp) & 15)(stream)
-                merge.go(not op & 15)(stream)
+                ksp = vsp = bound.one  # fp8 without scales reads 1.0; fp16/bf16 read none
+            bound.run(qp, kp, vp, ksp, vsp, out.data_ptr(), None if lse is None else lse.data_ptr(),
+                      torch._C._cuda_getCurrentRawStream(bound.index))
         else:
             d = self._d  # the general path: CPU (interpreter), the JIT fallback, another current device
-            D._launch(self._plan, q, k_cache, v_cache, k_scale, v_scale, d.table, d.req_idx, d.seq_lens, d.sinks,
-                      out, lse)
+            self._plan.launch(q, k_cache, v_cache, k_scale, v_scale, d.table, d.req_idx, d.seq_lens, d.sinks, out,
+                              lse)
         return (out, lse) if self.return_lse else out

@@ -2,10 +2,11 @@
 argument checks it shares with the chunked prefill (the `check_*` functions: they take an `op`
 name for their messages and accept [1, total_T, ...] varlen inputs as well as [B, T, ...]).
 
-`gated_delta_decode` is also a `torch.library` op (`torch.ops.aotc.gated_delta_decode`, mutating
-`state` and `out`, returning nothing) with a Meta implementation that runs the same checks, so
-`torch.compile(fullgraph=True)` traces through it. Eager calls skip the dispatcher: a plan per
-input metadata holds the checked launch, as `decode` does.
+`gated_delta_decode` is declared once as `GDN_DECODE` (library.Op): the op
+`torch.ops.aotc.gated_delta_decode` (mutating `state` and `out`), its Meta implementation (the
+same checks) and its plan key follow from it, so `torch.compile(fullgraph=True)` traces through
+it. Eager calls skip the dispatcher: a plan per input metadata holds the checked, prepared
+launch (launch.Launch), as `decode` does. Rules (`check_*`), plan (`_make_plan`), launch (`_launch`).
 """
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ import torch
 
 from aotc.kernels.gated_delta import spec as S
 
-from . import guards, library
-from ..dispatch import prepare, register_plan_cache, run_kernel
+from ..dispatch import prepare, run_kernel
+from . import guards, library, rules
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_decode"
 QKV_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 GATE_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 LAYOUTS = S.LAYOUTS
-_I32_MAX = 2 ** 31 - 1
+rules.I32_MAX = 2 ** 31 - 1
 
 
 class Dims:
@@ -39,54 +40,30 @@ class Dims:
         return f"Dims(B={self.B}, T={self.T}, H={self.H}, K={self.K}, HV={self.HV}, V={self.V})"
 
 
-def _fail(op, name, expected, got, exc=ValueError):
-    raise exc(f"{op}: {name} must be {expected}, got {got}")
-
-
-def check_tensor(t, name, op, dtypes=None, ndim=None, device=None):
-    """A torch.Tensor of one of `dtypes` (a dict or tuple), `ndim` dims, on `device`."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtypes is not None and t.dtype not in dtypes:
-        _fail(op, name, f"of dtype {' or '.join(str(d) for d in dtypes)}", t.dtype, TypeError)
-    if ndim is not None and t.dim() != ndim:
-        _fail(op, name, f"{ndim}-D", f"shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        _fail(op, name, f"on {device} (q's device)", t.device)
-    if any(s < 0 or s > _I32_MAX for s in t.stride()):
-        _fail(op, f"{name}'s strides", "in [0, 2**31)", t.stride())
-    return t
-
-
-def _unit_last(t, name, op):
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        _fail(op, name, "contiguous in its last dim (stride 1)", f"strides {t.stride()}")
-
-
 def check_qkv(q, k, v, op, max_t=None, max_k=S.MAX_K, max_v=S.MAX_V, min_t=1) -> Dims:
     """q, k [B, T, H, K] and v [B, T, HV, V] (varlen: B = 1, T = total tokens): fp16/bf16/fp32
     alike, last dims contiguous, K in [1, max_k], V in [1, max_v], HV a multiple of H, T >= min_t
     (<= max_t). The defaults are the decode kernel's."""
-    check_tensor(q, "q", op, QKV_DTYPES, 4)
+    rules.tensor(op, "q", q, QKV_DTYPES, 4, int32_strides=True)
     dev = q.device
-    check_tensor(k, "k", op, (q.dtype,), 4, dev)
-    check_tensor(v, "v", op, (q.dtype,), 4, dev)
+    rules.tensor(op, "k", k, (q.dtype,), 4, dev, int32_strides=True)
+    rules.tensor(op, "v", v, (q.dtype,), 4, dev, int32_strides=True)
     B, T, H, K = q.shape
     if not 1 <= K <= max_k:
-        _fail(op, "q.shape[3] (K)", f"in [1, {max_k}]", K)
+        rules.fail(op, "q.shape[3] (K)", f"in [1, {max_k}]", K)
     if T < min_t or (max_t is not None and T > max_t):
-        _fail(op, "q.shape[1] (T, tokens a row)", f"in [{min_t}, {max_t}]" if max_t else f">= {min_t}", T)
+        rules.fail(op, "q.shape[1] (T, tokens a row)", f"in [{min_t}, {max_t}]" if max_t else f">= {min_t}", T)
     if tuple(k.shape) != tuple(q.shape):
-        _fail(op, "k", f"shaped like q {tuple(q.shape)}", tuple(k.shape))
+        rules.fail(op, "k", f"shaped like q {tuple(q.shape)}", tuple(k.shape))
     if tuple(v.shape[:2]) != (B, T):
-        _fail(op, "v", f"[{B}, {T}, HV, V] (q's first two dims)", tuple(v.shape))
+        rules.fail(op, "v", f"[{B}, {T}, HV, V] (q's first two dims)", tuple(v.shape))
     HV, V = v.shape[2], v.shape[3]
     if H < 1 or HV < 1 or HV % H:
-        _fail(op, "v.shape[2] (HV, value heads)", f"a positive multiple of H = {H}", HV)
+        rules.fail(op, "v.shape[2] (HV, value heads)", f"a positive multiple of H = {H}", HV)
     if not 1 <= V <= max_v:
-        _fail(op, "v.shape[3] (V)", f"in [1, {max_v}]", V)
+        rules.fail(op, "v.shape[3] (V)", f"in [1, {max_v}]", V)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _unit_last(t, name, op)
+        rules.unit_last(op, name, t)
     return Dims(B, T, H, K, HV, V)
 
 
@@ -95,17 +72,17 @@ def _gate_kind(t, name, op, d: Dims, per_k_shape) -> str:
         return "gdn"
     if tuple(t.shape) == (d.B, d.T, d.HV, d.K):
         return "kda"
-    _fail(op, name, f"[{d.B}, {d.T}, {d.HV}] (GDN) or {list(per_k_shape)} (KDA)", tuple(t.shape))
+    rules.fail(op, name, f"[{d.B}, {d.T}, {d.HV}] (GDN) or {list(per_k_shape)} (KDA)", tuple(t.shape))
 
 
 def check_gates(g, beta, d: Dims, device, op) -> str:
     """g [B, T, HV] (GDN) or [B, T, HV, K] (KDA), log-space; beta [B, T, HV]; fp32/fp16/bf16,
     any strides. Returns "gdn" or "kda"."""
-    check_tensor(g, "g", op, GATE_DTYPES, device=device)
-    check_tensor(beta, "beta", op, GATE_DTYPES, 3, device)
+    rules.tensor(op, "g", g, GATE_DTYPES, device=device, int32_strides=True)
+    rules.tensor(op, "beta", beta, GATE_DTYPES, 3, device, int32_strides=True)
     kind = _gate_kind(g, "g", op, d, (d.B, d.T, d.HV, d.K))
     if tuple(beta.shape) != (d.B, d.T, d.HV):
-        _fail(op, "beta", f"[{d.B}, {d.T}, {d.HV}]", tuple(beta.shape))
+        rules.fail(op, "beta", f"[{d.B}, {d.T}, {d.HV}]", tuple(beta.shape))
     return kind
 
 
@@ -116,15 +93,15 @@ def check_fused_gate(A_log, a, dt_bias, b, d: Dims, device, op) -> str:
     for name, t in (("A_log", A_log), ("a", a), ("dt_bias", dt_bias), ("b", b)):
         if t is None:
             raise ValueError(f"{op}: the fused-gate form needs A_log, a, dt_bias and b; {name} is None")
-        check_tensor(t, name, op, GATE_DTYPES, device=device)
+        rules.tensor(op, name, t, GATE_DTYPES, device=device, int32_strides=True)
     kind = _gate_kind(a, "a", op, d, (d.B, d.T, d.HV, d.K))
     if tuple(A_log.shape) != (d.HV,) or (d.HV > 1 and A_log.stride(0) != 1):
-        _fail(op, "A_log", f"a contiguous [{d.HV}] tensor", f"shape {tuple(A_log.shape)} strides {A_log.stride()}")
+        rules.fail(op, "A_log", f"a contiguous [{d.HV}] tensor", f"shape {tuple(A_log.shape)} strides {A_log.stride()}")
     want = (d.HV,) if kind == "gdn" else (d.HV, d.K)
     if tuple(dt_bias.shape) != want:
-        _fail(op, "dt_bias", f"{list(want)} (a is {kind.upper()}: {tuple(a.shape)})", tuple(dt_bias.shape))
+        rules.fail(op, "dt_bias", f"{list(want)} (a is {kind.upper()}: {tuple(a.shape)})", tuple(dt_bias.shape))
     if tuple(b.shape) != (d.B, d.T, d.HV):
-        _fail(op, "b", f"[{d.B}, {d.T}, {d.HV}]", tuple(b.shape))
+        rules.fail(op, "b", f"[{d.B}, {d.T}, {d.HV}]", tuple(b.shape))
     return kind
 
 
@@ -147,21 +124,21 @@ def check_state(state, state_layout, d: Dims, device, op) -> str:
     ("kmajor"), the layout named explicitly (K == V cannot tell them apart), last dim contiguous."""
     if state_layout not in LAYOUTS:
         raise ValueError(f"{op}: state_layout must be one of {LAYOUTS}, got {state_layout!r}")
-    check_tensor(state, "state", op, (torch.float32,), 4, device)
+    rules.tensor(op, "state", state, (torch.float32,), 4, device, int32_strides=True)
     inner = (d.V, d.K) if state_layout == "vmajor" else (d.K, d.V)
     if tuple(state.shape[1:]) != (d.HV, *inner):
         what = "[slots, HV, V, K]" if state_layout == "vmajor" else "[slots, HV, K, V]"
-        _fail(op, "state", f"{what} = [slots, {d.HV}, {inner[0]}, {inner[1]}] for state_layout={state_layout!r}",
+        rules.fail(op, "state", f"{what} = [slots, {d.HV}, {inner[0]}, {inner[1]}] for state_layout={state_layout!r}",
               tuple(state.shape))
-    _unit_last(state, "state", op)
+    rules.unit_last(op, "state", state)
     return state_layout
 
 
 def check_state_indices(state_indices, n, device, op) -> None:
     """int32 [n], contiguous: row/sequence i uses state slot state_indices[i] (< 0: padded)."""
-    check_tensor(state_indices, "state_indices", op, (torch.int32,), 1, device)
+    rules.tensor(op, "state_indices", state_indices, (torch.int32,), 1, device, int32_strides=True)
     if state_indices.shape[0] != n or (n > 1 and state_indices.stride(0) != 1):
-        _fail(op, "state_indices", f"a contiguous [{n}] tensor", f"shape {tuple(state_indices.shape)} "
+        rules.fail(op, "state_indices", f"a contiguous [{n}] tensor", f"shape {tuple(state_indices.shape)} "
               f"strides {state_indices.stride()}")
 
 
@@ -183,10 +160,10 @@ def check_state_index_values(state_indices, slots, op) -> None:
 
 
 def check_out(out, shape, dtype, device, op) -> None:
-    check_tensor(out, "out", op, (dtype,), len(shape), device)
+    rules.tensor(op, "out", out, (dtype,), len(shape), device, int32_strides=True)
     if tuple(out.shape) != tuple(shape):
-        _fail(op, "out", f"of shape {tuple(shape)}", tuple(out.shape))
-    _unit_last(out, "out", op)
+        rules.fail(op, "out", f"of shape {tuple(shape)}", tuple(out.shape))
+    rules.unit_last(op, "out", out)
 
 
 def check_scale(scale, K, op) -> float:
@@ -213,8 +190,8 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
     programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout))[0]
-    if programs > _I32_MAX:
-        _fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
+    if programs > rules.I32_MAX:
+        rules.fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
               f"programs", f"{programs} programs")
     named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
     guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
@@ -234,7 +211,7 @@ def _strides(t, n):
 
 class _Plan:
     """A checked launch: variant axes, grid, the non-pointer arguments, and for CUDA tensors whose
-    binaries are built the `dispatch.Prepared` launch that packs only the pointers per call."""
+    binaries are built the prepared `launch.Launch` that packs only the pointers per call."""
 
     __slots__ = ("axes", "grid", "ints", "fused", "fast", "apart")
 
@@ -267,14 +244,6 @@ def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, 
     return plan
 
 
-def _as_bytes(t):
-    """A uint8 tensor starting at t's first element (the kernel reads gate tensors as bytes and
-    casts by a dtype code): what a JIT or interpreter launch binds to a `=u8` pointer."""
-    offset = t.storage_offset() * t.element_size()
-    storage = t.untyped_storage()
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, offset, (storage.nbytes() - offset,), (1,))
-
-
 def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> None:
     if not plan.grid[0]:
         return
@@ -285,8 +254,9 @@ def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
                    bt.data_ptr(), al.data_ptr(), dt.data_ptr(), state_indices.data_ptr()),
                   torch._C._cuda_getCurrentRawStream(q.device.index))
         return
-    run_kernel(S.DECODE, plan.axes, plan.grid, (q, k, v, out, state, _as_bytes(gt), _as_bytes(bt), _as_bytes(al),
-                                                _as_bytes(dt), state_indices, *plan.ints))
+    as_bytes = rules.as_bytes
+    run_kernel(S.DECODE, plan.axes, plan.grid, (q, k, v, out, state, as_bytes(gt), as_bytes(bt), as_bytes(al),
+                                                as_bytes(dt), state_indices, *plan.ints))
 
 
 def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l2norm=False, state_layout="vmajor",
@@ -298,7 +268,8 @@ def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l
     plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused)
     gt, bt = (a, b) if fused else (g, beta)
     al, dt = (A_log, dt_bias) if fused else (state_indices, state_indices)
-    args = (q, k, v, out, state, _as_bytes(gt), _as_bytes(bt), _as_bytes(al), _as_bytes(dt), state_indices, *plan.ints)
+    as_bytes = rules.as_bytes
+    args = (q, k, v, out, state, as_bytes(gt), as_bytes(bt), as_bytes(al), as_bytes(dt), state_indices, *plan.ints)
     return plan.axes, plan.grid, args
 
 
@@ -315,18 +286,14 @@ def _decode_fake(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, s
     _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out)
 
 
-library.define("gated_delta_decode(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state, "
-               "Tensor state_indices, Tensor? A_log, Tensor? a, Tensor? dt_bias, Tensor? b, float? scale, "
-               "bool qk_l2norm, str state_layout, Tensor(b!) out) -> ()", _decode_op, _decode_fake)
+GDN_DECODE = library.Op(
+    "gated_delta_decode(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state, "
+    "Tensor state_indices, Tensor? A_log, Tensor? a, Tensor? dt_bias, Tensor? b, float? scale, "
+    "bool qk_l2norm, str state_layout, Tensor(b!) out) -> ()", impl=_decode_op, fake=_decode_fake)
 
 
-def _meta(t):
-    # t.device, not get_device(): that is -1 for the CPU and for meta tensors alike.
-    return None if t is None else (t.size(), t.stride(), t.dtype, t.device)
-
-
-_plans: dict = register_plan_cache({})
-_MAX_PLANS = 4096
+# Plans by the inputs' metadata (GDN_DECODE.key).
+_plans = rules.PlanCache()
 
 
 def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk_l2norm=False, out=None,
@@ -371,15 +338,13 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     if torch.compiler.is_compiling():  # the op's Meta implementation runs the checks
         if out is None:
             out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
-        torch.ops.aotc.gated_delta_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
-                                          qk_l2norm, state_layout, out)
+        GDN_DECODE(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out)
         return out
     try:
         if out is None:
             out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
-        key = (_meta(q), _meta(k), _meta(v), _meta(g), _meta(beta), _meta(state), _meta(state_indices),
-               _meta(A_log), _meta(a), _meta(dt_bias), _meta(b), _meta(out), scale, qk_l2norm, state_layout,
-               type(scale), type(qk_l2norm))  # True == 1, and hashes alike
+        key = GDN_DECODE.key(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
+                             state_layout, out)
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
         key = plan = None
@@ -390,10 +355,7 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
                           fused)
         named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
         plan.apart = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
-        if key is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
+        _plans.put(key, plan)
     else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
         if torch.is_grad_enabled():
             guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))

@@ -1,4 +1,7 @@
-"""Chunked gated delta rule prefill over packed variable-length sequences, as `aotc::gated_delta_prefill`."""
+"""Chunked gated delta rule prefill over packed variable-length sequences, declared once as
+`GDN_PREFILL` (library.Op: the `aotc::gated_delta_prefill` op). Rules (`_validate`, with
+gated_delta.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
+launch (`run_kernel`, through the general `launch.Launch` path: each call's lengths differ)."""
 from __future__ import annotations
 
 import torch
@@ -6,18 +9,13 @@ import torch
 from aotc.kernels.gated_delta import chunk_spec as _spec
 
 from ..sm_count import cuda_sm_count
-from . import guards, library
-
+from . import guards, library, rules
 from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
-                          check_state_index_values, check_state_indices, check_tensor)
+                          check_state_index_values, check_state_indices)
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_prefill"
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _fail(name, expected, got):
-    raise ValueError(f"{OP}: {name} must be {expected}, got {got}")
 
 
 def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out):
@@ -28,20 +26,20 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     d = check_qkv(q, k, v, OP, max_k=_spec.MAX_HEAD, max_v=_spec.MAX_HEAD, min_t=0)  # T = 0: an empty batch, a no-op
     dev = q.device
     if d.B != 1:
-        _fail("q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
+        rules.fail(OP, "q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
     gate = check_gates(g, beta, d, dev, OP)
     _refuse_unverified(q.dtype, gate, d, dev)
     check_state(state, state_layout, d, dev, OP)
-    check_tensor(state_indices, "state_indices", OP, _INDEX_DTYPES, 1, dev)
-    check_tensor(cu_seqlens, "cu_seqlens", OP, _INDEX_DTYPES, 1, dev)
+    rules.tensor(OP, "state_indices", state_indices, _INDEX_DTYPES, 1, dev, int32_strides=True)
+    rules.tensor(OP, "cu_seqlens", cu_seqlens, _INDEX_DTYPES, 1, dev, int32_strides=True)
     n = state_indices.shape[0]
     if cu_seqlens.shape[0] != n + 1:
-        _fail("cu_seqlens", f"[N + 1] = [{n + 1}] (state_indices names N = {n} sequences)", tuple(cu_seqlens.shape))
+        rules.fail(OP, "cu_seqlens", f"[N + 1] = [{n + 1}] (state_indices names N = {n} sequences)", tuple(cu_seqlens.shape))
     if out is not None:
         check_out(out, tuple(v.shape), q.dtype, dev, OP)
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
-        _fail("q.shape[1] (T)", "below 2**30 tokens", d.T)
+        rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
     return check_scale(scale, d.K, OP)
 
 
@@ -59,13 +57,13 @@ def _check_values(T, state, state_indices, cu_seqlens):
     slots below the pool's size and none twice (two sequences would race on it)."""
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
-        _fail("cu_seqlens[0]", "0", cu[0])
+        rules.fail(OP, "cu_seqlens[0]", "0", cu[0])
     drops = [i for i in range(len(cu) - 1) if cu[i + 1] < cu[i]]
     if drops:
         i = drops[0]
-        _fail("cu_seqlens", "non-decreasing", f"cu_seqlens[{i}] = {cu[i]} > cu_seqlens[{i + 1}] = {cu[i + 1]}")
+        rules.fail(OP, "cu_seqlens", "non-decreasing", f"cu_seqlens[{i}] = {cu[i]} > cu_seqlens[{i + 1}] = {cu[i + 1]}")
     if cu[-1] != T:
-        _fail("cu_seqlens[-1]", f"q.shape[1] = {T} (every packed token belongs to a sequence)", cu[-1])
+        rules.fail(OP, "cu_seqlens[-1]", f"q.shape[1] = {T} (every packed token belongs to a sequence)", cu[-1])
     check_state_index_values(state_indices, state.shape[0], OP)
 
 
@@ -157,9 +155,10 @@ def _prefill_fake(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale
     return None  # the public function validated every argument before calling the op
 
 
-library.define("gated_delta_prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, "
-               "Tensor state_indices, Tensor cu_seqlens, Tensor(b!) out, float scale, bool qk_l2norm, "
-               "str state_layout, bool validate) -> ()", _prefill_op, _prefill_fake)
+GDN_PREFILL = library.Op(
+    "gated_delta_prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, "
+    "Tensor state_indices, Tensor cu_seqlens, Tensor(b!) out, float scale, bool qk_l2norm, "
+    "str state_layout, bool validate) -> ()", impl=_prefill_op, fake=_prefill_fake)
 
 
 def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, scale=None, qk_l2norm=False,
@@ -222,6 +221,5 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     check_state_indices(state_indices, state_indices.shape[0], q.device, OP)
     if out is None:
         out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    torch.ops.aotc.gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, out, sc, qk_l2norm,
-                                       state_layout, False)
+    GDN_PREFILL(q, k, v, g, beta, state, state_indices, cu_seqlens, out, sc, qk_l2norm, state_layout, False)
     return out

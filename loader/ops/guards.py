@@ -89,7 +89,7 @@ class Apart:
     `fixed` tensors (kept alive by the caller, such as a DecodePlan's table) are compared by the
     addresses they had when the plan was made."""
 
-    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed")
+    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed", "_fast")
 
     def __init__(self, op: str, outputs: dict, inputs: dict, fixed: dict | None = None):
         self.op = op
@@ -102,10 +102,32 @@ class Apart:
         self.n_out = sum(i < len(outputs) for i in self.live)
         self.fixed = [(t.data_ptr(), t.data_ptr() + byte_extent(t)) for t in (fixed or {}).values() if byte_extent(t)]
         self.names += [n for n, t in (fixed or {}).items() if byte_extent(t)]
+        self._fast = None
 
     def __call__(self, *tensors) -> None:
         """tensors: the call's outputs then inputs, in the order given at construction."""
-        self.compare([tensors[i].data_ptr() for i in self.live])
+        if self._fast is None:
+            self._fast = self._generate(len(tensors))
+        if self._fast(*tensors):  # some pair meets: the general comparison names it
+            self.compare([tensors[i].data_ptr() for i in self.live])
+
+    def _generate(self, n: int):
+        """A straight-line `apart(t0, ..., tn) -> bool` (True where an output's bytes meet another's):
+        the per-call half of a plan runs on every call, and a loop over pairs costs microseconds."""
+        live, ext = self.live, self.extents
+        lines = [f"    p{k} = t{i}.data_ptr()" for k, i in enumerate(live)]
+        names = [f"p{k}" for k in range(len(live))]
+        ends = [f"p{k} + {e}" for k, e in enumerate(ext)]
+        tests = []
+        for a in range(self.n_out):
+            others = [(names[b], ends[b]) for b in range(len(live)) if b != a]
+            others += [(str(b0), str(b1)) for b0, b1 in self.fixed]
+            tests += [f"({b0} < {ends[a]} and {names[a]} < {b1})" for b0, b1 in others]
+        src = (f"def apart({', '.join(f't{i}' for i in range(n))}):\n" + "\n".join(lines) +
+               f"\n    return {' or '.join(tests) or 'False'}\n")
+        namespace: dict = {}
+        exec(compile(src, "<aotc apart>", "exec"), namespace)  # noqa: S102 - built from sizes and addresses
+        return namespace["apart"]
 
     def compare(self, starts: list) -> None:
         """ValueError when an output's bytes meet another's; starts: the live tensors' addresses."""

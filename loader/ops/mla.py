@@ -2,14 +2,15 @@
 `v_head_dim` channels are the value, DeepSeek-style MLA) and the path `decode` takes when its
 k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/decode/mla_kernel.py (its table: mla_spec.py).
 
-Also a `torch.library` op (`torch.ops.aotc.mla_decode`, mutating `out`/`lse`) with a fake, so
-`torch.compile(fullgraph=True)` traces through it. Plans are cached by the inputs' metadata as
-decode's are; the split count follows decode's rule (batch, heads, SM count, occupancy), never
-lengths, so a captured CUDA graph replays at any length.
+Rules (`check`, with kv_cache.py's row checks), plan (`_make_plan`: a split_merge.SplitMerge,
+cached by the inputs' metadata as decode's are), launch (`SplitMerge.launch`, decode's). Declared
+once as `MLA_DECODE` (library.Op): the `torch.ops.aotc.mla_decode` op (mutating `out`/`lse`), its
+fake and its plan key follow from it, so `torch.compile(fullgraph=True)` traces through it. The
+split count follows decode's rule (batch, heads, SM count, occupancy), never lengths, so a
+captured CUDA graph replays at any length.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -17,33 +18,25 @@ import torch
 from aotc.kernels.decode import spec as DS
 from aotc.kernels.decode import mla_spec as S
 
-from .. import workspace
-from ..dispatch import prepare, programs_per_sm, register_plan_cache, run_kernel
-from . import library
-from .decode import (_FLOAT_NAMES, _I32_MAX, _as_paged, _check_decode_values, _one, _sm_count, _tensor, _unit_last,
-                     check_rows)
+from ..sm_count import cuda_sm_count
+from . import guards, library, rules
+from .kv_cache import FLOAT_NAMES, FP8_NAMES, as_paged, check_page_values, check_rows, check_storage, float_format
+from .split_merge import SplitMerge, split_programs_per_sm
 
-_FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+OP = "mla_decode"
 
 
 def _format(kv_format: str, cache: torch.Tensor, q_dtype) -> str:
     """The cache format: fp16/bf16 (q's dtype), fp8 (a float8 dtype, or its bytes with an explicit kv_format)."""
     if kv_format == "auto":
-        if cache.dtype in (torch.float16, torch.bfloat16):
-            fmt = _FLOAT_NAMES[cache.dtype]
-        elif cache.dtype in _FP8_NAMES:
-            fmt = _FP8_NAMES[cache.dtype]
-        else:
+        fmt = float_format(cache.dtype)
+        if fmt is None:
             raise TypeError(f"k_cache: dtype {cache.dtype}; unequal-head decode reads fp16, bf16 or fp8 caches "
                             f"(int8/uint8 bytes need kv_format='fp8_e4m3' or 'fp8_e5m2')")
     elif kv_format not in S.KV_FORMATS:
         raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS} for unequal head sizes, got {kv_format!r}")
     else:
-        fmt = kv_format
-        ok = (torch.float16,) if fmt == "fp16" else (torch.bfloat16,) if fmt == "bf16" else \
-            ({"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[fmt], torch.int8, torch.uint8)
-        if cache.dtype not in ok:
-            raise TypeError(f"k_cache: a {fmt} cache must have dtype {' or '.join(map(str, ok))}, got {cache.dtype}")
+        fmt = check_storage("k_cache", kv_format, cache)
     if fmt in ("fp16", "bf16") and cache.dtype != q_dtype:
         raise TypeError(f"k_cache: an {fmt} cache needs an {fmt} query, got q of dtype {q_dtype}")
     return fmt
@@ -52,38 +45,38 @@ def _format(kv_format: str, cache: torch.Tensor, q_dtype) -> str:
 def _one_scale(scale, name, device):
     if scale is None:
         return
-    _tensor(scale, name, (torch.float16, torch.bfloat16, torch.float32), device=device)
+    rules.tensor(OP, name, scale, (torch.float16, torch.bfloat16, torch.float32), device=device)
     if scale.numel() != 1:
         raise ValueError(f"{name}: unequal-head decode takes one fp8 scale (a one-element tensor), got shape "
                          f"{tuple(scale.shape)}")
 
 
 class _Call:
-    """A checked call, in the attribute names decode's value check reads (q, kv.k, table, ...)."""
+    """A checked call, in the attribute names kv_cache.check_page_values reads (q, kv.k, table, ...)."""
 
     __slots__ = ("q", "kv", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "fmt",
-                 "sm_scale", "window", "splits", "latent", "lse")
+                 "sm_scale", "window", "splits", "latent", "out", "lse")
 
     def __init__(self, **values):
         for name, value in values.items():
             setattr(self, name, value)
-        self.kv = self  # decode._check_decode_values reads d.kv.k
+        self.kv = self  # check_page_values reads d.kv.k
 
 
 def check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-          num_splits, out, lse, latent) -> _Call:
+          num_splits, latent, out, lse=None) -> _Call:
     """Every check that needs no tensor values (safe under tracing and graph capture); v_cache is
     the latent cache's first d_v channels when `latent`."""
-    _tensor(q, "q", (torch.float16, torch.bfloat16), dim=3)
+    rules.tensor(OP, "q", q, (torch.float16, torch.bfloat16), dim=3)
     dev = q.device
     batch, q_heads, d_qk = q.shape
     if batch > DS.MAX_BATCH:
         raise ValueError(f"q: batch {batch} is over {DS.MAX_BATCH} (the split grid's second dimension)")
-    _unit_last(q, "q")
+    rules.unit_last(OP, "q", q)
     k_name = "kv_cache" if latent else "k_cache"
-    _tensor(k_cache, k_name, dim=(3, 4), device=dev)
-    _tensor(v_cache, "v_cache", dim=(3, 4), device=dev)
-    k, v = _as_paged(k_cache), _as_paged(v_cache)
+    rules.tensor(OP, k_name, k_cache, dim=(3, 4), device=dev)
+    rules.tensor(OP, "v_cache", v_cache, dim=(3, 4), device=dev)
+    k, v = as_paged(k_cache), as_paged(v_cache)
     if k.shape[-1] != d_qk:
         raise ValueError(f"{k_name}: head size {k.shape[-1]} (last dim of {tuple(k_cache.shape)}) must be q's "
                          f"{d_qk}")
@@ -92,31 +85,31 @@ def check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_fo
         raise ValueError(f"v_cache ({tuple(v_cache.shape)}, {v_cache.dtype}) must match k_cache "
                          f"({tuple(k_cache.shape)}, {k_cache.dtype}) in every dim but the last")
     fmt = _format(kv_format, k, q.dtype)
-    S.split_axes(_FLOAT_NAMES[q.dtype], fmt, d_qk, d_v, "latent" if latent else "separate")  # head sizes
-    _unit_last(k, k_name)
-    _unit_last(v, "v_cache")
+    S.split_axes(FLOAT_NAMES[q.dtype], fmt, d_qk, d_v, "latent" if latent else "separate")  # head sizes
+    rules.unit_last(OP, k_name, k)
+    rules.unit_last(OP, "v_cache", v)
     kv_heads, page_size = k.shape[2], k.shape[1]
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
     if page_size < 1 or page_size & (page_size - 1) or page_size > S.MAX_PAGE_SIZE:
         raise ValueError(f"{k_name}: page size {page_size} (dim 1 of {tuple(k_cache.shape)}) must be a power of two "
                          f"in [1, {S.MAX_PAGE_SIZE}]")
-    if fmt in _FP8_NAMES.values():
+    if fmt in FP8_NAMES.values():
         _one_scale(k_scale, "k_scale", dev)
         _one_scale(v_scale, "v_scale", dev)
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"k_scale/v_scale are for fp8 caches, not {fmt}")
-    check_rows(table, seq_lens, req_idx, sinks, batch, q_heads, dev)
-    _tensor(out, "out", (q.dtype,), dim=3, device=dev)
+    check_rows(OP, table, seq_lens, req_idx, sinks, batch, q_heads, dev)
+    rules.tensor(OP, "out", out, (q.dtype,), dim=3, device=dev)
     if tuple(out.shape) != (batch, q_heads, d_v):
         raise ValueError(f"out: shape {tuple(out.shape)}, expected [batch, q_heads, v_head_dim] = "
                          f"{(batch, q_heads, d_v)}")
-    _unit_last(out, "out")
+    rules.unit_last(OP, "out", out)
     if lse is not None:
-        _tensor(lse, "lse", (torch.float32,), dim=2, device=dev)
+        rules.tensor(OP, "lse", lse, (torch.float32,), dim=2, device=dev)
         if lse.shape != q.shape[:2]:
             raise ValueError(f"lse: shape {tuple(lse.shape)}, expected [batch, q_heads] = {tuple(q.shape[:2])}")
-        _unit_last(lse, "lse")
+        rules.unit_last(OP, "lse", lse)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(d_qk)
     elif not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
@@ -125,21 +118,14 @@ def check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_fo
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits <= DS.MAX_SPLITS):
         raise ValueError(f"num_splits must be None or an int in [1, {DS.MAX_SPLITS}], got {num_splits!r}")
-    if page_size * table.shape[1] > _I32_MAX:
+    if page_size * table.shape[1] > rules.I32_MAX:
         raise ValueError(f"table: {table.shape[1]} pages of {page_size} tokens exceed int32 token indices")
     for name, t in (("q", q), (k_name, k), ("v_cache", v), ("table", table), ("out", out), ("lse", lse)):
-        if t is not None and max(t.stride(), default=0) > _I32_MAX:
+        if t is not None and max(t.stride(), default=0) > rules.I32_MAX:
             raise ValueError(f"{name}: strides {t.stride()} exceed int32")
     return _Call(q=q, k=k, v=v, table=table, seq_lens=seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
                  sinks=sinks, fmt=fmt, sm_scale=float(sm_scale), window=window or 0, splits=num_splits, latent=latent,
-                 lse=lse)
-
-
-class _Plan:
-    """What a launch needs that follows from the inputs' metadata alone (as decode's _Plan)."""
-
-    __slots__ = ("split_axes", "split_grid", "merge_spec", "merge_axes", "merge_grid", "n_o", "n_lse", "split_ints",
-                 "merge_ints", "fp8", "device", "fast_split", "fast_merge")
+                 out=out, lse=lse)
 
 
 def _tile(q, group, latent) -> str:
@@ -150,139 +136,77 @@ def _tile(q, group, latent) -> str:
     return S.choose_tile(group, arch, "latent" if latent else "separate")
 
 
-def _split_args(plan_fp8, c: _Call, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints):
-    if plan_fp8:
-        ks, vs = _scales(k_scale, v_scale, q.device)
-        if k.dtype != torch.int8:
-            k, v = k.view(torch.int8), v.view(torch.int8)  # raw bytes, widened in the kernel
-    else:
-        ks = vs = part_lse  # never read
-    return [q, k, v, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens, part_o, part_lse, *ints]
+def _sm_count(device) -> int:
+    return cuda_sm_count(device) if device.type == "cuda" else 2  # interpreter runs: few programs
 
 
-def _scales(k_scale, v_scale, device):
-    one = _one(device)
-    return ((k_scale if k_scale is not None else one).float().reshape(1),
-            (v_scale if v_scale is not None else one).float().reshape(1))
-
-
-def _make_plan(c: _Call, out) -> _Plan:
+def _make_plan(c: _Call, out) -> SplitMerge:
     q, k, v, table = c.q, c.k, c.v, c.table
     batch, q_heads, d_qk = q.shape
     kv_heads, d_v = k.shape[2], v.shape[-1]
     group = q_heads // kv_heads
     tile = _tile(q, group, c.latent)
-    p = _Plan()
-    p.fp8 = c.fmt in _FP8_NAMES.values()
-    p.device = q.device
-    p.split_axes = S.split_axes(_FLOAT_NAMES[q.dtype], c.fmt, d_qk, d_v, "latent" if c.latent else "separate", tile)
-    p.split_ints = [c.sm_scale, c.window, int(c.req_idx is not None), k.shape[1].bit_length() - 1, table.shape[1],
-                    table.stride(0), q_heads, group, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3]]
+    fp8 = c.fmt in FP8_NAMES.values()
+    split_axes = S.split_axes(FLOAT_NAMES[q.dtype], c.fmt, d_qk, d_v, "latent" if c.latent else "separate", tile)
+    split_ints = [c.sm_scale, c.window, int(c.req_idx is not None), k.shape[1].bit_length() - 1, table.shape[1],
+                  table.stride(0), q_heads, group, q.stride(0), q.stride(1), *k.stride()[:3], *v.stride()[:3]]
     splits = c.splits
     if not splits:
-        per_sm = None
-        if q.is_cuda and batch:
-            ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
-            per_sm = programs_per_sm(S.SPLIT, p.split_axes, _split_args(
-                p.fp8, c, q, k, v, c.k_scale, c.v_scale, table, c.req_idx, c.seq_lens, ws, ws, p.split_ints),
-                q.device.index)
+        per_sm = split_programs_per_sm(S.SPLIT, split_axes, fp8, fp8, q, k, v, c.k_scale, c.v_scale, table,
+                                       c.req_idx, c.seq_lens, split_ints)
         splits = S.num_splits(batch, kv_heads, group, tile, _sm_count(q.device), per_sm)
-    p.split_grid = S.split_grid(batch, kv_heads, group, tile, splits)
-    p.n_o, p.n_lse = DS.workspace_elements(batch, q_heads, splits, d_v)
-    p.merge_spec = S.merge_spec(d_v)
-    p.merge_axes = S.merge_axes(_FLOAT_NAMES[out.dtype], d_v, splits)
-    p.merge_grid = DS.merge_grid(batch, q_heads)
+    n_o, n_lse = DS.workspace_elements(batch, q_heads, splits, d_v)
     lse = c.lse
-    p.merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
-                    lse.stride(0) if lse is not None else 0]
-    p.fast_split = p.fast_merge = None
-    if q.is_cuda and all(p.split_grid) and all(p.merge_grid):
-        split = prepare(S.SPLIT, p.split_axes, p.split_grid, p.split_ints, q.device.index)
-        merge = prepare(p.merge_spec, p.merge_axes, p.merge_grid, p.merge_ints, q.device.index)
-        if split is not None and merge is not None:
-            p.fast_split, p.fast_merge = split, merge
-    return p
+    merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
+                  lse.stride(0) if lse is not None else 0]
+    return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), split_ints),
+                      (S.merge_spec(d_v), S.merge_axes(FLOAT_NAMES[out.dtype], d_v, splits),
+                       DS.merge_grid(batch, q_heads), merge_ints),
+                      n_o, n_lse, q.device, c.fmt, fp8, fp8, False)
 
 
-def _launch(p: _Plan, c: _Call, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse) -> None:
-    if not all(p.split_grid) or not all(p.merge_grid):
-        return
-    index = p.device.index
-    if p.fast_split is not None and torch._C._cuda_getDevice() == index:
-        stream = torch._C._cuda_getCurrentRawStream(index)
-        keep, part_o, part_lse = workspace.pair_pointers(p.device, stream, p.n_o, p.n_lse)
-        scales = _scales(k_scale, v_scale, p.device) if p.fp8 else None
-        ks, vs = (scales[0].data_ptr(), scales[1].data_ptr()) if p.fp8 else (part_lse, part_lse)
-        lens = seq_lens.data_ptr()
-        with workspace.stream_lock(index, stream):  # no other call's split between ours and our merge
-            p.fast_split((q.data_ptr(), k.data_ptr(), v.data_ptr(), ks, vs, table.data_ptr(),
-                          lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
-            p.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
-                          part_lse if lse is None else lse.data_ptr()), stream)
-        del keep, scales
-        return
-    part_o, part_lse = workspace.pair(q.device, p.n_o, p.n_lse)
-    if q.is_cuda:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        together = workspace.stream_lock(index, torch._C._cuda_getCurrentRawStream(index))
-    else:
-        together = contextlib.nullcontext()  # CPU: a fresh workspace a call
-    with together:
-        run_kernel(S.SPLIT, p.split_axes, p.split_grid, _split_args(
-            p.fp8, c, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, p.split_ints))
-        run_kernel(p.merge_spec, p.merge_axes, p.merge_grid,
-                   [part_o, part_lse, sinks if sinks is not None else part_lse, out,
-                    lse if lse is not None else part_lse, *p.merge_ints])
+def _run_checked(c: _Call) -> None:
+    _make_plan(c, c.out).launch(c.q, c.k, c.v, c.k_scale, c.v_scale, c.table, c.req_idx, c.seq_lens, c.sinks, c.out,
+                                c.lse)
 
 
-def _meta(t):
-    return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
+MLA_DECODE = library.Op(
+    "mla_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
+    "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
+    "SymInt? num_splits, bool latent, Tensor(a!) out, Tensor(b!)? lse=None) -> ()", check=check, run=_run_checked)
+_plans = rules.PlanCache()
 
 
-_plans: dict = register_plan_cache({})
-_MAX_PLANS = 4096
+def cached_plan(key, c: _Call) -> SplitMerge:
+    """The plan of `key` (made from the checked call `c` when it is new)."""
+    plan = _plans.get(key) if key is not None else None
+    return plan if plan is not None else _plans.put(key, _make_plan(c, c.out))
 
 
 def _run(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-         num_splits, out, lse, latent, validate) -> None:
+         num_splits, latent, out, lse, validate) -> None:
     try:
-        key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(table), _meta(seq_lens), _meta(req_idx),
-               _meta(k_scale), _meta(v_scale), _meta(sinks), _meta(out), _meta(lse), kv_format, sm_scale, window,
-               num_splits, latent)
+        key = MLA_DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                             window, sinks, num_splits, latent, out, lse)
         plan = _plans.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
         key = plan = None
-    c = None
     if plan is None or validate:
         c = check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
-                  sinks, num_splits, out, lse, latent)
+                  sinks, num_splits, latent, out, lse)
         if validate:
-            _check_decode_values(c)
+            check_page_values(c)
         if plan is None:
-            plan = _make_plan(c, out)
-            if key is not None:
-                if len(_plans) >= _MAX_PLANS:
-                    _plans.clear()
-                _plans[key] = plan
-    k, v = _as_paged(k_cache), _as_paged(v_cache)
-    _launch(plan, c, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
+            plan = cached_plan(key, c)
+    plan.launch(q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse)
 
 
-def _op(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-        num_splits, latent, out, lse=None) -> None:
-    _run(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-         num_splits, out, lse, latent, validate=False)
-
-
-def _fake(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-          num_splits, latent, out, lse=None) -> None:
-    check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-          num_splits, out, lse, latent)
-
-
-library.define("mla_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor table, Tensor seq_lens, Tensor? req_idx, "
-               "Tensor? k_scale, Tensor? v_scale, str kv_format, float? sm_scale, SymInt? window, Tensor? sinks, "
-               "SymInt? num_splits, bool latent, Tensor(a!) out, Tensor(b!)? lse=None) -> ()", _op, _fake)
+def check_latent(op: str, kv_cache, v_head_dim) -> None:
+    """A latent cache [..., D] (3-D or 4-D) whose first `v_head_dim` channels are the value."""
+    guards.integer(op, "v_head_dim", v_head_dim)
+    rules.tensor(op, "kv_cache", kv_cache, dim=(3, 4))
+    if not 0 < v_head_dim <= kv_cache.shape[-1]:
+        rules.fail(op, "v_head_dim", f"in [1, {kv_cache.shape[-1]}] (the cache's head size)", v_head_dim)
 
 
 def split_heads_decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, v_scale=None,
@@ -302,11 +226,11 @@ def split_heads_decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_
         if out is None:
             out = torch.empty((*q.shape[:2], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     if torch.compiler.is_compiling():  # the op's fake implementation runs the checks
-        torch.ops.aotc.mla_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format,
-                                  sm_scale, window, sinks, num_splits, latent, out, lse)
+        MLA_DECODE(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                   sinks, num_splits, latent, out, lse)
     else:
         _run(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window, sinks,
-             num_splits, out, lse, latent, validate)
+             num_splits, latent, out, lse, validate)
     return (out, lse) if return_lse else out
 
 
@@ -335,14 +259,7 @@ def mla_decode(q, kv_cache, table, seq_lens, *, v_head_dim=512, sm_scale=None, k
     Returns out, or (out, lse). Errors (before any launch): TypeError for a wrong type or dtype,
     ValueError naming the argument for a wrong shape, head size, v_head_dim, page size or value.
     """
-    if isinstance(v_head_dim, bool) or not isinstance(v_head_dim, int):
-        raise TypeError(f"v_head_dim must be an int, got {type(v_head_dim).__name__}")
-    if not isinstance(kv_cache, torch.Tensor):
-        raise TypeError(f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}")
-    if kv_cache.dim() not in (3, 4):
-        raise ValueError(f"kv_cache: expected 3 or 4 dims, got shape {tuple(kv_cache.shape)}")
-    if not 0 < v_head_dim <= kv_cache.shape[-1]:
-        raise ValueError(f"v_head_dim {v_head_dim} must be in [1, {kv_cache.shape[-1]}] (the cache's head size)")
+    check_latent(OP, kv_cache, v_head_dim)
     return split_heads_decode(q, kv_cache, kv_cache[..., :v_head_dim], table, seq_lens, req_idx=req_idx,
                               k_scale=k_scale, v_scale=k_scale, kv_format=kv_format, sm_scale=sm_scale, out=out,
                               num_splits=num_splits, return_lse=return_lse, lse=lse, latent=True, validate=validate)

@@ -1,4 +1,7 @@
-"""Paged prefix-prefill attention (chunked prefill / prefix caching), as `aotc::prefix_prefill`."""
+"""Paged prefix-prefill attention (chunked prefill / prefix caching), declared once as
+`PREFIX_PREFILL` (library.Op: the `aotc::prefix_prefill` op). Rules (`_validate`), plan
+(`launch_plan`: variant, grid and arguments), launch (`run_kernel`, through the general
+`launch.Launch` path: each call's lengths differ)."""
 from __future__ import annotations
 
 import math
@@ -8,9 +11,10 @@ import torch
 
 from aotc.kernels.prefix_prefill import spec as _spec
 
-from . import guards, library
+from . import guards, library, rules
 from .value_checks import skip_value_checks
 
+OP = "prefix_prefill"
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 _FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
@@ -24,7 +28,6 @@ _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float
 _SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the kernel's scale_kind
 _LAYOUTS = ("nhd", "hnd", "vllm")
 _GRID_Y_MAX = 65535  # CUDA's limit on a launch grid's second axis
-_I32_MAX = 2 ** 31 - 1
 _MIN_GROUP, _MAX_GROUP = _spec.MIN_QUANT_GROUP, _spec.MAX_QUANT_GROUP  # decode's per-group sizes
 _dummies: dict[torch.device, torch.Tensor] = {}
 
@@ -37,33 +40,9 @@ def _dummy_f32(device: torch.device) -> torch.Tensor:
     return t
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A uint8 tensor starting at t's first element (scales may be 0-D or strided: .view cannot)."""
-    st = t.untyped_storage()
-    off = t.storage_offset() * t.element_size()
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(st, off, (st.nbytes() - off,))
-
-
-def _need(cond: bool, name: str, expected: str, got) -> None:
-    if not cond:
-        raise ValueError(f"prefix_prefill: {name} must be {expected}, got {got}")
-
-
-def _tensor(name, t, dtypes, ndim, device=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"prefix_prefill: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"prefix_prefill: {name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    _need(t.dim() == ndim, name, f"{ndim}-D", f"shape {tuple(t.shape)}")
-    if device is not None:
-        _need(t.device == device, name, f"on {device} (like q)", t.device)
-    _need(t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1, name, "contiguous in its last dim",
-          f"strides {t.stride()}")
-
-
 def _scalar_f32(name, t, device):
-    _tensor(name, t.reshape(-1) if isinstance(t, torch.Tensor) else t, (torch.float32,), 1, device)
-    _need(t.numel() == 1, name, "a one-element float32 tensor", f"{t.numel()} elements")
+    rules.tensor(OP, name, t.reshape(-1) if isinstance(t, torch.Tensor) else t, (torch.float32,), 1, device, last_contiguous=True)
+    rules.need(OP, t.numel() == 1, name, "a one-element float32 tensor", f"{t.numel()} elements")
 
 
 class _Cache:
@@ -84,7 +63,7 @@ def _format(kv_format, k_cache, q, head_dim, kv_layout) -> str:
             raise ValueError(f"prefix_prefill: kv_format must be 'auto' or one of {tuple(_FORMATS)}, got {kv_format!r}")
         storage = (q.dtype,) if kv_format in ("fp16", "bf16") else _FORMATS[kv_format]
         if kv_format in ("fp16", "bf16"):
-            _need(_DTYPES[q.dtype] == kv_format, "kv_format", f"q's dtype ({_DTYPES[q.dtype]}) for a float cache",
+            rules.need(OP, _DTYPES[q.dtype] == kv_format, "kv_format", f"q's dtype ({_DTYPES[q.dtype]}) for a float cache",
                   kv_format)
         if k_cache.dtype not in storage:
             raise TypeError(f"prefix_prefill: k_cache must have dtype in {[str(d) for d in storage]} for a "
@@ -108,35 +87,35 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
     dev = q.device
     if kv_layout not in _LAYOUTS:
         raise ValueError(f"prefix_prefill: kv_layout must be one of {_LAYOUTS}, got {kv_layout!r}")
-    _tensor("k_cache", k_cache, _CACHE_DTYPES, 5 if kv_layout == "vllm" else 4, dev)
+    rules.tensor(OP, "k_cache", k_cache, _CACHE_DTYPES, 5 if kv_layout == "vllm" else 4, dev, last_contiguous=True)
     fmt = _format(kv_format, k_cache, q, head_dim, kv_layout)
-    _tensor("v_cache", v_cache, (k_cache.dtype,), 4, dev)
+    rules.tensor(OP, "v_cache", v_cache, (k_cache.dtype,), 4, dev, last_contiguous=True)
     nb = k_cache.shape[0]
     if kv_layout == "vllm":
-        _need(fmt not in _spec.INT_FORMATS, "kv_layout", "'nhd' or 'hnd' for an int8/int4 cache", kv_layout)
+        rules.need(OP, fmt not in _spec.INT_FORMATS, "kv_layout", "'nhd' or 'hnd' for an int8/int4 cache", kv_layout)
         x = k_cache.shape[4]
         bs = k_cache.shape[3]
-        _need(x > 0 and x % 8 == 0 and k_cache.shape[2] * x == head_dim, "k_cache",
+        rules.need(OP, x > 0 and x % 8 == 0 and k_cache.shape[2] * x == head_dim, "k_cache",
               f"[num_blocks, {kv_heads}, {head_dim} // x, block_size, x] with x a multiple of 8 dividing "
               f"{head_dim} (vllm layout)", tuple(k_cache.shape))
-        _need(k_cache.shape[1] == kv_heads, "k_cache", f"[num_blocks, {kv_heads}, D // x, block_size, x] "
+        rules.need(OP, k_cache.shape[1] == kv_heads, "k_cache", f"[num_blocks, {kv_heads}, D // x, block_size, x] "
               "(vllm layout)", tuple(k_cache.shape))
-        _need(k_cache.stride(3) == x, "k_cache", f"contiguous in its last two dims (stride {x} for dim 3)",
+        rules.need(OP, k_cache.stride(3) == x, "k_cache", f"contiguous in its last two dims (stride {x} for dim 3)",
               f"strides {k_cache.stride()}")
-        _need(tuple(v_cache.shape) == (nb, kv_heads, head_dim, bs), "v_cache",
+        rules.need(OP, tuple(v_cache.shape) == (nb, kv_heads, head_dim, bs), "v_cache",
               f"[{nb}, {kv_heads}, {head_dim}, {bs}] (vllm layout)", tuple(v_cache.shape))
         # K token stride is x: implied, passed as 0. V's token slot goes as groups of s_t tokens:
         # the whole block (plain V, token stride 1), or vLLM's interleaved groups of v_pack.
         kc = (k_cache.stride(0), 0, k_cache.stride(1), k_cache.stride(2))
         if v_pack:
-            _need(bs % v_pack == 0, "v_pack", f"a divisor of the block size {bs}", v_pack)
-            _need(v_cache.stride(3) == 1 and v_cache.stride(2) == bs, "v_cache", f"contiguous within a head (strides "
+            rules.need(OP, bs % v_pack == 0, "v_pack", f"a divisor of the block size {bs}", v_pack)
+            rules.need(OP, v_cache.stride(3) == 1 and v_cache.stride(2) == bs, "v_cache", f"contiguous within a head (strides "
                   f"(..., {bs}, 1)) for the interleaved layout", f"strides {v_cache.stride()}")
             vc = (v_cache.stride(0), v_pack, v_cache.stride(1), v_pack)
         else:
             vc = (v_cache.stride(0), bs, v_cache.stride(1), v_cache.stride(2))
     else:
-        _need(not v_pack, "v_pack", "0 (an interleaved V cache is the vllm layout's)", v_pack)
+        rules.need(OP, not v_pack, "v_pack", "0 (an interleaved V cache is the vllm layout's)", v_pack)
         x = 0
         hnd = kv_layout == "hnd"
         bs = k_cache.shape[2 if hnd else 1]
@@ -144,20 +123,20 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
         want = (nb, kv_heads, bs, last) if hnd else (nb, bs, kv_heads, last)
         spelled = f"[num_blocks, {kv_heads}, block_size, {last}]" if hnd else \
             f"[num_blocks, block_size, {kv_heads}, {last}]"
-        _need(tuple(k_cache.shape) == want, "k_cache", f"{spelled} ({kv_layout} layout, {fmt} cache)",
+        rules.need(OP, tuple(k_cache.shape) == want, "k_cache", f"{spelled} ({kv_layout} layout, {fmt} cache)",
               tuple(k_cache.shape))
-        _need(tuple(v_cache.shape) == want, "v_cache", f"shaped like k_cache {want}", tuple(v_cache.shape))
+        rules.need(OP, tuple(v_cache.shape) == want, "v_cache", f"shaped like k_cache {want}", tuple(v_cache.shape))
         order = (0, 2, 1) if hnd else (0, 1, 2)  # block, token, head
         kc = tuple(k_cache.stride(i) for i in order) + (0,)
         vc = tuple(v_cache.stride(i) for i in order) + (0,)
         if fmt in _spec.INT_FORMATS:
             # Read as int16 words (two int8 channels, four int4): even byte strides and addresses.
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-                _need(all(st % 2 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1), f"{name}'s strides",
+                rules.need(OP, all(st % 2 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1), f"{name}'s strides",
                       f"even (an {fmt} cache is read two bytes at a time)", t.stride())
             kc = tuple(st // 2 for st in kc)
             vc = tuple(st // 2 for st in vc)
-    _need(bs > 0, "the cache block size", "positive", bs)
+    rules.need(OP, bs > 0, "the cache block size", "positive", bs)
     scales, sc, quant_shift = "none", (0, 0, 0), 0
     if fmt in _spec.INT_FORMATS:
         scales, sc, quant_shift = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
@@ -184,16 +163,16 @@ def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, 
         if s.dtype not in _SCALE_KINDS:
             raise TypeError(f"prefix_prefill: {name} must have dtype in {[str(d) for d in _SCALE_KINDS]}, "
                             f"got {s.dtype}")
-        _need(s.device == dev, name, f"on {dev} (like q)", s.device)
-    _need(v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride() and v_scale.dtype == k_scale.dtype,
+        rules.need(OP, s.device == dev, name, f"on {dev} (like q)", s.device)
+    rules.need(OP, v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride() and v_scale.dtype == k_scale.dtype,
           "v_scale", f"k_scale's shape, strides and dtype {tuple(k_scale.shape)}, {k_scale.stride()}, {k_scale.dtype}",
           f"{tuple(v_scale.shape)}, {v_scale.stride()}, {v_scale.dtype}")
     if k_scale.dim() == 2:
-        _need(tuple(k_scale.shape) == (kv_heads, head_dim), "k_scale", f"[kv_heads, head_dim] = [{kv_heads}, "
+        rules.need(OP, tuple(k_scale.shape) == (kv_heads, head_dim), "k_scale", f"[kv_heads, head_dim] = [{kv_heads}, "
               f"{head_dim}] (per channel) or the cache's shape with last dim 1 (per token)", tuple(k_scale.shape))
-        _need(k_scale.stride(1) == 1, "k_scale", "contiguous in its last dim", f"strides {k_scale.stride()}")
+        rules.need(OP, k_scale.stride(1) == 1, "k_scale", "contiguous in its last dim", f"strides {k_scale.stride()}")
         return "channel", (0, 0, k_scale.stride(0)), 0
-    _need(k_scale.dim() == 4 and k_scale.shape[:-1] == k_cache.shape[:-1] and k_scale.shape[-1] > 0, "k_scale",
+    rules.need(OP, k_scale.dim() == 4 and k_scale.shape[:-1] == k_cache.shape[:-1] and k_scale.shape[-1] > 0, "k_scale",
           f"the cache's shape {tuple(k_cache.shape[:-1])} plus a last dim of head_dim // group (1: one scale a "
           f"token and head), or [{kv_heads}, {head_dim}] (per channel)", tuple(k_scale.shape))
     groups = k_scale.shape[-1]
@@ -203,7 +182,7 @@ def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, 
                          f"channels ({head_dim} / {groups}); a group must be a power of two in [{_MIN_GROUP}, "
                          f"{_MAX_GROUP}] dividing head_dim ({head_dim}), or the whole head (last dim 1)")
     if groups > 1:
-        _need(k_scale.stride(-1) == 1, "k_scale", "contiguous in its last dim (the groups of a token)",
+        rules.need(OP, k_scale.stride(-1) == 1, "k_scale", "contiguous in its last dim (the groups of a token)",
               f"strides {k_scale.stride()}")
     order = (0, 2, 1) if kv_layout == "hnd" else (0, 1, 2)
     strides = tuple(k_scale.stride(i) for i in order)
@@ -230,8 +209,8 @@ def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, so
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (0 <= softcap < math.inf):
         raise ValueError(f"prefix_prefill: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
     if alibi_slopes is not None:
-        _tensor("alibi_slopes", alibi_slopes, (torch.float32,), 1, q.device)
-        _need(alibi_slopes.shape[0] == q.shape[1], "alibi_slopes", f"[q_heads] = [{q.shape[1]}]",
+        rules.tensor(OP, "alibi_slopes", alibi_slopes, (torch.float32,), 1, q.device, last_contiguous=True)
+        rules.need(OP, alibi_slopes.shape[0] == q.shape[1], "alibi_slopes", f"[q_heads] = [{q.shape[1]}]",
               tuple(alibi_slopes.shape))
     elif alibi_sqrt:
         raise ValueError("prefix_prefill: alibi_sqrt=True needs alibi_slopes")
@@ -250,53 +229,53 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
              "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
              "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes}
     guards.refuse_grad("prefix_prefill", **reads, out=out)
-    _tensor("q", q, tuple(_DTYPES), 3)
+    rules.tensor(OP, "q", q, tuple(_DTYPES), 3, last_contiguous=True)
     dev = q.device
     tokens, q_heads, head_dim = q.shape
-    _need(head_dim % 8 == 0 and 8 <= head_dim <= _spec.MAX_HEAD_DIM, "q.shape[2] (head_dim)",
+    rules.need(OP, head_dim % 8 == 0 and 8 <= head_dim <= _spec.MAX_HEAD_DIM, "q.shape[2] (head_dim)",
           f"a multiple of 8 in [8, {_spec.MAX_HEAD_DIM}]", head_dim)
     if k is not None:
-        _tensor("k", k, (q.dtype,), 3, dev)
-        _tensor("v", v, (q.dtype,), 3, dev)
-        _need(k.shape[0] == tokens and k.shape[2] == head_dim, "k", f"[{tokens}, kv_heads, {head_dim}]",
+        rules.tensor(OP, "k", k, (q.dtype,), 3, dev, last_contiguous=True)
+        rules.tensor(OP, "v", v, (q.dtype,), 3, dev, last_contiguous=True)
+        rules.need(OP, k.shape[0] == tokens and k.shape[2] == head_dim, "k", f"[{tokens}, kv_heads, {head_dim}]",
               tuple(k.shape))
-        _need(v.shape == k.shape, "v", f"shaped like k {tuple(k.shape)}", tuple(v.shape))
+        rules.need(OP, v.shape == k.shape, "v", f"shaped like k {tuple(k.shape)}", tuple(v.shape))
     elif v is not None:
         raise ValueError("prefix_prefill: k and v must both be tensors, or both None (the new tokens' keys and "
                          "values read from the cache)")
     kv_heads = _kv_heads(k, k_cache, kv_layout)
-    _need(kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)" if k is not None else
+    rules.need(OP, kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)" if k is not None else
           "k_cache's kv_heads", f"a divisor of q_heads={q_heads}", kv_heads)
     cache = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale, v_pack)
     _check_options(q, k, v, kv_layout, cache.fmt, v_pack, alibi_slopes, alibi_sqrt, softcap)
-    _tensor("block_table", block_table, (torch.int32,), 2, dev)
+    rules.tensor(OP, "block_table", block_table, (torch.int32,), 2, dev, last_contiguous=True)
     batch = block_table.shape[0]
-    _tensor("query_start_loc", query_start_loc, (torch.int32,), 1, dev)
-    _need(query_start_loc.shape[0] == batch + 1, "query_start_loc", f"[batch + 1] = [{batch + 1}] (block_table "
+    rules.tensor(OP, "query_start_loc", query_start_loc, (torch.int32,), 1, dev, last_contiguous=True)
+    rules.need(OP, query_start_loc.shape[0] == batch + 1, "query_start_loc", f"[batch + 1] = [{batch + 1}] (block_table "
           f"has {batch} rows)", tuple(query_start_loc.shape))
-    _tensor("seq_lens", seq_lens, (torch.int32,), 1, dev)
-    _need(seq_lens.shape[0] == batch, "seq_lens", f"[batch] = [{batch}]", tuple(seq_lens.shape))
+    rules.tensor(OP, "seq_lens", seq_lens, (torch.int32,), 1, dev, last_contiguous=True)
+    rules.need(OP, seq_lens.shape[0] == batch, "seq_lens", f"[batch] = [{batch}]", tuple(seq_lens.shape))
     if sm_scale is not None:
         guards.real("prefix_prefill", "sm_scale", sm_scale)
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int):
             raise TypeError(f"prefix_prefill: window must be an int or None, got {type(window).__name__}")
-        _need(0 <= window <= _I32_MAX, "window", "in [0, 2**31) (0 or None: no window)", window)
+        rules.need(OP, 0 <= window <= rules.I32_MAX, "window", "in [0, 2**31) (0 or None: no window)", window)
     if sinks is not None:
-        _tensor("sinks", sinks, (torch.float32,), 1, dev)
-        _need(sinks.shape[0] == q_heads, "sinks", f"[q_heads] = [{q_heads}]", tuple(sinks.shape))
+        rules.tensor(OP, "sinks", sinks, (torch.float32,), 1, dev, last_contiguous=True)
+        rules.need(OP, sinks.shape[0] == q_heads, "sinks", f"[q_heads] = [{q_heads}]", tuple(sinks.shape))
     if out_scale is not None:
         _scalar_f32("out_scale", out_scale, dev)
     if out is not None:
-        _tensor("out", out, (torch.float8_e4m3fn,) if out_scale is not None else (q.dtype,), 3, dev)
-        _need(tuple(out.shape) == tuple(q.shape), "out", f"shaped like q {tuple(q.shape)}", tuple(out.shape))
+        rules.tensor(OP, "out", out, (torch.float8_e4m3fn,) if out_scale is not None else (q.dtype,), 3, dev, last_contiguous=True)
+        rules.need(OP, tuple(out.shape) == tuple(q.shape), "out", f"shaped like q {tuple(q.shape)}", tuple(out.shape))
         # A program writes its rows of out while later programs still read earlier rows of k and v.
         guards.check_outputs("prefix_prefill", {"out": out}, reads)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
                     ("block_table", block_table)):
         if t is not None:
-            _need(all(0 <= s <= _I32_MAX for s in t.stride()), f"{name}'s strides", "in [0, 2**31)", t.stride())
-    _need(tokens < _I32_MAX // 2, "q.shape[0]", "below 2**30 tokens", tokens)
+            rules.need(OP, all(0 <= s <= rules.I32_MAX for s in t.stride()), f"{name}'s strides", "in [0, 2**31)", t.stride())
+    rules.need(OP, tokens < rules.I32_MAX // 2, "q.shape[0]", "below 2**30 tokens", tokens)
     return cache
 
 
@@ -306,15 +285,15 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, 
     context's blocks, or with from_cache the whole sequence's)."""
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    _need(qsl[0] == 0, "query_start_loc[0]", "0", qsl[0])
+    rules.need(OP, qsl[0] == 0, "query_start_loc[0]", "0", qsl[0])
     q_lens = [b - a for a, b in zip(qsl, qsl[1:])]
-    _need(min(q_lens, default=0) >= 0, "query_start_loc", "non-decreasing", qsl)
-    _need(qsl[-1] <= tokens, "query_start_loc[-1]", f"<= q.shape[0] = {tokens}", qsl[-1])
+    rules.need(OP, min(q_lens, default=0) >= 0, "query_start_loc", "non-decreasing", qsl)
+    rules.need(OP, qsl[-1] <= tokens, "query_start_loc[-1]", f"<= q.shape[0] = {tokens}", qsl[-1])
     used = []
     for b, (ql, sl) in enumerate(zip(q_lens, lens)):
-        _need(sl >= ql, f"seq_lens[{b}]", f">= its {ql} new tokens", sl)
+        rules.need(OP, sl >= ql, f"seq_lens[{b}]", f">= its {ql} new tokens", sl)
         used.append(-(-(sl if from_cache else sl - ql) // bs))
-        _need(used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"{'a sequence' if from_cache else 'a context'} "
+        rules.need(OP, used[-1] <= block_table.shape[1], f"seq_lens[{b}]", f"{'a sequence' if from_cache else 'a context'} "
               f"of at most {block_table.shape[1]} blocks of {bs} tokens (block_table's width)", sl)
     width = max(used, default=0)
     if width == 0:
@@ -325,7 +304,7 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, 
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         row = ids[b, : used[b]]
-        _need(False, f"block_table[{b}, :{used[b]}]", f"block ids in [0, {k_cache.shape[0]})",
+        rules.need(OP, False, f"block_table[{b}, :{used[b]}]", f"block ids in [0, {k_cache.shape[0]})",
               (int(row.min()), int(row.max())))
 
 
@@ -351,7 +330,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     if axes["kv"] in _spec.INT_FORMATS:
         grid = (q_blocks, q_heads, 1)
     else:
-        _need(q_blocks <= _GRID_Y_MAX, "q", f"at most {_GRID_Y_MAX} q blocks in one call: tokens // {block_m} + requests "
+        rules.need(OP, q_blocks <= _GRID_Y_MAX, "q", f"at most {_GRID_Y_MAX} q blocks in one call: tokens // {block_m} + requests "
               f"(the launch grid's second axis)", f"{tokens} tokens in {batch} requests")
         grid = (q_heads, q_blocks, 1)
     dummy = _dummy_f32(q.device)
@@ -359,7 +338,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     args = (
         q, k, v, k_cache.view(torch.uint8), v_cache.view(torch.uint8), out.view(torch.uint8),
         block_table, query_start_loc, seq_lens,
-        _as_bytes(k_scale if quant else dummy), _as_bytes(v_scale if quant else dummy),
+        rules.as_bytes(k_scale if quant else dummy), rules.as_bytes(v_scale if quant else dummy),
         out_scale if out_scale is not None else dummy, sinks if sinks is not None else dummy,
         float(sm_scale), batch, q_heads // kv_heads, c.bs, block_table.stride(0), int(window or 0),
         int(sinks is not None), int(out_scale is not None), int(skip_decode), c.x // 8,
@@ -438,12 +417,12 @@ def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc
     return None  # the public function validated every argument before calling the op
 
 
-library.define("prefix_prefill(Tensor q, Tensor? k, Tensor? v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-               "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
-               "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
-               "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, "
-               "float softcap) -> ()",
-               _prefix_prefill_op, _prefix_prefill_fake)
+PREFIX_PREFILL = library.Op(
+    "prefix_prefill(Tensor q, Tensor? k, Tensor? v, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+    "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
+    "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
+    "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, "
+    "float softcap) -> ()", impl=_prefix_prefill_op, fake=_prefix_prefill_fake)
 
 
 def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout="nhd",
@@ -518,8 +497,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     # Through the dispatcher (fake tensors get the Meta implementation); a prefill kernel runs for
     # milliseconds, so its few microseconds do not matter here as they do for decode.
-    torch.ops.aotc.prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
-                                  kv_format, k_scale, v_scale, sm, int(window or 0), sinks, out_scale,
-                                  bool(skip_decode), bool(validate), int(v_pack), alibi_slopes, bool(alibi_sqrt),
-                                  float(softcap))
+    PREFIX_PREFILL(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
+                   k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode), bool(validate),
+                   int(v_pack), alibi_slopes, bool(alibi_sqrt), float(softcap))
     return out

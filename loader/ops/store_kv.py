@@ -1,8 +1,9 @@
 """`store_kv`: write new tokens into a KV cache in the format `decode` reads (int8/int4 with
 per-group absmax scales, fp8 saturated, fp16/bf16 copied). Plain torch, no Triton kernel.
 
-Also a `torch.library` custom op (`torch.ops.aotc.store_kv`, mutating the cache and scales)
-with a fake implementation, so `torch.compile(fullgraph=True)` traces through it.
+Declared once as `STORE_KV` (library.Op): the `torch.ops.aotc.store_kv` op (mutating the cache and
+scales) and its fake follow from it, so `torch.compile(fullgraph=True)` traces through it. Rules
+(`_check_store`, the cache checks of kv_cache.py), then the write; no plan, no kernel launch.
 """
 from __future__ import annotations
 
@@ -10,28 +11,41 @@ from typing import Optional
 
 import torch
 
-from . import guards, library
+from . import guards, library, rules
+from .kv_cache import FP8_DTYPES, KV, check_cache
 from .value_checks import skip_value_checks
-from .decode import _FP8_DTYPES, _KV, _check_cache, _tensor
+
+OP = "store_kv"
 
 _QMAX = {"int8": 127.0, "int4": 7.0}
 _FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
-def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> _KV:
+
+class _Store:
+    """A checked store_kv call."""
+
+    __slots__ = ("k", "v", "kv", "slots", "k_scale", "v_scale", "cache_dtype")
+
+    def __init__(self, k, v, kv, slots, k_scale, v_scale, cache_dtype):
+        self.k, self.v, self.kv, self.slots = k, v, kv, slots
+        self.k_scale, self.v_scale, self.cache_dtype = k_scale, v_scale, cache_dtype
+
+
+def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> _Store:
     # a cache written in place would join the autograd graph, and the gradient of k and v would be lost
-    guards.refuse_grad("store_kv", k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale)
-    _tensor(k, "k", (torch.float16, torch.bfloat16), dim=3)
+    guards.refuse_grad(OP, k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale)
+    rules.tensor(OP, "k", k, (torch.float16, torch.bfloat16), dim=3)
     dev = k.device
-    _tensor(v, "v", (k.dtype,), dim=3, device=dev)
+    rules.tensor(OP, "v", v, (k.dtype,), dim=3, device=dev)
     if v.shape != k.shape:
         raise ValueError(f"v: shape {tuple(v.shape)}, expected k's {tuple(k.shape)}")
     tokens, kv_heads, head_dim = k.shape
     if head_dim % 2:
         raise ValueError(f"k: head_dim {head_dim} must be even")
-    kv = _check_cache(k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
+    kv = check_cache(OP, k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev, scale_layout)
     if kv.k.shape[2] != kv_heads:
         raise ValueError(f"k: {kv_heads} kv heads, but the cache has {kv.k.shape[2]}")
-    _tensor(slots, "slots", (torch.int32,), dim=1, device=dev)
+    rules.tensor(OP, "slots", slots, (torch.int32,), dim=1, device=dev)
     if slots.shape[0] != tokens:
         raise ValueError(f"slots: expected [tokens={tokens}], got {tuple(slots.shape)}")
     # Each written tensor apart from everything else: one cache passed twice would get v over k.
@@ -41,8 +55,8 @@ def _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, sca
         written.update(k_scale=k_scale, v_scale=v_scale)
     else:
         read.update(k_scale=k_scale, v_scale=v_scale)
-    guards.check_outputs("store_kv", written, read)
-    return kv
+    guards.check_outputs(OP, written, read)
+    return _Store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
 
 
 def _quantize(x: torch.Tensor, qmax: float, group: int, scale_dtype: torch.dtype):
@@ -53,14 +67,14 @@ def _quantize(x: torch.Tensor, qmax: float, group: int, scale_dtype: torch.dtype
     return codes.to(torch.int8).flatten(-2), scale.squeeze(-1)
 
 
-def _encode(x: torch.Tensor, kv: _KV, scale: Optional[torch.Tensor], cache_dtype: torch.dtype):
+def _encode(x: torch.Tensor, kv: KV, scale: Optional[torch.Tensor], cache_dtype: torch.dtype):
     """x [tokens, kv_heads, head_dim] in the cache's format: (stored values, their scales or None)."""
     if kv.fmt in ("fp16", "bf16"):
         return x.to(cache_dtype), None
-    if kv.fmt in _FP8_DTYPES:
+    if kv.fmt in FP8_DTYPES:
         s = torch.ones((), device=x.device) if scale is None else scale.float().reshape(-1, 1)
         lim = _FP8_MAX[kv.fmt]  # out-of-range values would become NaN in e4m3: saturate instead
-        return (x.float() / s).clamp(-lim, lim).to(_FP8_DTYPES[kv.fmt]).view(cache_dtype), None
+        return (x.float() / s).clamp(-lim, lim).to(FP8_DTYPES[kv.fmt]).view(cache_dtype), None
     if kv.channel:  # int8, fixed scales [kv_heads, head_dim]: codes only
         codes = (x.float() / scale.float().clamp_min(torch.finfo(torch.float32).tiny)).round().clamp(-127, 127)
         return codes.to(torch.int8).view(cache_dtype), None
@@ -71,7 +85,7 @@ def _encode(x: torch.Tensor, kv: _KV, scale: Optional[torch.Tensor], cache_dtype
     return codes.view(cache_dtype), scales
 
 
-def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
+def _run_store(k, v, kv: KV, slots, k_scale, v_scale, cache_dtype) -> None:
     page_size = kv.k.shape[1]
     page, off = (slots // page_size).long(), (slots % page_size).long()
     for x, cache, scale, scales_4d in ((k, kv.k, k_scale, kv.ks), (v, kv.v, v_scale, kv.vs)):
@@ -81,7 +95,7 @@ def _run_store(k, v, kv: _KV, slots, k_scale, v_scale, cache_dtype) -> None:
             scales_4d[page, off] = scales
 
 
-def _check_values(slots, kv: _KV, k_scale, v_scale) -> None:
+def _check_values(slots, kv: KV, k_scale, v_scale) -> None:
     """On host copies (one device sync): every slot inside the cache and none twice (which of two
     tokens would be stored is undefined); fp8 scales finite and > 0 (x / 0 is inf or NaN)."""
     if slots.numel() == 0 or skip_value_checks(slots):
@@ -97,7 +111,7 @@ def _check_values(slots, kv: _KV, k_scale, v_scale) -> None:
         slot = int(values[counts > 1][0])
         i, j = (host == slot).nonzero().flatten().tolist()[:2]
         raise ValueError(f"slots[{i}] and slots[{j}] are both slot {slot}; each slot may be written once a call")
-    if kv.fmt in _FP8_DTYPES:
+    if kv.fmt in FP8_DTYPES:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if scale is not None:
                 s = scale.detach().float().cpu().reshape(-1)
@@ -108,17 +122,13 @@ def _check_values(slots, kv: _KV, k_scale, v_scale) -> None:
                                      f"(the cache stores x / scale)")
 
 
-def _store_kv_op(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
-    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
+def _run_store_op(s: _Store) -> None:
+    _run_store(s.k, s.v, s.kv, s.slots, s.k_scale, s.v_scale, s.cache_dtype)
 
 
-def _store_kv_fake(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout="group") -> None:
-    _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
-
-
-library.define("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
-               "Tensor(c!)? k_scale, Tensor(d!)? v_scale, str kv_format, str scale_layout=\"group\") -> ()", _store_kv_op, _store_kv_fake)
+STORE_KV = library.Op(
+    "store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor(c!)? k_scale, "
+    "Tensor(d!)? v_scale, str kv_format, str scale_layout=\"group\") -> ()", check=_check_store, run=_run_store_op)
 
 
 def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_format="auto",
@@ -145,9 +155,9 @@ def store_kv(k, v, k_cache, v_cache, slots, *, k_scale=None, v_scale=None, kv_fo
               saturates inf); int8/int4 store a NaN scale for their group, so decode reads NaN.
     """
     if torch.compiler.is_compiling():
-        torch.ops.aotc.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
+        STORE_KV(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
         return
-    kv = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
+    checked = _check_store(k, v, k_cache, v_cache, slots, k_scale, v_scale, kv_format, scale_layout)
     if validate:
-        _check_values(slots, kv, k_scale, v_scale)
-    _run_store(k, v, kv, slots, k_scale, v_scale, k_cache.dtype)
+        _check_values(slots, checked.kv, k_scale, v_scale)
+    _run_store_op(checked)

@@ -105,7 +105,7 @@ def soak(calls: int = 1_000_000, threads: int = 4, streams: int = 2, check_every
     after = {"rss": rss_bytes(), "cuda_allocated": torch.cuda.memory_allocated(), "plans": len(decode_mod._plans)}
     report = {"calls": per_thread * threads, "threads": threads, "streams": streams, "seconds": round(seconds, 2),
               "calls_per_s": round(per_thread * threads / seconds), "before": before, "after": after,
-              "max_plans": decode_mod._MAX_PLANS, "mismatches": mismatches[:20], "n_mismatches": len(mismatches),
+              "max_plans": decode_mod._plans.limit, "mismatches": mismatches[:20], "n_mismatches": len(mismatches),
               "errors": [repr(e) for e in errors], "gpu": torch.cuda.get_device_name()}
     problems = []
     if mismatches or errors:

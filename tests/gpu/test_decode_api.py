@@ -110,7 +110,7 @@ def test_decode_plan_runs_layers_like_decode(name):
     extra = {k: v for k, v in first.kwargs.items() if k in ("kv_format", "scale_layout")}
     plan = aot(lambda: loader.DecodePlan(first.table, first.seq_lens, q=first.q, k_cache=first.k_cache,
                                          v_cache=first.v_cache, k_scale=ks, v_scale=vs, return_lse=True, **extra))
-    assert plan._fast is not None, "the plan did not take the prepared path"
+    assert plan._bound is not None, "the plan did not take the prepared path"
     for c in layers:
         out = torch.full_like(c.q, float("nan"))
         lse = torch.full(c.q.shape[:2], float("nan"), device="cuda")

@@ -1,4 +1,5 @@
-"""DecodePlan's launches (decode_plan._Launch) through a fake driver, no GPU: the plan's fixed
+"""A plan's launches (launch.Launch with fixed pointers, as split_merge.Bound uses it) through a
+fake driver, no GPU: the plan's fixed
 pointers are packed once, each run packs only its own, the ALIGNED or GENERIC binary is chosen by
 the call's pointers, and a dependent-launch (PDL) binary goes through cuLaunchKernelEx on the
 run's stream. On the tiny fixture kernel (pointers x, y, out; then ints), out standing for a
@@ -8,7 +9,6 @@ from dataclasses import replace
 from aotc.kernels.registry import get_spec
 from aotc.loader import artifacts, cuda_driver, dispatch
 from aotc.loader.manifest import read_manifest
-from aotc.loader.ops.decode_plan import _Launch
 
 from .test_dispatch import AXES, _install, _slots_to_values
 
@@ -22,7 +22,9 @@ def test_plan_launch_packs_fixed_pointers_once_and_per_run_ones(tiny_artifacts, 
     spec = get_spec("tiny_axpy")
     _install(spec, AXES, target)
     prep = dispatch.prepare(spec, AXES, (3, 1, 1), [128, 100, 3, 0.5], device=0)
-    launch = _Launch(prep, {2: 0x3000}, 0, 2)  # out fixed by the plan; x, y per run
+    launch = prep
+    launch.fix({2: 0x3000})  # out fixed by the plan; x, y per run
+    launch.per_call(0, 2)
     launch.pack(launch.buffer, launch.offset, 0x1000, 0x2002)
     launch.go(True)(77)
     launch.pack(launch.buffer, launch.offset, 0x1008, 0x2002)
@@ -50,7 +52,9 @@ def test_plan_launch_of_a_pdl_binary_uses_launch_ex_on_the_run_stream(tiny_artif
     spec = get_spec("tiny_axpy")
     _install(spec, AXES, artifacts.TargetArtifacts("sm90", target.folder, PdlManifest(target.entries)))
     prep = dispatch.prepare(spec, AXES, (3, 2, 1), [128, 100, 3, 0.5], device=0)
-    launch = _Launch(prep, {0: 0x1000, 1: 0x2002}, 2, 1)  # x, y fixed; out per run
+    launch = prep
+    launch.fix({0: 0x1000, 1: 0x2002})  # x, y fixed; out per run
+    launch.per_call(2, 1)
     for out, stream in ((0x3000, 81), (0x3010, 82)):
         launch.pack(launch.buffer, launch.offset, out)
         launch.go(True)(stream)

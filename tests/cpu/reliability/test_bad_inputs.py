@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import aotc.loader.dispatch as dispatch
-import aotc.loader.ops.decode as decode_mod
+import aotc.loader.ops.split_merge as split_merge_mod
 import aotc.loader.ops.gated_delta as gdn_mod
 from aotc.loader.ops.gated_delta_prefill import gated_delta_prefill
 from aotc.loader.ops.decode import decode
@@ -50,7 +50,7 @@ def launches(monkeypatch):
         count[0] += 1
         return real(*a, **k)
 
-    for module in (dispatch, decode_mod, gdn_mod):
+    for module in (dispatch, split_merge_mod, gdn_mod):
         monkeypatch.setattr(module, "run_kernel", counted)
     return count
 

@@ -47,7 +47,7 @@ def test_decorator_matches_declared_alignment():
             assert p.do_not_specialize == (not a.aligned), a.name
         elif a.kind == "ptr":
             assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
-    # Every pointer comes before every scalar: dispatch.Prepared packs only the leading pointers.
+    # Every pointer comes before every scalar: a prepared launch.Launch packs only the leading pointers.
     assert spec.DECODE.leading_ptrs == sum(a.kind == "ptr" for a in spec.ARGS)
 
 

@@ -170,10 +170,11 @@ def test_int4_one_scale_a_token_in_both_tiles(monkeypatch, tile):
     one, chosen by how many programs the grid holds (spec.choose_tile); the interpreter's SM count
     takes narrow, and a threshold no grid reaches forces wide. Lengths straddle both tiles."""
     from aotc.loader.ops import decode as op
+    from aotc.loader.ops.rules import PlanCache
 
     if tile == "wide":
         monkeypatch.setattr(S, "NARROW_PROGRAMS_PER_SM", 1 << 30)
-    monkeypatch.setattr(op, "_plans", {})
+    monkeypatch.setattr(op, "_plans", PlanCache())
     case = make_case([1, 63, 64, 65, 127, 128, 129, 300], fmt="int4", head_dim=128, quant_group=128,
                      kv_heads=1, group=4, seed=31)
     assert_close(run(case, num_splits=2), case.reference(), f"int4 per token, {tile} tile")
@@ -302,11 +303,11 @@ def _call(**over):
 
 
 @pytest.mark.parametrize("over,exc,match", [
-    (lambda g: dict(q=g["q"].float()), TypeError, "q: dtype"),
-    (lambda g: dict(q=g["q"][0]), ValueError, "q: expected 3 dims"),
+    (lambda g: dict(q=g["q"].float()), TypeError, "q must be of dtype"),
+    (lambda g: dict(q=g["q"][0]), ValueError, "q must be 3-D"),
     (lambda g: dict(q=g["q"][..., :48]), ValueError, "head_dim 48"),
     (lambda g: dict(q=g["q"][:1].expand(65536, -1, -1)), ValueError, "q: batch 65536 is over 65535"),
-    (lambda g: dict(q=g["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "q: the last dim"),
+    (lambda g: dict(q=g["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "q must be contiguous in its last dim"),
     (lambda g: dict(q=g["q"][:, :7]), ValueError, r"q_heads \(7\) must be a multiple of kv_heads \(2\)"),
     (lambda g: dict(k_cache=g["k_cache"].float(), v_cache=g["v_cache"].float()), TypeError, "k_cache: cannot infer"),
     (lambda g: dict(v_cache=g["v_cache"][:1]), ValueError, "v_cache"),
@@ -316,9 +317,9 @@ def _call(**over):
     (lambda g: dict(kv_format="bf16"), TypeError, "k_cache: a bf16 cache must have dtype"),
     (lambda g: dict(kv_format="fp8_e4m3"), ValueError, "k_scale: an fp8 scale is a scalar or"),
     (lambda g: dict(k_scale=None), ValueError, "needs k_scale"),
-    (lambda g: dict(k_scale=g["k_scale"].to(torch.int32)), TypeError, "k_scale: dtype"),
+    (lambda g: dict(k_scale=g["k_scale"].to(torch.int32)), TypeError, "k_scale must be of dtype"),
     (lambda g: dict(k_scale=g["k_scale"][..., :1].expand(*g["k_scale"].shape[:-1], 3)), ValueError, "group"),
-    (lambda g: dict(table=g["table"].long()), TypeError, "table: dtype"),
+    (lambda g: dict(table=g["table"].long()), TypeError, "table must be of dtype"),
     (lambda g: dict(k_cache=g["k_cache"][:, :12], v_cache=g["v_cache"][:, :12], k_scale=g["k_scale"][:, :12],
                     v_scale=g["v_scale"][:, :12]), ValueError, "k_cache: page size 12 .* is not a power of two"),
     (lambda g: dict(seq_lens=g["seq_lens"][:1]), ValueError, "seq_lens"),
@@ -326,14 +327,14 @@ def _call(**over):
     (lambda g: dict(seq_lens=g["seq_lens"] - 11), ValueError, r"seq_lens\[0\] = -1"),
     (lambda g: dict(req_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError, r"req_idx\[1\] = 5"),
     (lambda g: dict(table=g["table"] + 1000), ValueError, "is not a page"),
-    (lambda g: dict(sinks=torch.zeros(8, dtype=torch.bfloat16)), TypeError, "sinks: dtype"),
+    (lambda g: dict(sinks=torch.zeros(8, dtype=torch.bfloat16)), TypeError, "sinks must be of dtype"),
     (lambda g: dict(sinks=torch.zeros(3)), ValueError, "sinks"),
-    (lambda g: dict(out=torch.empty(2, 8, 64)), TypeError, "out: dtype"),
+    (lambda g: dict(out=torch.empty(2, 8, 64)), TypeError, "out must be of dtype"),
     (lambda g: dict(out=torch.empty(2, 4, 64, dtype=torch.bfloat16)), ValueError, "out: shape"),
     (lambda g: dict(window=0), ValueError, "window"),
     (lambda g: dict(sm_scale=float("nan")), ValueError, "sm_scale"),
     (lambda g: dict(num_splits=65), ValueError, "num_splits"),
-    (lambda g: dict(q=g["q"].to("meta")), ValueError, "k_cache is on cpu, expected meta"),
+    (lambda g: dict(q=g["q"].to("meta")), ValueError, "k_cache must be on meta"),
 ])
 def test_bad_input_names_the_argument(over, exc, match):
     with pytest.raises(exc, match=match):
@@ -380,13 +381,13 @@ def test_bad_store_kv_input():
     k = torch.randn(2, 2, 64).to(torch.bfloat16)
     slots = torch.tensor([0, 1], dtype=torch.int32)
     ok = dict(k_scale=g["k_scale"], v_scale=g["v_scale"])
-    with pytest.raises(TypeError, match="slots: dtype"):
+    with pytest.raises(TypeError, match="slots must be of dtype"):
         store_kv(k, k, g["k_cache"], g["v_cache"], slots.long(), **ok)
     with pytest.raises(ValueError, match=r"slots\[1\] = 100000 is outside"):
         store_kv(k, k, g["k_cache"], g["v_cache"], torch.tensor([0, 100000], dtype=torch.int32), **ok)
     with pytest.raises(ValueError, match="k: 1 kv heads"):
         store_kv(k[:, :1], k[:, :1], g["k_cache"], g["v_cache"], slots, **ok)
-    with pytest.raises(TypeError, match="v: dtype"):
+    with pytest.raises(TypeError, match="v must be of dtype"):
         store_kv(k, k.half(), g["k_cache"], g["v_cache"], slots, **ok)
     with pytest.raises(ValueError, match="needs k_scale"):
         store_kv(k, k, g["k_cache"], g["v_cache"], slots)

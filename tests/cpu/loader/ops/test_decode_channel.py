@@ -93,13 +93,13 @@ def test_decode_plan_with_channel_scales():
 
 def _errors():
     return [
-        ("fp16 scales", dict(k_scale=lambda s: s.half(), v_scale=lambda s: s.half()), TypeError, "k_scale: dtype"),
+        ("fp16 scales", dict(k_scale=lambda s: s.half(), v_scale=lambda s: s.half()), TypeError, "k_scale must be of dtype"),
         ("half the channels", dict(k_scale=lambda s: s[:, :32], v_scale=lambda s: s[:, :32]), ValueError,
          r"k_scale: per-channel scales are \[kv_heads, head_dim\]"),
         ("query heads", dict(k_scale=lambda s: s.repeat(4, 1), v_scale=lambda s: s.repeat(4, 1)), ValueError,
          r"k_scale: per-channel"),
         ("channels strided", dict(k_scale=lambda s: s.t().contiguous().t(), v_scale=lambda s: s), ValueError,
-         "k_scale: the last dim must be contiguous"),
+         "k_scale must be contiguous in its last dim"),
         ("v only", dict(v_scale=lambda s: s[:1]), ValueError, "v_scale"),
         ("unknown layout", dict(scale_layout=lambda s: "token"), ValueError, "scale_layout must be one of"),
         ("group layout", dict(scale_layout=lambda s: "group"), ValueError, "k_scale: shape"),

@@ -100,9 +100,9 @@ def test_lse_into_a_strided_view_and_allocated():
 
 
 @pytest.mark.parametrize("lse,exc,match", [
-    (torch.empty(2, 8, dtype=torch.float16), TypeError, "lse: dtype"),
+    (torch.empty(2, 8, dtype=torch.float16), TypeError, "lse must be of dtype"),
     (torch.empty(2, 9), ValueError, "lse: shape"),
-    (torch.empty(8, 2).t(), ValueError, "lse: the last dim"),
+    (torch.empty(8, 2).t(), ValueError, "lse must be contiguous in its last dim"),
 ])
 def test_bad_lse_is_refused(lse, exc, match):
     case = make_case([3, 7], fmt="bf16", seed=44)

@@ -23,7 +23,7 @@ def _run_latent(**over):
 
 
 LATENT_BAD = [
-    (dict(v_head_dim=640), ValueError, "v_head_dim 640 must be in"),
+    (dict(v_head_dim=640), ValueError, "v_head_dim must be in .*, got 640"),
     (dict(v_head_dim=500), ValueError, "value head size 500: expected a multiple of 16"),
     (dict(v_head_dim=512.0), TypeError, "v_head_dim must be an int"),
     (dict(q=torch.randn(2, 16, 592).to(torch.bfloat16), kv_cache=torch.randn(8, 16, 1, 592).to(torch.bfloat16)),
@@ -39,8 +39,8 @@ LATENT_BAD = [
     (dict(kv_cache=torch.zeros(8, 16, 1, 576, dtype=torch.float8_e4m3fn), k_scale=torch.ones(2)), ValueError,
      "k_scale: unequal-head decode takes one fp8 scale"),
     (dict(out=torch.full((2, 16, 576), float("nan"), dtype=torch.bfloat16)), ValueError, "out: shape"),
-    (dict(q=torch.randn(2, 16, 576)), TypeError, "q: dtype"),
-    (dict(seq_lens=torch.tensor([10, 20])), TypeError, "seq_lens: dtype"),
+    (dict(q=torch.randn(2, 16, 576)), TypeError, "q must be of dtype"),
+    (dict(seq_lens=torch.tensor([10, 20])), TypeError, "seq_lens must be of dtype"),
     (dict(seq_lens=torch.tensor([10, 9999], dtype=torch.int32)), ValueError, r"seq_lens\[1\] = 9999"),
     (dict(num_splits=65), ValueError, "num_splits"),
 ]
@@ -117,5 +117,5 @@ def test_plan_runs_layers_like_mla_decode_and_refuses_other_metadata():
         plan.run(first.q.half(), first.k_cache, out)
     with pytest.raises(ValueError, match="k_scale: this MLADecodePlan was made without a scale"):
         plan.run(first.q, first.k_cache, out, k_scale=torch.ones(1))
-    with pytest.raises(ValueError, match="v_head_dim 600"):
+    with pytest.raises(ValueError, match="v_head_dim must be in .*, got 600"):
         loader.MLADecodePlan(first.table, first.seq_lens, q=first.q, kv_cache=first.k_cache, v_head_dim=600)

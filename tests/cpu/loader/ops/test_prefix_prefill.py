@@ -30,9 +30,9 @@ def _nhd_cache(nb=4, bs=16, h=2, d=64, dtype=torch.float16):
 
 
 BAD = [  # (name, change(case, kw), exception, words the message must hold)
-    ("q dtype", lambda c, k: c.update(q=c["q"].float()), TypeError, "q must have dtype"),
+    ("q dtype", lambda c, k: c.update(q=c["q"].float()), TypeError, "q must be of dtype"),
     ("q not a tensor", lambda c, k: c.update(q=c["q"].tolist()), TypeError, "q must be a torch.Tensor"),
-    ("k dtype", lambda c, k: c.update(k=c["k"].bfloat16()), TypeError, "k must have dtype"),
+    ("k dtype", lambda c, k: c.update(k=c["k"].bfloat16()), TypeError, "k must be of dtype"),
     ("head_dim", lambda c, k: c.update(q=c["q"][..., :44], k=c["k"][..., :44], v=c["v"][..., :44]), ValueError,
      "head_dim) must be a multiple of 8"),
     ("kv heads", lambda c, k: c.update(q=c["q"][:, :3]), ValueError, "kv_heads"),
@@ -60,9 +60,9 @@ BAD = [  # (name, change(case, kw), exception, words the message must hold)
     ("sinks shape", lambda c, k: k.update(sinks=torch.zeros(3)), ValueError, "sinks must be [q_heads]"),
     ("sinks dtype", lambda c, k: k.update(sinks=torch.zeros(4).half()), TypeError, "sinks"),
     ("out_scale size", lambda c, k: k.update(out_scale=torch.ones(2)), ValueError, "out_scale must be a one-element"),
-    ("out dtype", lambda c, k: k.update(out=torch.empty(22, 4, 64)), TypeError, "out must have dtype"),
+    ("out dtype", lambda c, k: k.update(out=torch.empty(22, 4, 64)), TypeError, "out must be of dtype"),
     ("fp8 out without scale", lambda c, k: k.update(out=torch.empty(22, 4, 64).to(torch.float8_e4m3fn)), TypeError,
-     "out must have dtype"),
+     "out must be of dtype"),
     ("out shape", lambda c, k: k.update(out=torch.empty(21, 4, 64).half()), ValueError, "out must be shaped like q"),
     ("sm_scale", lambda c, k: k.update(sm_scale=float("nan")), ValueError, "sm_scale"),
     ("device", lambda c, k: c.update(seq_lens=c["seq_lens"].to("meta")), ValueError, "seq_lens must be on cpu"),

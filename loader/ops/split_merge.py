@@ -1,0 +1,200 @@
+"""The launch shared by `decode` and `mla_decode` (and their plans): a split kernel writes each
+sequence split's partial output and log-sum-exp into a workspace, a merge kernel combines them.
+
+Both kernel families take the same arguments (split: q, k, v, k_scale, v_scale, table, rows,
+lengths, partial out, partial lse, then ints; merge: partial out, partial lse, sinks, out, lse,
+then ints), so one `SplitMerge` holds what a call's metadata fixes (variants, grids, ints,
+workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
+- `launch(...)`: an eager call, on the current stream with the stream's workspace, the two launches
+  held together under the stream's lock; the prepared launches where the binaries are built, else
+  `run_kernel` (the JIT fallback, the CPU interpreter, another current device);
+- `bind(...)`: a plan's private launches (`Bound`), its own workspace and the step's table,
+  lengths, rows and sinks packed once; `Bound.run` packs a layer's five or six pointers.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from .. import workspace
+from ..dispatch import prepare, programs_per_sm, run_kernel
+
+_ones: dict = {}
+
+
+def one(device) -> torch.Tensor:
+    """A float32 1.0 on `device`: the fp8 scale a call without one reads."""
+    t = _ones.get(device)
+    if t is None:
+        t = _ones[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return t
+
+
+def fp8_scales(k_scale, v_scale, device):
+    """fp8 scales as the kernels read them: fp32, 1.0 where absent."""
+    return ((k_scale if k_scale is not None else one(device)).float(),
+            (v_scale if v_scale is not None else one(device)).float())
+
+
+class SplitMerge:
+    """What a split+merge launch needs that follows from the inputs' metadata alone.
+
+    fp8: the scales are fp8's (1.0 where absent). byte_view: the cache is read as int8 bytes (fp8,
+    int4). halfword: the cache is read as int16 words (int8, int4), so its address must be even,
+    checked every call (a plan is keyed by metadata, not by address). fast_split / fast_merge: the
+    prepared launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
+    """
+
+    __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
+                 "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "fast_split",
+                 "fast_merge", "apart")
+
+    def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
+                 halfword: bool):
+        """split, merge: (spec, axes, grid, ints) of each kernel."""
+        self.split_spec, self.split_axes, self.split_grid, self.split_ints = split
+        self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
+        self.n_o, self.n_lse, self.device, self.fmt = n_o, n_lse, device, fmt
+        self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
+        self.fast_split = self.fast_merge = None
+        self.apart = None
+        if device.type == "cuda" and self.launches_anything():
+            split_l, merge_l = self._prepare()
+            if split_l is not None and merge_l is not None:
+                self.fast_split, self.fast_merge = split_l, merge_l
+
+    def launches_anything(self) -> bool:
+        return all(self.split_grid) and all(self.merge_grid)
+
+    def _prepare(self):
+        index = self.device.index
+        return (prepare(self.split_spec, self.split_axes, self.split_grid, self.split_ints, index),
+                prepare(self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints, index))
+
+    def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
+        if (k_ptr | v_ptr) & 1:
+            name = "k_cache" if k_ptr & 1 else "v_cache"
+            raise ValueError(f"{name}: an {self.fmt} cache is read two bytes at a time; its data must start at an "
+                             f"even address (it is a view at an odd byte offset)")
+
+    def split_args(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse) -> list:
+        """The split kernel's arguments as run_kernel takes them (tensors, then the ints)."""
+        return split_args(self.fp8, self.byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o,
+                          part_lse, self.split_ints)
+
+    def launch(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse=None) -> None:
+        """One eager call (k, v: the paged [pages, page_size, heads, d] views)."""
+        if self.fast_split is not None:
+            index = self.device.index
+            if torch._C._cuda_getDevice() == index:
+                self._launch_prepared(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse,
+                                      torch._C._cuda_getCurrentRawStream(index))
+                return
+        if self.halfword:
+            self.check_halfword(k.data_ptr(), v.data_ptr())
+        if not self.launches_anything():
+            return
+        part_o, part_lse = workspace.pair(q.device, self.n_o, self.n_lse)
+        if q.is_cuda:
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            together = workspace.stream_lock(index, torch._C._cuda_getCurrentRawStream(index))
+        else:
+            together = contextlib.nullcontext()  # CPU: a fresh workspace a call
+        with together:
+            run_kernel(self.split_spec, self.split_axes, self.split_grid,
+                       self.split_args(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse))
+            run_kernel(self.merge_spec, self.merge_axes, self.merge_grid,
+                       [part_o, part_lse, sinks if sinks is not None else part_lse, out,
+                        lse if lse is not None else part_lse, *self.merge_ints])
+
+    def _launch_prepared(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, stream):
+        """The steady-state launch: pointers only; grids and every other argument are packed."""
+        keep, part_o, part_lse = workspace.pair_pointers(self.device, stream, self.n_o, self.n_lse)
+        if self.fp8:
+            keep = fp8_scales(k_scale, v_scale, self.device)
+            ks, vs = keep[0].data_ptr(), keep[1].data_ptr()
+        elif k_scale is None:
+            ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+        else:
+            ks, vs = k_scale.data_ptr(), v_scale.data_ptr()
+        lens = seq_lens.data_ptr()
+        kp, vp = k.data_ptr(), v.data_ptr()
+        if self.halfword:
+            self.check_halfword(kp, vp)
+        with workspace.stream_lock(self.device.index, stream):  # no other call's split between ours and our merge
+            self.fast_split((q.data_ptr(), kp, vp, ks, vs, table.data_ptr(),
+                             lens if req_idx is None else req_idx.data_ptr(), lens, part_o, part_lse), stream)
+            self.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
+                             part_lse if lse is None else lse.data_ptr()), stream)
+        del keep
+
+    def bind(self, table, seq_lens, req_idx, sinks, return_lse: bool):
+        """A plan's private launches with the step's tensors packed in (`Bound`), or None (the general path)."""
+        if self.fast_split is None:
+            return None
+        split_l, merge_l = self._prepare()
+        if split_l is None or merge_l is None:
+            return None
+        return Bound(self, split_l, merge_l, table, seq_lens, req_idx, sinks, return_lse)
+
+
+class Bound:
+    """A plan's two launches: its own workspace (split partials), the step's table, lengths, rows
+    and sinks packed once; `run` packs a layer's q, k, v, scales (split) and out, lse (merge)."""
+
+    __slots__ = ("split", "merge", "split_go", "merge_go", "index", "workspace", "dummy", "one", "lock")
+
+    def __init__(self, sm: SplitMerge, split, merge, table, seq_lens, req_idx, sinks, return_lse):
+        dev = sm.device
+        self.workspace = torch.zeros(sm.n_o + sm.n_lse, dtype=torch.float32, device=dev)  # see workspace.get
+        part_o = self.workspace.data_ptr()
+        part_lse = part_o + 4 * sm.n_o
+        lens = seq_lens.data_ptr()
+        split.fix({5: table.data_ptr(), 6: lens if req_idx is None else req_idx.data_ptr(), 7: lens,
+                   8: part_o, 9: part_lse})
+        split.per_call(0, 5)
+        merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
+        merge.per_call(3, 2 if return_lse else 1)
+        self.split, self.merge, self.index = split, merge, dev.index
+        # The driver calls, by alignment (GENERIC, ALIGNED), resolved here: run() only indexes them.
+        self.split_go = (split.go(False), split.go(True))
+        self.merge_go = (merge.go(False), merge.go(True))
+        self.dummy = part_lse  # a scale pointer never read (fp16/bf16 caches)
+        self.one = one(dev).data_ptr() if sm.fp8 else part_lse  # fp8 without scales reads 1.0
+        self.lock = threading.Lock()
+
+    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
+        """One layer's launches; lsep None for a plan without lse."""
+        split, merge = self.split, self.merge
+        with self.lock:
+            split.pack(split.buffer, split.offset, qp, kp, vp, ksp, vsp)
+            if lsep is None:
+                merge.pack(merge.buffer, merge.offset, op)
+            else:
+                merge.pack(merge.buffer, merge.offset, op, lsep)
+            self.split_go[not (qp | kp | vp) & 15](stream)
+            self.merge_go[not op & 15](stream)
+
+
+def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints) -> list:
+    if fp8:
+        ks, vs = fp8_scales(k_scale, v_scale, q.device)
+    elif k_scale is None:
+        ks = vs = part_lse  # never read: fp16/bf16 caches have no scales
+    else:
+        ks, vs = k_scale, v_scale
+    if byte_view and k.dtype != torch.int8:
+        k, v = k.view(torch.int8), v.view(torch.int8)  # raw bytes, widened in the kernel
+    return [q, k, v, ks, vs, table, req_idx if req_idx is not None else seq_lens, seq_lens, part_o, part_lse, *ints]
+
+
+def split_programs_per_sm(spec, axes, fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens,
+                          ints) -> int | None:
+    """How many split programs fit an SM (decode's split-count rule reads it); None on the CPU."""
+    if not q.is_cuda or not q.shape[0]:
+        return None
+    ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
+    return programs_per_sm(spec, axes, split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx,
+                                                  seq_lens, ws, ws, ints), q.device.index)

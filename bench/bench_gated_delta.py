@@ -28,7 +28,7 @@ from aotc import loader
 from aotc.kernels.gated_delta import spec as gd_spec
 from aotc.kernels.gated_delta.recurrent import gated_delta_decode_kernel
 from aotc.loader.ops import gated_delta as gd_op
-from harness import Rows, copy_bandwidth, device_time
+from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 1, 16, 32, 128, 128),
@@ -59,19 +59,18 @@ def decode_inputs(B, T, H, HV, K, V, layout, fused=False):
 
 
 def fla_decode(args, layout):
-    """A call of fla's fused_recurrent_gated_delta_rule on the same inputs (K-major state of its
-    own, as its API takes one), or (None, why)."""
+    """A call of fla's fused_recurrent_gated_delta_rule on the same inputs and a state of its own in the
+    pool's layout (state_v_first=True for V-major), or (None, why)."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except Exception as e:  # noqa: BLE001 - any import failure means: not measurable here
         return None, f"fla not importable ({type(e).__name__}: {str(e)[:80]})"
     q, k, v, g, beta, state, idx = args
-    h0 = state[idx.long()]
-    if layout == "vmajor":
-        h0 = h0.transpose(-1, -2).contiguous()  # fla's state is [N, HV, K, V]
+    h0 = state[idx.long()]  # fla 0.6 reads [N, HV, K, V], or [N, HV, V, K] with state_v_first: the pool's layout
 
     def fn():
-        return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True)
+        return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                                                state_v_first=layout == "vmajor")
     try:
         fn()
         return fn, ""
@@ -82,7 +81,8 @@ def fla_decode(args, layout):
 def bench_decode(rows, copy_bw, a):
     print("\n== gated_delta_decode (bf16 q/k/v, fp32 state, GDN gate; state GB/s = 2 x state bytes / time) ==")
     print(f"{'layout':7s} {'gate':6s} {'B':>4s} {'T':>2s} {'HV':>3s} {'K':>4s} {'aot us':>8s} {'aot GB/s':>9s} "
-          f"{'% copy':>7s} {'jit us':>8s} {'jit % copy':>10s} {'fla us':>8s} {'fla % copy':>10s}")
+          f"{'% copy':>7s} {'jit us':>8s} {'jit % copy':>10s} {'fla us':>8s} {'fla % copy':>10s} {'aot kern':>8s} "
+          f"{'fla kern':>8s}")
     empty = tempfile.mkdtemp()
     notes = set()
     for B, T, H, HV, K, V in DECODE_SHAPES:
@@ -107,6 +107,9 @@ def bench_decode(rows, copy_bw, a):
                 if why:
                     notes.add(why)
                 t_fla = device_time(fn) if fn else float("nan")
+                # summed kernel durations too (fla's events can hold its host time)
+                k_aot = kernel_time(lambda: loader.gated_delta_decode(*args, **kw, out=out, validate=False))
+                k_fla = kernel_time(fn) if fn else float("nan")
                 gate = "fused" if fused else "gdn"
                 variant = f"bf16,k{K},{layout},{gate}"
                 shape = f"B{B} T{T} H{H} HV{HV} K{K} V{V}"
@@ -115,10 +118,14 @@ def bench_decode(rows, copy_bw, a):
                         rows.add("gated_delta_decode", variant, prov, shape, "us", t * 1e6)
                         rows.add("gated_delta_decode", variant, prov, shape, "GBps", nbytes / t / 1e9)
                         rows.add("gated_delta_decode", variant, prov, shape, "pct_of_copy", 100 * nbytes / t / copy_bw)
+                for prov, t in ((provider, k_aot), ("fla_fused_recurrent", k_fla)):
+                    if t == t:
+                        rows.add("gated_delta_decode", variant, prov, shape, "kernel_us", t * 1e6)
                 pct = lambda t: 100 * nbytes / t / copy_bw  # noqa: E731
                 print(f"{layout:7s} {gate:6s} {B:4d} {T:2d} {HV:3d} {K:4d} {t_aot * 1e6:8.1f} "
                       f"{nbytes / t_aot / 1e9:9.0f} "
                       f"{pct(t_aot):6.1f}% {t_jit * 1e6:8.1f} {pct(t_jit):9.1f}% {t_fla * 1e6:8.1f} {pct(t_fla):9.1f}%"
+                      f" {k_aot * 1e6:8.1f} {k_fla * 1e6:8.1f}"
                       + (f"  [{provider}]" if provider != "aot" else ""))
                 del args, kw, out
                 torch.cuda.empty_cache()

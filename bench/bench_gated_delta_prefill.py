@@ -1,16 +1,17 @@
-"""Chunked gated delta rule prefill (loader.gated_delta_prefill): device time of aotc with a V-major
-and a K-major pool, each of its two kernels alone, flash-linear-attention's chunk_gated_delta_rule
-(K-major state) when `import fla` works, and a bandwidth floor, side by side in one run.
+"""Chunked gated delta rule prefill (loader.gated_delta_prefill) side by side with flash-linear-attention
+0.6.0's chunk_gated_delta_rule and chunk_kda in one run, by summed kernel durations (torch.profiler).
 
-Shapes per issue 19: B = 1 x T = 8192 and B = 8 x T = 2048 packed (varlen), H = 16 q/k heads,
-HV = 32 value heads, K = V = 128, bf16, GDN gates from SGLang's form, beta = sigmoid, L2 norm of
-q and k in the kernel; plus KDA (per-channel gates) at 1 x 8192. The floor: q, k, v, g, beta
-read once, out written once, the states read and written once, at the device-to-device copy
-bandwidth measured in the same run (no chunked algorithm reaches it: the workspace round trip
-alone is larger). Times are medians of CUDA-event timings, L2 emptied before each call
-(harness.device_time); the "kernels" columns sum each call's kernel durations from
-torch.profiler (harness.kernel_time, L2 warm), which leaves out host time: fla's host side can
-outlast its kernels at 1 x 8192, and the event timing then measures Python. Rows: JSON lines at --out.
+Shapes per issue 38: B 1 x T 8192, B 8 x T 2048 (packed, varlen), B 1 x T 32768 and B 1 x T 65536;
+H = 16 q/k heads, HV = 32 value heads (GVA on both sides: fla 0.6 takes HV > H itself), K = V = 128,
+bf16, GDN gates from SGLang's form (KDA: one a K channel), beta = sigmoid, L2 norm of q and k in
+the kernel, fp32 initial and final states. aotc with a V-major and a K-major pool; fla with its
+K-major state and with state_v_first=True (V-major), each against aotc's pool of the same layout.
+fla autotunes: each of its calls is warmed before timing, and the configs its autotuners chose
+are printed and kept as rows (metric "config"). Time = kernel_time (the sum of one call's kernel
+durations, L2 warm, host time left out: fla's host side can outlast its kernels at 1 x 8192);
+aotc's V-major call is also timed by CUDA events with the L2 emptied (device_time), beside a
+bandwidth floor (q, k, v, g, beta read once, out written once, states read and written once, at
+the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
 --sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
@@ -33,9 +34,7 @@ from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 H, HV, K, V = 16, 32, 128, 128
 DTYPE = torch.bfloat16
-SHAPES = [("1x8192", [8192], False), ("8x2048", [2048] * 8, False), ("1x8192 kda", [8192], True)]
-# Issue 19's measurement of fla 0.6.0 on the H100 at 1 x 8192 (quoted when fla is not importable here).
-FLA_QUOTED = "fla 0.6.0 chunk_gated_delta_rule on the H100 at 1x8192 (issue 19): K-major 0.62 ms, V-major 1.03 ms"
+SHAPES = [("1x8192", [8192]), ("8x2048", [2048] * 8), ("1x32768", [32768]), ("1x65536", [65536])]
 
 
 def make(lengths, kda, layout):
@@ -63,26 +62,46 @@ def floor_bytes(lengths, kda) -> int:
     return qkv + gates + T * HV * V * 2 + 2 * N * HV * V * K * 4
 
 
-def fla_call(q, k, v, g, beta, lengths):
-    """fla's chunk_gated_delta_rule on the same inputs (K-major initial state), or (None, why)."""
+def fla_call(q, k, v, g, beta, lengths, kda, v_first):
+    """fla's chunk_gated_delta_rule / chunk_kda on the same inputs (its own initial state, K-major or
+    with state_v_first V-major), warmed (autotuned), or (None, why)."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.kda import chunk_kda
     except Exception as e:  # noqa: BLE001 - any import failure means "not available here"
         return None, f"fla not importable ({type(e).__name__}: {str(e)[:80]})"
     N = len(lengths)
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).long()
-    h0 = torch.randn(N, HV, K, V, device="cuda") * 0.1
-    group = HV // H
-    qe, ke = q.repeat_interleave(group, 2), k.repeat_interleave(group, 2)  # outside the timing
+    h0 = torch.randn(N, HV, *((V, K) if v_first else (K, V)), device="cuda") * 0.1
+    op_fn = chunk_kda if kda else chunk_gated_delta_rule
 
     def fn():
-        return chunk_gated_delta_rule(qe, ke, v, g, beta, initial_state=h0, output_final_state=True,
-                                      cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+        with torch.inference_mode():
+            return op_fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                         use_qk_l2norm_in_kernel=True, state_v_first=v_first)
     try:
-        fn()
+        for _ in range(3):  # the first call autotunes
+            fn()
+        torch.cuda.synchronize()
         return fn, ""
     except Exception as e:  # noqa: BLE001
-        return None, f"fla call failed ({type(e).__name__}: {str(e)[:80]})"
+        return None, f"fla call failed ({type(e).__name__}: {str(e)[:120]})"
+
+
+def fla_configs() -> dict:
+    """{kernel: {autotune key: chosen config}} of every fla autotuner that has chosen one."""
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    found = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("fla.ops"):
+            continue
+        for name, obj in vars(mod).items():
+            if isinstance(obj, Autotuner) and obj.cache:
+                found[f"{mod_name}.{name}"] = {str(key): str(cfg) for key, cfg in obj.cache.items()}
+    return found
 
 
 # (num_warps, num_stages) tried by --sweep; the state pass also at BV 64 and 128 (fewer programs).
@@ -139,59 +158,64 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time other launch choices of both kernels (JIT)")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
+    ap.add_argument("--gates", default="gdn,kda", help="gdn, kda or both (fla's chunk_kda autotuning takes minutes)")
     a = ap.parse_args()
     rows = Rows(a.out)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e9:.0f} GB/s")
-    print(f"{'shape':14s} {'vmajor ms':>10s} {'kmajor ms':>10s} {'prep ms':>8s} {'state ms':>9s} {'fla ms':>8s} "
-          f"{'floor ms':>9s} {'fla/vmaj':>9s} {'kernels: vmaj':>14s} {'fla':>6s} {'fla/vmaj':>9s}")
+    print("ms: summed kernel durations of one call (events: aotc V-major by CUDA events, L2 emptied)")
+    print(f"{'shape':9s} {'gate':4s} {'aotc V':>8s} {'fla V':>8s} {'fla/aotc':>8s} {'aotc K':>8s} {'fla K':>8s} "
+          f"{'fla/aotc':>8s} {'events V':>9s} {'floor':>7s}")
     notes = set()
-    for name, lengths, kda in SHAPES:
-        times, prov = {}, "aot"
-        for layout in ("vmajor", "kmajor"):
-            q, k, v, g, beta, state, idx, cu = make(lengths, kda, layout)
-            out = torch.empty_like(v)
+    wanted = a.shapes.split(",") if a.shapes else None
+    for name, lengths in SHAPES:
+        if wanted and name not in wanted:
+            continue
+        for kda in [g == "kda" for g in a.gates.split(",")]:
+            times, prov = {}, "aot"
+            for layout in ("vmajor", "kmajor"):
+                q, k, v, g, beta, state, idx, cu = make(lengths, kda, layout)
+                out = torch.empty_like(v)
 
-            def call():
-                op.gated_delta_prefill(q, k, v, g, beta, state, idx, cu, qk_l2norm=True, state_layout=layout,
-                                       out=out, validate=False)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                call()
-            if any(issubclass(w.category, AotcJitFallbackWarning) for w in caught):
-                prov = "aot_jit_fallback"
-            times[layout] = device_time(call)
-            if layout == "vmajor":
-                plan = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
-                for (spec, axes, grid, args), part in zip(plan, ("prep", "state")):
-                    times[part] = device_time(lambda: run_kernel(spec, axes, grid, args))
-                fn, why = fla_call(q, k, v, g, beta, lengths) if not kda else (None, "fla's KDA is another op")
-                times["fla"] = device_time(fn) if fn else float("nan")
-                # kernels alone, both sides: fla's host side (chunk indices, autotune lookups,
-                # several launches) can take longer than its kernels at 1 x 8192
-                times["vmajor_kernels"] = kernel_time(call)
-                times["fla_kernels"] = kernel_time(fn) if fn else float("nan")
+                def call():
+                    op.gated_delta_prefill(q, k, v, g, beta, state, idx, cu, qk_l2norm=True, state_layout=layout,
+                                           out=out, validate=False)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    call()
+                if any(issubclass(w.category, AotcJitFallbackWarning) for w in caught):
+                    prov = "aot_jit_fallback"
+                times[layout] = kernel_time(call)
+                if layout == "vmajor":
+                    times["events"] = device_time(call)
+                fn, why = fla_call(q, k, v, g, beta, lengths, kda, layout == "vmajor")
+                times["fla_" + layout] = kernel_time(fn) if fn else float("nan")
                 if why:
                     notes.add(why)
-        floor = floor_bytes(lengths, kda) / bw
-        variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}"
-        shape = f"{name} h{H}/{HV}"
-        for p, key in ((prov + "_vmajor", "vmajor"), (prov + "_kmajor", "kmajor"), ("prep_kernel", "prep"),
-                       ("state_kernel", "state"), ("fla_kmajor", "fla"), (prov + "_vmajor_kernels", "vmajor_kernels"),
-                       ("fla_kmajor_kernels", "fla_kernels")):
-            if times[key] == times[key]:
-                rows.add("gated_delta_prefill", variant, p, shape, "ms", times[key] * 1e3)
-        rows.add("gated_delta_prefill", variant, "bandwidth_floor", shape, "ms", floor * 1e3)
-        ratio = times["fla"] / times["vmajor"]
-        print(f"{name:14s} {times['vmajor'] * 1e3:10.3f} {times['kmajor'] * 1e3:10.3f} {times['prep'] * 1e3:8.3f} "
-              f"{times['state'] * 1e3:9.3f} {times['fla'] * 1e3:8.3f} {floor * 1e3:9.3f} {ratio:9.2f}"
-              f" {times['vmajor_kernels'] * 1e3:14.3f} {times['fla_kernels'] * 1e3:6.3f}"
-              f" {times['fla_kernels'] / times['vmajor_kernels']:9.2f}"
-              + (f"  [{prov}]" if prov != "aot" else ""))
-        torch.cuda.empty_cache()
+                del q, k, v, g, beta, state, out, fn
+                torch.cuda.empty_cache()
+            floor = floor_bytes(lengths, kda) / bw
+            variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}"
+            shape = f"{name} h{H}/{HV}"
+            for p, key in ((prov + "_vmajor_kernels", "vmajor"), (prov + "_kmajor_kernels", "kmajor"),
+                           ("fla_vfirst_kernels", "fla_vmajor"), ("fla_kmajor_kernels", "fla_kmajor"),
+                           (prov + "_vmajor", "events")):
+                if times[key] == times[key]:
+                    rows.add("gated_delta_prefill", variant, p, shape, "ms", times[key] * 1e3)
+            rows.add("gated_delta_prefill", variant, "bandwidth_floor", shape, "ms", floor * 1e3)
+            ms = {key: t * 1e3 for key, t in times.items()}
+            print(f"{name:9s} {'kda' if kda else 'gdn':4s} {ms['vmajor']:8.3f} {ms['fla_vmajor']:8.3f} "
+                  f"{ms['fla_vmajor'] / ms['vmajor']:8.2f} {ms['kmajor']:8.3f} {ms['fla_kmajor']:8.3f} "
+                  f"{ms['fla_kmajor'] / ms['kmajor']:8.2f} {ms['events']:9.3f} {floor * 1e3:7.3f}"
+                  + (f"  [{prov}]" if prov != "aot" else ""), flush=True)
     for n in sorted(notes):
         print("note:", n)
-    print("note:", FLA_QUOTED)
+    configs = fla_configs()
+    for kernel, chosen in sorted(configs.items()):
+        for key, cfg in chosen.items():
+            print(f"fla config {kernel} {key}: {cfg}")
+            rows.add("gated_delta_prefill", kernel, "fla_autotune", key, "config", cfg)
     if a.sweep:
         sweep(rows)
 

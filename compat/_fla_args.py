@@ -1,5 +1,5 @@
 """What aotc.compat.fla's four entry points share: fla 0.6's keyword handling, its gate and beta
-activations, the checks, the run on aotc's ops and the autograd guard.
+activations, the checks, the forward on aotc's ops and the autograd guard.
 
 Facts from fla-core 0.6.0 (fla/ops/gated_delta_rule/*.py and fla/ops/kda/*.py, read from its
 wheel): o has v's dtype; the final state is float32, [N, HV, K, V] or [N, HV, V, K] with
@@ -120,9 +120,37 @@ def _common_dtype(q, k, v):
     return tuple(t if t.dtype == dt else t.to(dt) for t in (q, k, v))
 
 
+def forward(who, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+            v_first, recurrent, use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
+            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, gk=None):
+    """An entry point's forward, checked arguments in: the gate and beta activations, the ops, the
+    autograd guard (`guarded`). `recurrent`: fused_recurrent's (decode kernel for T <= 8 without
+    cu_seqlens, where fla's in-kernel gate and beta sigmoid run inside it too); gk adds to g in log
+    space (exp(g) exp(gk) = exp(g + gk))."""
+    def compute():
+        decode = recurrent and cu_seqlens is None and q.shape[1] <= DECODE_MAX_T
+        if (decode and use_gate_in_kernel and use_beta_sigmoid_in_kernel and not allow_neg_eigval and gk is None
+                and lower_bound is None and A_log is not None and dt_bias is not None and beta is not None):
+            # the decode kernel's fused-gate form is fla's: -exp(A_log) softplus(g + dt_bias), sigmoid(beta)
+            fused = {"A_log": A_log, "a": g, "b": beta,
+                     "dt_bias": dt_bias.view(v.shape[2], -1) if g.dim() == 4 else dt_bias}
+            return run(who, q, k, v, None, None, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       cu_seqlens, v_first, True, fused)
+        gate = gate_activation(who, g, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+        b = beta_activation(who, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        if gk is not None:
+            gate = gk if gate is None else gk.float() + gate.float()[..., None]
+        return run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                   cu_seqlens, v_first, recurrent)
+
+    return guarded(who, compute, dict(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state,
+                                      A_log=A_log, dt_bias=dt_bias))
+
+
 def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-        v_first, allow_decode):
-    """(o in v's dtype, final state or None) from aotc's ops; g [B, T, HV] (GDN) or [B, T, HV, K]."""
+        v_first, allow_decode, fused=None):
+    """(o in v's dtype, final state or None) from aotc's ops; g [B, T, HV] (GDN) or [B, T, HV, K];
+    `fused`: the decode kernel's fused-gate keywords (A_log, a, dt_bias, b) in place of g and beta."""
     from aotc import loader
 
     B, T, _, K = q.shape
@@ -136,7 +164,7 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         n = cu_seqlens.shape[0] - 1
     else:
         n = B
-    if beta is None:  # fla's default: no scaling of the delta
+    if beta is None and fused is None:  # fla's default: no scaling of the delta
         beta = torch.ones(B, T, HV, dtype=torch.float32, device=dev)
     out_dtype = v.dtype
     q, k, v = _common_dtype(q, k, v)
@@ -145,7 +173,7 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     slots = torch.arange(n, dtype=torch.int32, device=dev)
     if cu_seqlens is None and allow_decode and T <= DECODE_MAX_T:
         o = loader.gated_delta_decode(q, k, v, g, beta, pool, slots, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
-                                      state_layout=layout)
+                                      state_layout=layout, **(fused or {}))
     else:
         if cu_seqlens is None:  # B equal-length sequences, packed
             cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=dev)

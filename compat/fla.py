@@ -18,7 +18,10 @@ states), the ops update that pool in place with state_indices = arange(N), and t
 final state. fused_recurrent's gk [B, T, HV, K] and g add in log space (KDA gates).
 use_qk_l2norm_in_kernel: x / sqrt(sum(x^2) + 1e-6), fla's l2norm. fla's gate and beta activations
 (use_gate_in_kernel with A_log, dt_bias and for KDA lower_bound; use_beta_sigmoid_in_kernel,
-allow_neg_eigval) are applied here in float32 before the op (one elementwise pass each).
+allow_neg_eigval) run inside the decode kernel where fused_recurrent takes that path with both on,
+dt_bias given and neither lower_bound nor allow_neg_eigval (its fused-gate form is exactly
+-exp(A_log) softplus(g + dt_bias), sigmoid(beta)); elsewhere they are applied here in float32
+before the op (one elementwise pass each; the chunked prefill has no in-kernel gate yet).
 Scheduling options (chunk_size, cu_seqlens_cpu, chunk_indices, safe_gate, disable_recompute,
 use_graph, max_num_seqs) change no result and are accepted unused; chunk_size is checked as fla
 checks it.
@@ -61,16 +64,11 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     if g is None and gk is None:
         raise ValueError(f"{who}: give g [B, T, HV] or gk [B, T, HV, K] (aotc has no ungated delta rule)")
 
-    def compute():
-        gate = A.gate_activation(who, g, use_gate_in_kernel, A_log, dt_bias)
-        b = A.beta_activation(who, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        if gk is not None:
-            gate = gk if gate is None else gk.float() + gate.float()[..., None]  # exp(g) exp(gk) = exp(g + gk)
-        return A.run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     cu_seqlens, v_first, True)
-
-    return A.guarded(who, compute, dict(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state,
-                                        A_log=A_log, dt_bias=dt_bias))
+    return A.forward(who, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     cu_seqlens=cu_seqlens, v_first=v_first, recurrent=True, use_gate_in_kernel=use_gate_in_kernel,
+                     A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                     allow_neg_eigval=allow_neg_eigval, gk=gk)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -93,14 +91,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     if g is None:
         raise ValueError(f"{who}: g [B, T, HV] is required")
 
-    def compute():
-        gate = A.gate_activation(who, g, gate_in_kernel, A_log, dt_bias)
-        b = A.beta_activation(who, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return A.run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     cu_seqlens, v_first, False)
-
-    return A.guarded(who, compute, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
-                                        dt_bias=dt_bias))
+    return A.forward(who, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     cu_seqlens=cu_seqlens, v_first=v_first, recurrent=False, use_gate_in_kernel=gate_in_kernel,
+                     A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                     allow_neg_eigval=allow_neg_eigval)
 
 
 def _kda_gate_shape(who, g, q, v):
@@ -141,14 +136,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if initial_state is not None and isinstance(initial_state, torch.Tensor) and initial_state.dtype != torch.float32:
         raise TypeError(f"{who}: initial_state must be float32 (as fla), got {initial_state.dtype}")
 
-    def compute():
-        gate = A.gate_activation(who, g, use_gate_in_kernel, A_log, dt_bias, lower_bound)
-        b = A.beta_activation(who, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return A.run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     cu_seqlens, v_first, False)
-
-    return A.guarded(who, compute, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
-                                        dt_bias=dt_bias))
+    return _kda(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                cu_seqlens, v_first, False, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                use_beta_sigmoid_in_kernel, allow_neg_eigval)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -164,11 +154,16 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     A.reject_unsupported(who, kwargs)
     _kda_gate_shape(who, g, q, v)
 
-    def compute():
-        gate = A.gate_activation(who, g, use_gate_in_kernel, A_log, dt_bias, lower_bound)
-        b = A.beta_activation(who, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        return A.run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     cu_seqlens, v_first, True)
+    return _kda(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                cu_seqlens, v_first, True, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                use_beta_sigmoid_in_kernel, allow_neg_eigval)
 
-    return A.guarded(who, compute, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
-                                        dt_bias=dt_bias))
+
+def _kda(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+         v_first, recurrent, use_gate_in_kernel, A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel,
+         allow_neg_eigval):
+    return A.forward(who, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     cu_seqlens=cu_seqlens, v_first=v_first, recurrent=recurrent,
+                     use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)

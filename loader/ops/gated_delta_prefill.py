@@ -44,14 +44,10 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
 
 
 def _refuse_unverified(dtype, gate, d, dev) -> None:
-    """Head sizes whose GPU binaries failed on the H100 (BENCHMARKS.md, "Gated delta: head sizes
-    and fp32"): not run there until fixed. The interpreter computes them correctly (the CPU tests)."""
-    if dev.type == "cpu":
-        return
-    if dtype == torch.float32 and max(d.K, d.V) > 128:
-        raise NotImplementedError(f"{OP}: float32 inputs at head sizes above 128 (K = {d.K}, V = {d.V}) are not "
-                                  f"supported on GPUs yet (the 256-tile state pass faults); use fp16/bf16 or K, V <= 128")
-    if gate == "kda" and dtype != torch.float32 and d.K % 16:
+    """KDA gates at 16-bit with K off the 16-element grid computed wrong on the H100 (BENCHMARKS.md,
+    "Gated delta: head sizes and fp32"; cause not found yet): refused on GPUs, not run. The
+    interpreter computes them correctly (the CPU tests)."""
+    if dev.type != "cpu" and gate == "kda" and dtype != torch.float32 and d.K % 16:
         raise NotImplementedError(f"{OP}: KDA gates with 16-bit inputs at a head size K = {d.K} that is not a multiple "
                                   f"of 16 are not supported on GPUs yet (wrong results on the H100); use fp32 or pad K")
 
@@ -202,8 +198,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     stride, device, option or (when validated) value, naming the argument, before any launch;
     ValueError naming out or state when either shares memory with another argument or is an
     expand()ed (stride-0) view; NotImplementedError when grad mode is on and an input requires
-    grad (aotc is inference-only), and on GPUs for fp32 at K or V above 128 and for KDA gates at
-    16-bit with K not a multiple of 16 (their binaries failed on the H100; the interpreter runs them).
+    grad (aotc is inference-only), and on GPUs for KDA gates at 16-bit with K not a multiple of 16
+    (their binaries computed wrong on the H100; the interpreter runs them).
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
     state from that token on; other sequences unaffected).
     """

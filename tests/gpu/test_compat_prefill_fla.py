@@ -100,3 +100,28 @@ def test_fla_fp32_head_size_100(entry):
     assert o.dtype == torch.float32
     assert_close(o, want_o, torch.float32, "o")
     assert_close(ht, want_h, torch.float32, "final_state")
+
+
+@pytest.mark.parametrize("entry", ["fused_recurrent_gated_delta_rule", "fused_recurrent_kda"])
+def test_fla_decode_rows_gate_and_beta_sigmoid_in_the_kernel(entry):
+    # T = 2 rows, fla's in-kernel gate and beta sigmoid: the decode kernel's fused-gate form
+    # (compat/_fla_args.forward) against fla's formula applied in float32.
+    kda = entry == "fused_recurrent_kda"
+    B, T, HV, K = 64, 2, 8, 128
+    t, h0, _ = fla_inputs([T] * B, equal=True, kda=kda, H=4, HV=HV, K=K, V=K, dtype=torch.bfloat16, device=DEV, seed=39)
+    gen = torch.Generator(device=DEV).manual_seed(39)
+    raw_g = torch.randn(*t["g"].shape, generator=gen, device=DEV)
+    raw_b = torch.randn(B, T, HV, generator=gen, device=DEV)
+    a_log = torch.log(torch.rand(HV, generator=gen, device=DEV) * 15 + 1)
+    dt_bias = torch.randn(HV * (K if kda else 1), generator=gen, device=DEV)
+    o, ht = getattr(fla, entry)(**{**t, "g": raw_g, "beta": raw_b}, initial_state=h0, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                                use_beta_sigmoid_in_kernel=True)
+    torch.cuda.synchronize()
+    x = raw_g + (dt_bias.view(HV, K) if kda else dt_bias)
+    g = -(a_log.exp().view(HV, 1) if kda else a_log.exp()) * torch.nn.functional.softplus(x)
+    packed = {n: v.reshape(1, B * T, *v.shape[2:]) for n, v in {**t, "g": g, "beta": torch.sigmoid(raw_b)}.items()}
+    cu = torch.arange(0, (B + 1) * T, T, device=DEV)
+    want_o, want_h = reference(packed, h0, cu)
+    assert_close(o.reshape(1, B * T, HV, K), want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")

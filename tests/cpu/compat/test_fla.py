@@ -204,6 +204,33 @@ def test_kda_entry_points_with_fla_gate_forms(entry):
         assert_close(ht, want_h, torch.bfloat16, "final_state")
 
 
+@pytest.mark.parametrize("kda", [False, True])
+def test_fused_recurrent_decode_computes_fla_gates_in_the_kernel(kda, monkeypatch):
+    # T <= 8 rows with use_gate_in_kernel and use_beta_sigmoid_in_kernel: the raw g, beta, A_log and
+    # dt_bias go to the decode kernel's fused-gate form (no torch pass), which equals fla's activations.
+    from aotc import loader
+
+    t, h0, _ = fla_inputs([3, 3], equal=True, kda=kda, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=37)
+    gen = torch.Generator().manual_seed(37)
+    raw_g, raw_b = torch.randn(*t["g"].shape, generator=gen), torch.randn(2, 3, 2, generator=gen)
+    a_log, dt_bias = torch.log(torch.tensor([0.7, 3.0])), torch.randn(2 * (64 if kda else 1), generator=gen)
+    seen = []
+    decode = loader.gated_delta_decode
+    monkeypatch.setattr(loader, "gated_delta_decode", lambda *a, **kw: seen.append((a[3], kw)) or decode(*a, **kw))
+    entry = fla.fused_recurrent_kda if kda else fla.fused_recurrent_gated_delta_rule
+    o, ht = entry(**{**t, "g": raw_g, "beta": raw_b}, initial_state=h0, output_final_state=True,
+                  use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                  use_beta_sigmoid_in_kernel=True)
+    g_arg, kw = seen[0]
+    assert g_arg is None and kw["a"] is raw_g and kw["b"] is raw_b and kw["A_log"] is a_log
+    x = raw_g + (dt_bias.view(2, 64) if kda else dt_bias)
+    g = -(a_log.exp().view(2, 1) if kda else a_log.exp()) * torch.nn.functional.softplus(x)
+    packed = {n: x.reshape(1, 6, *x.shape[2:]) for n, x in {**t, "g": g, "beta": torch.sigmoid(raw_b)}.items()}
+    want_o, want_h = reference(packed, h0, torch.tensor([0, 3, 6]))
+    assert_close(o.reshape(1, 6, 2, 64), want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+
+
 @pytest.mark.parametrize("entry", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
                                    "fused_recurrent_kda"])
 def test_inputs_requiring_grad_get_outputs_whose_backward_raises(entry):

@@ -186,12 +186,12 @@ def test_misaligned_calls_route_to_the_generic_state_spec(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype, gate, K, V, refused", [
-    (torch.float32, "gdn", 256, 256, True), (torch.float32, "kda", 100, 200, True), (torch.float32, "kda", 128, 128, False),
+    (torch.float32, "gdn", 256, 256, False), (torch.float32, "kda", 100, 200, False),
     (torch.float16, "kda", 60, 60, True), (torch.bfloat16, "kda", 100, 100, True), (torch.bfloat16, "kda", 64, 64, False),
     (torch.float16, "gdn", 60, 60, False), (torch.bfloat16, "gdn", 256, 256, False)])
 def test_head_sizes_unverified_on_gpus_are_refused_there(dtype, gate, K, V, refused):
-    # What faulted or computed wrong on the H100 is refused on GPUs before any launch; the
-    # interpreter (device cpu) computes it and keeps running it.
+    # What computed wrong on the H100 is refused on GPUs before any launch; the interpreter (device
+    # cpu) computes it and keeps running it. fp32 at the 256 tile runs since its 4-warp state pass.
     from aotc.loader.ops.gated_delta import Dims
     from aotc.loader.ops.gated_delta_prefill import _refuse_unverified
 

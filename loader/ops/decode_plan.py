@@ -74,7 +74,7 @@ class DecodePlan:
         if validate:
             check_page_values(d)
         key = D.DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
-                           window, sinks, num_splits, out, lse, scale_layout)
+                           window, sinks, num_splits, out, lse, scale_layout, None, False, 0.0)  # no score modifiers
         self._plan = plan = D.cached_plan(key, d, out)
         self._d = d  # holds table, seq_lens, req_idx and sinks alive: their pointers are packed
         self.return_lse = bool(return_lse)

@@ -29,7 +29,7 @@ def _decode_args(**over):
     a = dict(q=q, k_cache=k, v_cache=k.clone(), table=torch.zeros(2, 4, dtype=torch.int32),
              seq_lens=torch.zeros(2, dtype=torch.int32), req_idx=None, k_scale=None, v_scale=None, kv_format="auto",
              sm_scale=None, window=None, sinks=None, num_splits=None, out=torch.empty_like(q), lse=None,
-             scale_layout="group")
+             scale_layout="group", alibi_slopes=None, alibi_sqrt=False, softcap=0.0)
     a.update(over)
     return list(a.values())
 

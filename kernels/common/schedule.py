@@ -22,7 +22,8 @@ def owner_of_block(Starts, pid, count, BLOCK: tl.constexpr):
 
 @triton.jit
 def split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N: tl.constexpr):
-    """Split `split` of `num_splits`'s tokens [lo, hi) of request b (hi <= lo: none): a chunk of
+    """(lo, hi, seq_len): split `split` of `num_splits`'s tokens [lo, hi) of request b (hi <= lo:
+    none) and the request's clamped length. The split is a chunk of
     cdiv(length, num_splits) tokens rounded up to whole BLOCK_N tiles, so a short sequence takes
     fewer splits rather than more programs with the same longest one (dealing the tiles out evenly
     measured slower: BENCHMARKS.md, "MLA decode"). The length is clamped to the table
@@ -34,4 +35,4 @@ def split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, B
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
-    return lo, hi
+    return lo, hi, seq_len

@@ -235,7 +235,7 @@ def decode_split_kernel(
     h_mask = offs_g < group
     heads = kvh * group + offs_g
 
-    lo, hi = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
+    lo, hi, seq_len = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
 
     row = b
     if use_req_idx != 0:

@@ -44,11 +44,17 @@ def slow_env(tmp_path_factory):
     return dict(os.environ, PYTHONPATH=path, TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-cache")))
 
 
+def _terminal_sigint() -> None:
+    # A build started from a shell has SIGINT at its default; one ignored by the test process
+    # (an in-process CLI test's exit path ignores it) would be inherited across exec and hide Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(out: Path, env: dict) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "aotc.aot.cli", "build", "--arch", "sm90", "--kernel", "tiny_axpy", "-j", "2",
            "--out", str(out)]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_terminal_sigint)
 
 
 def records(out: Path) -> dict[str, Entry]:

@@ -18,6 +18,9 @@ import threading
 _buffers: dict[tuple[int, int], object] = {}
 _retired: list = []  # replaced buffers a captured graph may still point at
 _lock = threading.Lock()
+# Bumped whenever a buffer is allocated or replaced: a launch path that remembers a stream's
+# buffer address (split_merge.Eager) compares one int instead of looking the buffer up.
+generation = 0
 
 
 _pairs: dict = {}
@@ -91,9 +94,11 @@ def get(device, numel: int):
         return buf[:numel]
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(numel, dtype=torch.float32, device=device)
+    global generation
     with _lock:
         buf = _buffers.get(key)
         if buf is None or buf.numel() < numel:
+            generation += 1
             if buf is not None:
                 _retired.append(buf)
             # Grow by at least 2x so a slowly rising demand reallocates O(log) times.

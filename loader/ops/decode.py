@@ -18,7 +18,7 @@ from aotc.kernels.decode import spec as S
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
 from .kv_cache import FLOAT_NAMES, FP8_DTYPES, check_cache, check_page_values, check_rows
-from .split_merge import SplitMerge, split_programs_per_sm
+from .split_merge import Eager, SplitMerge, split_programs_per_sm
 
 OP = "decode"
 
@@ -196,6 +196,9 @@ DECODE = library.Op(
     check=check_decode, run=_run_decode)
 # Plans by the inputs' metadata (DECODE.key); `DecodePlan` (decode_plan.py) builds on the same plans.
 _plans = rules.PlanCache()
+# Unvalidated eager calls' steady states (split_merge.Eager), tried before the plan key is built.
+_recent = rules.Recent()
+_compiling = torch.compiler.is_compiling
 
 
 def cached_plan(key, d: _Decode, out) -> SplitMerge:
@@ -301,6 +304,16 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
     head NaN in out and lse; other heads are unaffected).
     """
+    matched = False
+    if not validate and not _compiling():
+        for e in _recent.entries:  # one C call matches every argument; pointers read once
+            if e.match(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale, window,
+                       sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap, return_lse):
+                if e.run(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse,
+                         alibi_slopes):
+                    return (out, lse) if return_lse else out
+                matched = True  # the full path decides this call (and names any error)
+                break
     if _split_heads(q, k_cache, v_cache):
         if alibi_slopes is not None or softcap:
             raise NotImplementedError("softcap / alibi_slopes with unequal head sizes (the MLA family) are not "
@@ -315,6 +328,7 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                                   latent=_is_prefix_view(k_cache, v_cache), validate=validate)
     if lse is not None and not return_lse:
         raise ValueError("lse is written only with return_lse=True")
+    out_given, lse_given = out, lse
     if return_lse and lse is None and isinstance(q, torch.Tensor) and q.dim() == 3:
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if torch.compiler.is_compiling():  # the op's fake implementation runs the checks
@@ -344,4 +358,13 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                                sinks=sinks, out=out, lse=lse, alibi_slopes=alibi_slopes)
         plan.apart(out, lse, q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes)
     plan.launch(q, k_cache, v_cache, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse, alibi_slopes)
+    if not (validate or matched) and lse_given is lse and out_given is out:  # the next such call: the steady state
+        e = Eager.make(plan, (q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_format, sm_scale,
+                              window, sinks, num_splits, out, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap,
+                              return_lse),
+                       (q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse, alibi_slopes),
+                       (k_scale, v_scale), {"out": out, "lse": lse},
+                       _inputs(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, sinks, alibi_slopes))
+        if e is not None:
+            _recent.add(e)
     return (out, lse) if return_lse else out

@@ -7,10 +7,12 @@ on tensors that stand for every layer's (their shapes, strides and dtypes; value
 takes the plan `decode` caches for that metadata (decode.cached_plan: grids, variant, split count,
 every non-pointer argument), and packs the step's own pointers (table, lengths, req_idx, sinks,
 and a workspace of its own) into private copies of the two launches' parameter buffers.
-`plan.run(q, k_cache, v_cache, out, k_scale, v_scale)` then reads each tensor's dtype, size,
-stride and device, compares them with the plan's (the cheap check: 16 metadata reads for q,
-k_cache, v_cache and out, 8 more with int8/int4 scales; no tensor created), packs the per-layer
-pointers (5 into the split kernel's buffer, 1-2 into the merge's) and makes the two driver calls.
+`plan.run(q, k_cache, v_cache, out, k_scale, v_scale)` then compares each tensor's dtype, sizes,
+strides, device and requires_grad with the plan's in one C call (rules.call_matcher), reads each
+pointer once (the overlap test and the packing share them), packs the per-layer pointers (5
+into the split kernel's buffer, 1-2 into the merge's) and makes the two driver calls. Anything
+the one call does not pass (another mode, a tensor unlike the plan's, another current device)
+takes the full check, which names what differs or launches the general way.
 Measured against bare driver calls by bench/launch_overhead.py ("aot_plan_run").
 
 What run() checks, and why that is enough: a layer's q, caches, scales, out and lse must have
@@ -34,6 +36,8 @@ import torch
 from . import decode as D
 from . import guards, rules
 from .kv_cache import FP8_DTYPES, check_page_values
+
+_MATCH_REBUILDS = 4  # a plan re-derives its matcher this often (a new dispatch mode), then keeps the full check
 
 class DecodePlan:
     """`decode` for one step, planned once and run per layer.
@@ -91,6 +95,20 @@ class DecodePlan:
             "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
             fixed={"table": table, "seq_lens": seq_lens, "req_idx": req_idx, "sinks": sinks})
         self._bound = plan.bind(table, seq_lens, req_idx, sinks, self.return_lse)
+        self._lse_size = q.shape[:2]
+        self._index = q.device.index
+        self._meets = self._apart.on_pointers()
+        self._rebuilds = 0
+        self._match = self._matcher(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+
+    def _matcher(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
+        """The run's one-call check over these tensors, or `rules.never` where runs take the full
+        check: no prepared launch (CPU, the JIT fallback), or a tensor that requires grad (the
+        full check refuses it when grad mode is on)."""
+        tensors = (q, k_cache, v_cache, out, k_scale, v_scale, lse)
+        if self._bound is None or any(t is not None and t.requires_grad for t in tensors):
+            return rules.never
+        return rules.call_matcher(*tensors)
 
     def _refuse(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
         names = ("q", "k_cache", "v_cache", "out")
@@ -118,8 +136,24 @@ class DecodePlan:
         for return_lse plans, allocated when None) must have the plan's dtypes, shapes, strides
         and device. Returns out, or (out, lse) for a return_lse plan.
         """
-        # The cheap check (decided by its cost: ~16 attribute reads, no tensor created, ~1 us on
-        # a fast host): every layer tensor has the plan's dtype, size, strides and device.
+        if lse is None and self.return_lse:
+            lse = torch.empty(self._lse_size, dtype=torch.float32, device=self.device)
+        if self._match(q, k_cache, v_cache, out, k_scale, v_scale, lse) and _current_device() == self._index:
+            qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+            if k_scale is None:
+                ksp = vsp = self._bound.one  # fp8 without scales reads 1.0; fp16/bf16 read none
+            else:
+                ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
+            lsep = None if lse is None else lse.data_ptr()
+            if not ((kp | vp) & self._halfword or self._meets(op, lsep, qp, kp, vp, ksp, vsp)):
+                self._bound.run(qp, kp, vp, ksp, vsp, op, lsep, _current_stream(self._index))
+                return (out, lse) if self.return_lse else out
+        return self._run_checked(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+
+    def _run_checked(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
+        """run() with every check spelled out: names what differs from the plan, else launches
+        (the prepared way, or the general path: CPU, the JIT fallback, another current device)."""
+        # Every layer tensor has the plan's dtype, size, strides and device (16 reads: the slow way).
         e, sm = self._expect, self._scale_meta
         try:
             ok = (q.dtype is e[0] and k_cache.dtype is e[1] and v_cache.dtype is e[2] and out.dtype is e[3]
@@ -140,9 +174,7 @@ class DecodePlan:
                 if t is not None:
                     raise ValueError(f"{name}: this DecodePlan was made with fp8 scales of 1.0 (None)")
         if self.return_lse:
-            if lse is None:
-                lse = torch.empty(self._lse_meta.size, dtype=torch.float32, device=self.device)
-            elif not self._lse_meta.matches(lse):
+            if not self._lse_meta.matches(lse):
                 self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
         elif lse is not None:
             self._refuse(q, k_cache, v_cache, out, k_scale, v_scale, lse)
@@ -161,8 +193,16 @@ class DecodePlan:
                 ksp = vsp = bound.one  # fp8 without scales reads 1.0; fp16/bf16 read none
             bound.run(qp, kp, vp, ksp, vsp, out.data_ptr(), None if lse is None else lse.data_ptr(),
                       torch._C._cuda_getCurrentRawStream(bound.index))
+            if self._rebuilds < _MATCH_REBUILDS:  # checked and launched, yet not matched: another dispatch mode
+                self._rebuilds += 1
+                self._match = self._matcher(q, k_cache, v_cache, out, k_scale, v_scale, lse)
         else:
             d = self._d  # the general path: CPU (interpreter), the JIT fallback, another current device
             self._plan.launch(q, k_cache, v_cache, k_scale, v_scale, d.table, d.req_idx, d.seq_lens, d.sinks, out,
                               lse)
         return (out, lse) if self.return_lse else out
+
+
+# torch's own bindings, called directly (a CPU-only torch has none: its plans never match)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

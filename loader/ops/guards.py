@@ -89,11 +89,12 @@ class Apart:
     `fixed` tensors (kept alive by the caller, such as a DecodePlan's table) are compared by the
     addresses they had when the plan was made."""
 
-    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed", "_fast")
+    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed", "_fast", "n")
 
     def __init__(self, op: str, outputs: dict, inputs: dict, fixed: dict | None = None):
         self.op = op
         tensors = (*outputs.values(), *inputs.values())
+        self.n = len(tensors)
         # Which arguments hold bytes is metadata too (None and empty tensors hold none): fixed per plan.
         self.live = [i for i, t in enumerate(tensors) if byte_extent(t)]
         names = list(outputs) + list(inputs)
@@ -111,11 +112,18 @@ class Apart:
         if self._fast(*tensors):  # some pair meets: the general comparison names it
             self.compare([tensors[i].data_ptr() for i in self.live])
 
-    def _generate(self, n: int):
+    def on_pointers(self):
+        """A straight-line `meets(p0, ..., pn) -> bool` over the call's addresses (ints, outputs
+        then inputs in the constructor's order; slots that hold no bytes are not read): True where
+        an output's bytes meet another's. For launch paths that read each pointer once; on True,
+        `compare` names the pair."""
+        return self._generate(self.n, pointers=True)
+
+    def _generate(self, n: int, pointers: bool = False):
         """A straight-line `apart(t0, ..., tn) -> bool` (True where an output's bytes meet another's):
         the per-call half of a plan runs on every call, and a loop over pairs costs microseconds."""
         live, ext = self.live, self.extents
-        lines = [f"    p{k} = t{i}.data_ptr()" for k, i in enumerate(live)]
+        lines = [f"    p{k} = t{i}" + ("" if pointers else ".data_ptr()") for k, i in enumerate(live)]
         names = [f"p{k}" for k in range(len(live))]
         ends = [f"p{k} + {e}" for k, e in enumerate(ext)]
         tests = []

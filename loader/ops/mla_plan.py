@@ -5,15 +5,20 @@ As `DecodePlan` (decode_plan.py) for `decode`: the constructor runs every check 
 (variant, grids, split count, every non-pointer argument); `run(q, kv_cache, out)` compares each
 layer tensor's dtype, size, stride and device with the plan's and launches the plan's two
 kernels with that layer's pointers (split_merge.Bound, as DecodePlan: the plan's own launches
-and workspace, the step's table and lengths packed once). The split count depends on no length, so runs captured in a CUDA graph replay at
-any length; the table and lengths must not change shape while the plan is used.
+and workspace, the step's table and lengths packed once). As DecodePlan's, a run first tries one
+C call over its tensors (rules.call_matcher) and reads each pointer once; anything else takes
+the full check. out and lse may share no byte with the layer's inputs or the step's table,
+lengths and req_idx (checked by address every run). The split count depends on no length, so
+runs captured in a CUDA graph replay at any length; the table and lengths must not change
+shape while the plan is used.
 """
 from __future__ import annotations
 
 import torch
 
+from . import guards, rules
 from . import mla as M
-from . import rules
+from .decode_plan import _MATCH_REBUILDS
 from .kv_cache import as_paged, check_page_values
 
 OP = "MLADecodePlan"
@@ -62,6 +67,22 @@ class MLADecodePlan:
         self._scale_meta = rules.Meta(k_scale) if k_scale is not None else None
         self._lse_meta = rules.Meta(lse) if lse is not None else None
         self._bound = plan.bind(table, seq_lens, req_idx, None, self.return_lse)
+        self._apart = guards.Apart(OP + ".run", {"out": out, "lse": lse}, {"q": q, "kv_cache": kv_cache,
+                                                                           "k_scale": k_scale},
+                                   fixed={"table": table, "seq_lens": seq_lens, "req_idx": req_idx})
+        self._meets = self._apart.on_pointers()
+        self._lse_size = q.shape[:2]
+        self._index = q.device.index
+        self._rebuilds = 0
+        self._match = self._matcher(q, kv_cache, out, k_scale, lse)
+
+    def _matcher(self, q, kv_cache, out, k_scale, lse):
+        """The run's one-call check (rules.call_matcher), or `rules.never`: no prepared launch, or a
+        tensor that requires grad (the full check refuses it when grad mode is on)."""
+        tensors = (q, kv_cache, out, k_scale, lse)
+        if self._bound is None or any(t is not None and t.requires_grad for t in tensors):
+            return rules.never
+        return rules.call_matcher(*tensors)
 
     def _check(self, q, kv_cache, out, k_scale, lse) -> None:
         for name, m, t in zip(("q", "kv_cache", "out"), self._meta, (q, kv_cache, out)):
@@ -83,18 +104,40 @@ class MLADecodePlan:
     def run(self, q, kv_cache, out, k_scale=None, lse=None):
         """One layer: `mla_decode(q, kv_cache, <plan's table and lengths>, out=out, ...)`. Returns
         out, or (out, lse) for a return_lse plan (lse allocated when None)."""
+        if lse is None and self.return_lse:
+            lse = torch.empty(self._lse_size, dtype=torch.float32, device=self.device)
+        if self._match(q, kv_cache, out, k_scale, lse) and _current_device() == self._index:
+            qp, kp, op = q.data_ptr(), kv_cache.data_ptr(), out.data_ptr()
+            ksp = self._bound.one if k_scale is None else k_scale.data_ptr()
+            lsep = None if lse is None else lse.data_ptr()
+            if not self._meets(op, lsep, qp, kp, ksp):
+                self._bound.run(qp, kp, kp, ksp, ksp, op, lsep, _current_stream(self._index))
+                return (out, lse) if self.return_lse else out
+        return self._run_checked(q, kv_cache, out, k_scale, lse)
+
+    def _run_checked(self, q, kv_cache, out, k_scale, lse):
+        """run() with every check spelled out (names what differs from the plan), then the launch."""
         self._check(q, kv_cache, out, k_scale, lse)
-        if self.return_lse and lse is None:
-            lse = torch.empty(self._lse_meta.size, dtype=torch.float32, device=self.device)
+        if torch.is_grad_enabled():
+            guards.refuse_grad(OP + ".run", q=q, kv_cache=kv_cache, k_scale=k_scale, out=out, lse=lse)
+        self._apart(out, lse, q, kv_cache, k_scale)
         bound = self._bound
         if bound is not None and torch._C._cuda_getDevice() == bound.index:
             kp = kv_cache.data_ptr()
             ksp = bound.one if k_scale is None else k_scale.data_ptr()
             bound.run(q.data_ptr(), kp, kp, ksp, ksp, out.data_ptr(), None if lse is None else lse.data_ptr(),
                       torch._C._cuda_getCurrentRawStream(bound.index))
+            if self._rebuilds < _MATCH_REBUILDS:  # checked and launched, yet not matched: another dispatch mode
+                self._rebuilds += 1
+                self._match = self._matcher(q, kv_cache, out, k_scale, lse)
         else:
             c = self._c  # the general path: CPU (interpreter), the JIT fallback, another current device
             k = as_paged(kv_cache)
             self._plan.launch(q, k, k[..., :self.v_head_dim], k_scale, k_scale, c.table, c.req_idx, c.seq_lens, None,
                               out, lse)
         return (out, lse) if self.return_lse else out
+
+
+# torch's own bindings, called directly (a CPU-only torch has none: its plans never match)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -1,7 +1,8 @@
 """The argument rules every op shares, in one message form: `<op>: <name> must be <expected>, got
 <what it got>` (TypeError for a type or dtype, ValueError for anything else), so an op file
 reads as rules, plan, launch. Beside them: byte views of tensors, the int32 bound the kernels'
-index arithmetic lives in, tensor metadata as plans compare it, and the bounded plan cache.
+index arithmetic lives in, tensor metadata as plans compare it (`Meta`, and `matcher`: one C
+call for a plan's hot path), and the bounded plan cache.
 
 (guards.py holds the checks that are not about one argument's shape: grad, outputs that
 overlap, numbers, index narrowing.)
@@ -88,6 +89,64 @@ class Meta:
         return f"dtype {self.dtype}, shape {tuple(self.size)}, strides {self.stride}"
 
 
+def _python_matcher(tensors):
+    """`matcher`'s rule in Python (a torch without the C guard): ~4 reads a tensor."""
+    want = [(type(t), t.dtype, t.size(), t.stride(), t.device, t.requires_grad) for t in tensors]
+
+    def match(*got) -> bool:
+        if len(got) != len(want) or len({id(t) for t in got}) != len(got):
+            return False
+        return all(type(t) is w[0] and t.dtype is w[1] and t.size() == w[2] and t.stride() == w[3]
+                   and t.device == w[4] and t.requires_grad == w[5] for t, w in zip(got, want))
+    return match
+
+
+def matcher(*tensors):
+    """A `match(*tensors) -> bool`, True when each given tensor has the type, dtype, device (type
+    and index), sizes, strides and requires_grad of the one in the same place here, the tensors
+    are distinct objects, and torch's dispatch state (inference mode, autocast, modes) is as it
+    was here. Anything else (None, a tensor under another mode) gives False: the caller then
+    runs its full checks. It reads each tensor's live metadata, so an in-place resize_/set_/
+    as_strided_ is seen. torch's own C guard (what torch.compile's guards call: one call for
+    every tensor, ~0.1 us a tensor against ~0.5 us for reading four attributes in Python;
+    BENCHMARKS.md "Launch overhead"), else the same rule in Python."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+    except (ImportError, AttributeError, TypeError):
+        return _python_matcher(tensors)
+
+
+def call_matcher(*examples):
+    """A `match(*args) -> bool` for calls like `examples`: where an example is a tensor, the
+    argument matches it (`matcher`: one guard over all of them); where it is None, the argument
+    is None; any other example, the argument is that object or an equal one of its exact type (a
+    bool is not an int). Straight-line code, as `library`'s plan keys: an eager call runs it."""
+    names = [f"a{i}" for i in range(len(examples))]
+    namespace: dict = {}
+    tests, tensors = [], []
+    for a, (i, x) in zip(names, enumerate(examples)):
+        if x is None:
+            tests.append(f"{a} is None")
+        elif isinstance(x, torch.Tensor):
+            tensors.append(a)
+        else:
+            namespace[f"c{i}"], namespace[f"t{i}"] = x, type(x)
+            tests.append(f"({a} is c{i} or (type({a}) is t{i} and {a} == c{i}))")
+    if tensors:
+        namespace["g"] = matcher(*[x for x in examples if isinstance(x, torch.Tensor)])
+        tests.append(f"g({', '.join(tensors)})")
+    src = f"def match({', '.join(names)}):\n    return {' and '.join(tests) or 'True'}\n"
+    exec(compile(src, "<aotc match>", "exec"), namespace)  # noqa: S102 - built from the examples' kinds
+    return namespace["match"]
+
+
+def never(*tensors) -> bool:
+    """A matcher that matches nothing (a plan without a fast path)."""
+    return False
+
+
 def describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return f"a {type(t).__name__}"
@@ -114,3 +173,21 @@ class PlanCache(dict):
                 self.clear()
             self[key] = plan
         return plan
+
+
+class Recent:
+    """An op's eager steady states (each with a `match` from `call_matcher`), newest first, at most
+    `limit`: a call tries them in order before its full checks. Emptied with the plan caches."""
+
+    def __init__(self, limit: int = 4):
+        self.limit = limit
+        self.entries: tuple = ()
+        from ..dispatch import register_plan_cache
+
+        register_plan_cache(self)
+
+    def add(self, entry) -> None:
+        self.entries = (entry, *self.entries[:self.limit - 1])
+
+    def clear(self) -> None:
+        self.entries = ()

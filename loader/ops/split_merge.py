@@ -15,12 +15,15 @@ workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import struct
 import threading
 
 import torch
 
 from .. import workspace
 from ..dispatch import prepare, programs_per_sm, run_kernel
+from . import rules
 
 _ones: dict = {}
 
@@ -52,7 +55,7 @@ class SplitMerge:
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
                  "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "fast_split",
-                 "fast_merge", "apart", "alibi")
+                 "fast_merge", "apart", "alibi", "eager_made")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
                  halfword: int):
@@ -64,9 +67,11 @@ class SplitMerge:
         self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
         self.fast_split = self.fast_merge = None
         self.apart = None
+        self.eager_made = 0  # Eager steady states made for this plan (bounded: see Eager.make)
         if device.type == "cuda" and self.launches_anything():
             split_l, merge_l = self._prepare()
             if split_l is not None and merge_l is not None:
+                merge_l.lock = split_l.lock  # one lock for both buffers: launch_pointers packs them together
                 self.fast_split, self.fast_merge = split_l, merge_l
 
     def launches_anything(self) -> bool:
@@ -152,11 +157,108 @@ class SplitMerge:
         return Bound(self, split_l, merge_l, table, seq_lens, req_idx, sinks, return_lse)
 
 
+class Eager:
+    """An eager call's steady state for one input metadata (decode's and mla_decode's): the call
+    matched in one C call (`match`, rules.call_matcher over every argument), each pointer read
+    once, the overlap test on the addresses (guards.Apart.on_pointers), both prepared launches
+    packed and issued on the stream's workspace (its address remembered while
+    workspace.generation stands) under the stream's lock. `run` returns False, launching
+    nothing, where the full path must decide: another current device, overlapping or odd
+    addresses (that path names the error), a stream whose workspace is not yet big enough."""
+
+    __slots__ = ("match", "plan", "meets", "index", "one", "halfword", "alibi", "split", "merge", "packing",
+                 "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
+
+    MAX_PER_PLAN = 4  # a plan gets this many (a new dispatch mode re-derives one), then calls take the full path
+
+    def __init__(self, match, plan: SplitMerge, meets):
+        self.match, self.plan, self.meets = match, plan, meets
+        self.index = plan.device.index
+        self.one = one(plan.device).data_ptr()  # fp8 without scales reads 1.0; fp16/bf16 read no scale
+        self.halfword, self.alibi = plan.halfword, plan.alibi
+        self.split, self.merge = split, merge = plan.fast_split, plan.fast_merge
+        self.packing = split.lock  # the plan's buffers (the merge's shares it), also packed by calls on other streams
+        self.split_go, self.merge_go = (split.go(False), split.go(True)), (merge.go(False), merge.go(True))
+        self.split_misaligned, self.merge_misaligned = split.misaligned, merge.misaligned
+        self.ws = (None, -1, None, 0, 0)  # (stream, workspace.generation, stream lock, partial out, partial lse)
+
+    @staticmethod
+    def make(plan: SplitMerge, args: tuple, tensors: tuple, scales: tuple, outputs: dict, inputs: dict):
+        """An Eager for a call that the full path just checked and launched, or None where calls like
+        it must keep the full path: no prepared launches, a tensor that requires grad, fp8 scales
+        not in fp32 (converted per call), or the plan's quota spent. args: the call's arguments
+        in the order `match` will take them; tensors: every tensor argument."""
+        if (plan.fast_split is None or plan.eager_made >= Eager.MAX_PER_PLAN
+                or any(t is not None and t.requires_grad for t in tensors)
+                or (plan.fp8 and any(s is not None and s.dtype != torch.float32 for s in scales))):
+            return None
+        plan.eager_made += 1
+        from .guards import Apart
+
+        return Eager(rules.call_matcher(*args), plan, Apart("eager", outputs, inputs).on_pointers())
+
+    def run(self, q, k, v, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse, alibi) -> bool:
+        index = self.index
+        if _current_device() != index:
+            return False
+        qp, kp, vp, tp, lp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(), seq_lens.data_ptr(), \
+            out.data_ptr()
+        rp = lp if req_idx is None else req_idx.data_ptr()
+        if k_scale is None:
+            ksp = vsp = self.one
+        else:
+            ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
+        sp = None if sinks is None else sinks.data_ptr()
+        lsep = None if lse is None else lse.data_ptr()
+        ap = None if alibi is None else alibi.data_ptr()
+        if (kp | vp) & self.halfword or self.meets(op, lsep, qp, kp, vp, tp, lp, rp, ksp, vsp, sp, ap):
+            return False
+        stream = _current_stream(index)
+        ws = self.ws
+        if ws[0] != stream or ws[1] != workspace.generation:
+            ws = self._stream_workspace(stream)
+            if ws is None:
+                return False
+        lock, po, pl = ws[2], ws[3], ws[4]
+        sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
+        if self.alibi:
+            sptrs += (pl if ap is None else ap,)
+        mptrs = (po, pl, pl if sp is None else sp, op, pl if lsep is None else lsep)
+        split, merge, packing = self.split, self.merge, self.packing
+        lock.acquire()
+        packing.acquire()
+        try:
+            split.pack(split.buffer, 0, *sptrs)
+            merge.pack(merge.buffer, 0, *mptrs)
+            self.split_go[not self.split_misaligned(sptrs)](stream)
+            self.merge_go[not self.merge_misaligned(mptrs)](stream)
+        finally:
+            packing.release()
+            lock.release()
+        return True
+
+    def _stream_workspace(self, stream):
+        plan = self.plan
+        generation = workspace.generation  # read before the buffer: a later swap shows as a new generation
+        buf = workspace._buffers.get((self.index, stream))
+        if buf is None or buf.numel() < plan.n_o + plan.n_lse:
+            return None
+        po = buf.data_ptr()
+        self.ws = ws = (stream, generation, workspace.stream_lock(self.index, stream), po, po + 4 * plan.n_o)
+        return ws
+
+
+# torch's own bindings, called directly (a CPU-only torch has none, and makes no Eager)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 class Bound:
     """A plan's two launches: its own workspace (split partials), the step's table, lengths, rows
     and sinks packed once; `run` packs a layer's q, k, v, scales (split) and out, lse (merge)."""
 
-    __slots__ = ("split", "merge", "split_go", "merge_go", "index", "workspace", "dummy", "one", "lock")
+    __slots__ = ("split", "merge", "split_go", "merge_go", "index", "workspace", "dummy", "one", "lock", "acquire",
+                 "release", "split_buffer", "merge_slots")
 
     def __init__(self, sm: SplitMerge, split, merge, table, seq_lens, req_idx, sinks, return_lse):
         dev = sm.device
@@ -179,18 +281,25 @@ class Bound:
         self.dummy = part_lse  # a scale pointer never read (fp16/bf16 caches)
         self.one = one(dev).data_ptr() if sm.fp8 else part_lse  # fp8 without scales reads 1.0
         self.lock = threading.Lock()
+        # The cheapest writes (BENCHMARKS.md "Launch overhead"): one pack_into for the split's five
+        # slots, an item store for the merge's one or two; acquire/release, not `with` (half the cost).
+        self.acquire, self.release = self.lock.acquire, self.lock.release
+        self.split_buffer = split.buffer
+        self.merge_slots = (ctypes.c_uint64 * 5).from_buffer(merge.buffer)
 
-    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
+    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream, _pack5=struct.Struct("<5Q").pack_into) -> None:
         """One layer's launches; lsep None for a plan without lse."""
-        split, merge = self.split, self.merge
-        with self.lock:
-            split.pack(split.buffer, split.offset, qp, kp, vp, ksp, vsp)
-            if lsep is None:
-                merge.pack(merge.buffer, merge.offset, op)
-            else:
-                merge.pack(merge.buffer, merge.offset, op, lsep)
+        self.acquire()
+        try:
+            _pack5(self.split_buffer, 0, qp, kp, vp, ksp, vsp)
+            m = self.merge_slots
+            m[3] = op
+            if lsep is not None:
+                m[4] = lsep
             self.split_go[not (qp | kp | vp) & 15](stream)
             self.merge_go[not op & 15](stream)
+        finally:
+            self.release()
 
 
 def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints,

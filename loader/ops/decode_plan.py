@@ -85,7 +85,7 @@ class DecodePlan:
         self.device = q.device
         self._meta = [rules.Meta(t) for t in (q, k_cache, v_cache, out)]
         self._expect = (*(m.dtype for m in self._meta), *(m.size for m in self._meta),
-                        *(m.stride for m in self._meta), q.get_device())
+                        *(m.stride for m in self._meta), q.device)
         self._scale_meta = (rules.Meta(k_scale), rules.Meta(v_scale)) if k_scale is not None else None
         self._fp8 = d.kv.fmt in FP8_DTYPES
         self._lse_meta = rules.Meta(lse) if lse is not None else None
@@ -159,8 +159,8 @@ class DecodePlan:
             ok = (q.dtype is e[0] and k_cache.dtype is e[1] and v_cache.dtype is e[2] and out.dtype is e[3]
                   and q.size() == e[4] and k_cache.size() == e[5] and v_cache.size() == e[6] and out.size() == e[7]
                   and q.stride() == e[8] and k_cache.stride() == e[9] and v_cache.stride() == e[10]
-                  and out.stride() == e[11] and q.get_device() == e[12] and k_cache.get_device() == e[12]
-                  and v_cache.get_device() == e[12] and out.get_device() == e[12])
+                  and out.stride() == e[11] and q.device == e[12] and k_cache.device == e[12]
+                  and v_cache.device == e[12] and out.device == e[12])
             if ok and sm is not None:
                 ok = sm[0].matches(k_scale) and sm[1].matches(v_scale)
         except AttributeError:  # not a tensor

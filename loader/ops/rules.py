@@ -74,16 +74,17 @@ def meta(t):
 
 
 class Meta:
-    """A tensor's dtype, size, stride and device index, as a plan's run() compares them."""
+    """A tensor's dtype, size, stride and device, as a plan's full check compares them (the
+    device itself: get_device() is -1 for a CPU and a meta tensor alike)."""
 
     __slots__ = ("dtype", "size", "stride", "device")
 
     def __init__(self, t):
-        self.dtype, self.size, self.stride, self.device = t.dtype, t.size(), t.stride(), t.get_device()
+        self.dtype, self.size, self.stride, self.device = t.dtype, t.size(), t.stride(), t.device
 
     def matches(self, t) -> bool:
         return (t.dtype is self.dtype and t.size() == self.size and t.stride() == self.stride
-                and t.get_device() == self.device)
+                and t.device == self.device)
 
     def describe(self) -> str:
         return f"dtype {self.dtype}, shape {tuple(self.size)}, strides {self.stride}"

@@ -162,10 +162,13 @@ def _needs_general_launch(entry: Entry) -> bool:
 def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Launch | None:
     """A `launch.Launch` of `spec`'s built binaries on CUDA device `device`, or None where calls
     must take `run_kernel`'s path: a key that was not built (the JIT fallback), a binary that
-    needs scratch buffers or a cluster/cooperative launch, an empty grid, or ints no binary takes.
+    needs scratch buffers or a cluster/cooperative launch, an empty grid, ints no binary takes, or
+    a pointer after the leading ones that is not given as a fixed address (an int).
     A binary built for a programmatic dependent launch (PDL) is prepared: cuLaunchKernelEx."""
     gx, gy, gz = grid
-    if not gx * gy * gz or any(a.kind == "ptr" for a in spec.args[spec.leading_ptrs:]):
+    # A pointer after the leading ones is fixed for the Launch's life when given as an address (int).
+    tail = zip(spec.args[spec.leading_ptrs:], scalars)
+    if not gx * gy * gz or any(a.kind == "ptr" and not isinstance(v, int) for a, v in tail):
         return None
     sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
     if sel.entries[GENERIC] is None or any(_needs_general_launch(e) for e in sel.entries.values() if e):

@@ -1,7 +1,9 @@
 """Chunked gated delta rule prefill over packed variable-length sequences, declared once as
 `GDN_PREFILL` (library.Op: the `aotc::gated_delta_prefill` op). Rules (`_validate`, with
 gated_delta.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
-launch (`run_kernel`, through the general `launch.Launch` path: each call's lengths differ)."""
+launch (`run_kernel`, through the general `launch.Launch` path: each call's lengths differ).
+Unvalidated eager calls keep their checked metadata (`_recent`: one C call matches every
+argument, the overlap test runs on addresses) and go straight to the launches."""
 from __future__ import annotations
 
 import torch
@@ -161,6 +163,26 @@ GDN_PREFILL = library.Op(
     "str state_layout, bool validate) -> ()", impl=_prefill_op, fake=_prefill_fake)
 
 
+class _Checked:
+    """An unvalidated call's checked metadata: `match` (rules.call_matcher over every argument),
+    the scale it resolved to, and the overlap test of out and state on the call's addresses."""
+
+    __slots__ = ("match", "scale", "meets")
+
+    def __init__(self, args, scale, outputs, reads):
+        self.match, self.scale = rules.call_matcher(*args), scale
+        self.meets = guards.Apart(OP, outputs, reads).on_pointers()
+
+    def apart(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out) -> bool:
+        return not self.meets(None if out is None else out.data_ptr(), state.data_ptr(), q.data_ptr(), k.data_ptr(),
+                              v.data_ptr(), g.data_ptr(), beta.data_ptr(), state_indices.data_ptr(),
+                              cu_seqlens.data_ptr())
+
+
+_recent = rules.Recent()
+_compiling = torch.compiler.is_compiling
+
+
 def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, scale=None, qk_l2norm=False,
                         state_layout="vmajor", out=None, validate=None) -> torch.Tensor:
     """Gated DeltaNet / KDA prefill of packed sequences, chunked (64 tokens, WY form), from and into a state pool.
@@ -203,13 +225,33 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
     state from that token on; other sequences unaffected).
     """
+    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, scale, qk_l2norm, state_layout, out)
+    for c in (_recent.entries if validate is False and not _compiling() else ()):
+        if c.match(*args):  # checked before; grad and overlap are this call's
+            if c.apart(q, k, v, g, beta, state, state_indices, cu_seqlens, out):
+                return _launch(q, k, v, g, beta, state, state_indices, cu_seqlens, c.scale, qk_l2norm, state_layout,
+                               out, False, dispatcher=False)
+            break  # overlapping: the checks below name it
     sc = _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_layout, out)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
+    reads = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state_indices": state_indices, "cu_seqlens": cu_seqlens}
+    if (validate is False and not _compiling() and not any(c.match(*args) for c in _recent.entries)
+            and not any(t is not None and t.requires_grad for t in (state, out, *reads.values()))):
+        c = _Checked(args, sc, {"out": out, "state": state}, reads)
+        if c.match(*args):  # (a call that passes one tensor twice never matches: it keeps the checks)
+            _recent.add(c)
     if validate is None:
         validate = not skip_value_checks(q)
     if validate:  # on the caller's tensors, before int64 values are narrowed
         _check_values(q.shape[1], state, state_indices, cu_seqlens)
+    return _launch(q, k, v, g, beta, state, state_indices, cu_seqlens, sc, qk_l2norm, state_layout, out, validate)
+
+
+def _launch(q, k, v, g, beta, state, state_indices, cu_seqlens, sc, qk_l2norm, state_layout, out, validate,
+            dispatcher=True):
+    """A checked call's conversions and launches: through the op (fake tensors get its Meta
+    implementation), or, for a matched steady state (real tensors), its implementation directly."""
     # Converted once: the kernels read fp32 gates (a KDA gate row contiguous) and int32 metadata.
     g = g.float()
     if g.dim() == 4 and g.stride(-1) != 1:
@@ -221,5 +263,6 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     check_state_indices(state_indices, state_indices.shape[0], q.device, OP)
     if out is None:
         out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    GDN_PREFILL(q, k, v, g, beta, state, state_indices, cu_seqlens, out, sc, qk_l2norm, state_layout, False)
+    (GDN_PREFILL if dispatcher else _prefill_op)(q, k, v, g, beta, state, state_indices, cu_seqlens, out, sc, qk_l2norm,
+                                                 state_layout, False)
     return out

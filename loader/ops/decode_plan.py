@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from . import decode as D
-from . import guards, rules
+from . import guards, rules, split_merge
 from .kv_cache import FP8_DTYPES, check_page_values
 
 _MATCH_REBUILDS = 4  # a plan re-derives its matcher this often (a new dispatch mode), then keeps the full check
@@ -99,7 +99,17 @@ class DecodePlan:
         self._index = q.device.index
         self._meets = self._apart.on_pointers()
         self._rebuilds = 0
-        self._match = self._matcher(q, k_cache, v_cache, out, k_scale, v_scale, lse)
+        self._adopt(self._bound, (q, k_cache, v_cache, out, k_scale, v_scale, lse))
+
+    def _adopt(self, bound, tensors) -> None:
+        """Run with `bound`'s launches (None: the general path), matching calls like `tensors`."""
+        self._bound = b = bound
+        self._match = self._matcher(*tensors)
+        if b is not None:  # what run() reads of it, as attributes of the plan
+            self._one = b.one
+            self._acquire, self._release, self._pack5 = b.acquire, b.release, split_merge.PACK5
+            self._split_buffer, self._merge_slots, self._split_go, self._merge_go = \
+                b.split_buffer, b.merge_slots, b.split_go, b.merge_go
 
     def _matcher(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
         """The run's one-call check over these tensors, or `rules.never` where runs take the full
@@ -141,12 +151,23 @@ class DecodePlan:
         if self._match(q, k_cache, v_cache, out, k_scale, v_scale, lse) and _current_device() == self._index:
             qp, kp, vp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
             if k_scale is None:
-                ksp = vsp = self._bound.one  # fp8 without scales reads 1.0; fp16/bf16 read none
+                ksp = vsp = self._one  # fp8 without scales reads 1.0; fp16/bf16 read none
             else:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
             lsep = None if lse is None else lse.data_ptr()
             if not ((kp | vp) & self._halfword or self._meets(op, lsep, qp, kp, vp, ksp, vsp)):
-                self._bound.run(qp, kp, vp, ksp, vsp, op, lsep, _current_stream(self._index))
+                stream = _current_stream(self._index)
+                self._acquire()  # split_merge.Bound.run, inlined: this is the hot path
+                try:
+                    self._pack5(self._split_buffer, 0, qp, kp, vp, ksp, vsp)
+                    m = self._merge_slots
+                    m[3] = op
+                    if lsep is not None:
+                        m[4] = lsep
+                    self._split_go[not (qp | kp | vp) & 15](stream)
+                    self._merge_go[not op & 15](stream)
+                finally:
+                    self._release()
                 return (out, lse) if self.return_lse else out
         return self._run_checked(q, k_cache, v_cache, out, k_scale, v_scale, lse)
 

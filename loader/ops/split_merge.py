@@ -253,6 +253,9 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+PACK5 = struct.Struct("<5Q").pack_into  # a plan's per-layer split pointers: q, k, v and the two scales
+
+
 class Bound:
     """A plan's two launches: its own workspace (split partials), the step's table, lengths, rows
     and sinks packed once; `run` packs a layer's q, k, v, scales (split) and out, lse (merge)."""
@@ -287,11 +290,11 @@ class Bound:
         self.split_buffer = split.buffer
         self.merge_slots = (ctypes.c_uint64 * 5).from_buffer(merge.buffer)
 
-    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream, _pack5=struct.Struct("<5Q").pack_into) -> None:
-        """One layer's launches; lsep None for a plan without lse."""
+    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
+        """One layer's launches; lsep None for a plan without lse (DecodePlan.run inlines this)."""
         self.acquire()
         try:
-            _pack5(self.split_buffer, 0, qp, kp, vp, ksp, vsp)
+            PACK5(self.split_buffer, 0, qp, kp, vp, ksp, vsp)
             m = self.merge_slots
             m[3] = op
             if lsep is not None:

@@ -159,19 +159,23 @@ def _needs_general_launch(entry: Entry) -> bool:
             or entry.global_scratch_size > 0 or entry.profile_scratch_size > 0)
 
 
-def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int) -> Launch | None:
+def prepare(spec: KernelSpec, axes: Mapping, grid: tuple, scalars: Sequence, device: int,
+            aligned_only: bool = False) -> Launch | None:
     """A `launch.Launch` of `spec`'s built binaries on CUDA device `device`, or None where calls
     must take `run_kernel`'s path: a key that was not built (the JIT fallback), a binary that
     needs scratch buffers or a cluster/cooperative launch, an empty grid, ints no binary takes, or
     a pointer after the leading ones that is not given as a fixed address (an int).
-    A binary built for a programmatic dependent launch (PDL) is prepared: cuLaunchKernelEx."""
+    A binary built for a programmatic dependent launch (PDL) is prepared: cuLaunchKernelEx.
+    `aligned_only`: a spec built at the ALIGNED level alone is prepared too (its ints must meet
+    the assumptions); the caller launches it only with pointers `launch.misaligned` passes."""
     gx, gy, gz = grid
     # A pointer after the leading ones is fixed for the Launch's life when given as an address (int).
     tail = zip(spec.args[spec.leading_ptrs:], scalars)
     if not gx * gy * gz or any(a.kind == "ptr" and not isinstance(v, int) for a, v in tail):
         return None
     sel = _selections.get((spec.name, tuple(axes.items()), device)) or _selection(spec, axes, device)
-    if sel.entries[GENERIC] is None or any(_needs_general_launch(e) for e in sel.entries.values() if e):
+    if (sel.entries[GENERIC] is None and not (aligned_only and sel.entries[ALIGNED] is not None)) or any(
+            _needs_general_launch(e) for e in sel.entries.values() if e):
         return None
     try:
         return _prepared(sel, grid, scalars)
@@ -189,9 +193,10 @@ def _prepared(sel: Selection, grid: tuple, scalars: Sequence) -> Launch:
                          f"expected {len(spec.args) - n_ptr}")
     generic, aligned = sel.entries[GENERIC], sel.entries[ALIGNED]
     values = [0] * n_ptr + list(scalars)
-    why = check_assumptions(spec, generic.divisible, values)
+    why = check_assumptions(spec, (generic or aligned).divisible, values)
     if why is not None:
         raise ValueError(f"{spec.name}: {why}")
+    generic = generic or aligned  # an ALIGNED-only spec (prepare's aligned_only): its one binary
     if aligned is not None and aligned.params != generic.params:
         raise ValueError(f"{spec.name}: the ALIGNED and GENERIC binaries take different parameters")
     # Pointers are 0 here, so only the ints decide; pointers are checked per call.

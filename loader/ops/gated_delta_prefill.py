@@ -94,19 +94,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     if bv is None:
         bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device), name)
     kda = g.dim() == 4
-    dev, dt = q.device, q.dtype
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
-    w = torch.empty(T, HV, K, dtype=dt, device=dev)
-    u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    # q's rows for the state pass: the sub-block precompute's gated copy Qg (KDA); else q itself (w,
-    # aligned like every workspace, stands in for the Qg the precompute never touches then), both
-    # scaled by fq.
     subblocks = _spec.prep_subblocks(name, K, kda)
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if subblocks else w
-    fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    kg = torch.empty(T, HV, K, dtype=dt, device=dev)
-    aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
-    decay = torch.empty(slots, HV, K, dtype=torch.float32, device=dev)
+    w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, g.dim() == 4)
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
         q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
@@ -124,6 +114,26 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
                K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
     st = (_state_spec(st_args), _spec.state_axes(name, K, V, bv), (N, HV, V // bv), st_args)
     return [prep, st]
+
+
+def workspace(q, v, N: int, kda: bool):
+    """The chunk kernels' workspaces for one call (torch's caching allocator): W, U, Qg, q's row
+    factors, k's gated copy, the chunks' attention, the decays."""
+    _, T, _, K_dim = q.shape
+    HV, V_dim = v.shape[2], v.shape[3]
+    K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)
+    dev, dt = q.device, q.dtype
+    w = torch.empty(T, HV, K, dtype=dt, device=dev)
+    u = torch.empty(T, HV, V, dtype=dt, device=dev)
+    # q's rows for the state pass: the sub-block precompute's gated copy Qg (KDA); else q itself (w,
+    # aligned like every workspace, stands in for the Qg the precompute never touches then), both
+    # scaled by fq.
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if _spec.prep_subblocks(QKV_DTYPES[dt], K, kda) else w
+    fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
+    kg = torch.empty(T, HV, K, dtype=dt, device=dev)
+    aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
+    decay = torch.empty(T // _spec.CHUNK + N, HV, K, dtype=torch.float32, device=dev)
+    return w, u, qg, fq, kg, aqk, decay
 
 
 def _state_spec(args):
@@ -165,22 +175,70 @@ GDN_PREFILL = library.Op(
 
 class _Checked:
     """An unvalidated call's checked metadata: `match` (rules.call_matcher over every argument),
-    the scale it resolved to, and the overlap test of out and state on the call's addresses."""
+    the scale it resolved to, the overlap test of out and state on the call's addresses, and,
+    for CUDA calls whose gates and indices need no conversion, both chunk kernels' prepared
+    launches (`run`: fresh workspaces, pointers packed; the state pass's ALIGNED kernel where the
+    pointers allow it, as `_state_spec` picks)."""
 
-    __slots__ = ("match", "scale", "meets")
+    __slots__ = ("match", "scale", "meets", "prep", "aligned", "generic", "index", "kda")
 
     def __init__(self, args, scale, outputs, reads):
         self.match, self.scale = rules.call_matcher(*args), scale
         self.meets = guards.Apart(OP, outputs, reads).on_pointers()
+        self.prep = self.aligned = self.generic = None
 
     def apart(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out) -> bool:
         return not self.meets(None if out is None else out.data_ptr(), state.data_ptr(), q.data_ptr(), k.data_ptr(),
                               v.data_ptr(), g.data_ptr(), beta.data_ptr(), state_indices.data_ptr(),
                               cu_seqlens.data_ptr())
 
+    def prepare(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out, qk_l2norm, state_layout) -> None:
+        """The prepared launches, where this call needs no conversion and every binary is built."""
+        if not (q.is_cuda and g.dtype == beta.dtype == torch.float32 and (g.dim() == 3 or g.stride(-1) == 1)
+                and state_indices.dtype == cu_seqlens.dtype == torch.int32 and state_indices.is_contiguous()
+                and cu_seqlens.is_contiguous() and state_indices.shape[0] and q.shape[1]):
+            return
+        from aotc.loader.dispatch import prepare
+
+        index = q.device.index
+        if out is None:
+            out = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # stands in for each call's
+        (pspec, paxes, pgrid, pargs), (_, saxes, sgrid, sargs) = launch_plan(
+            q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
+        prep = prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index)
+        aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
+                            for spec in (_spec.GDN_CHUNK_STATE, _spec.GDN_CHUNK_STATE_GENERIC))
+        if prep is not None and (aligned is not None or generic is not None):
+            self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
+
+    def run(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out):
+        """Both launches with fresh workspaces: out, or None where the checked path must run (no
+        prepared launch, another current device, pointers no prepared state kernel takes)."""
+        if self.prep is None or _current_device() != self.index:
+            return None
+        N = state_indices.shape[0]
+        w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, self.kda)
+        if out is None:
+            out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+        wp, up, qgp, fqp, kgp, ap, dp = (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), kg.data_ptr(),
+                                         aqk.data_ptr(), decay.data_ptr())
+        qp, cp, ip = q.data_ptr(), cu_seqlens.data_ptr(), state_indices.data_ptr()
+        st = (wp, up, qgp if qg is not w else qp, fqp, kgp, ap, out.data_ptr(), state.data_ptr(), dp, cp, ip)
+        launch = self.aligned if self.aligned is not None and not self.aligned.misaligned(st) else self.generic
+        if launch is None:
+            return None
+        stream = _current_stream(self.index)
+        self.prep((qp, k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), wp, up, qgp, fqp, kgp, ap, dp, cp,
+                   ip), stream)
+        launch(st, stream)
+        return out
+
 
 _recent = rules.Recent()
 _compiling = torch.compiler.is_compiling
+# torch's own bindings, called directly (a CPU-only torch has none, and prepares no launch)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, scale=None, qk_l2norm=False,
@@ -229,6 +287,9 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     for c in (_recent.entries if validate is False and not _compiling() else ()):
         if c.match(*args):  # checked before; grad and overlap are this call's
             if c.apart(q, k, v, g, beta, state, state_indices, cu_seqlens, out):
+                done = c.run(q, k, v, g, beta, state, state_indices, cu_seqlens, out)
+                if done is not None:
+                    return done
                 return _launch(q, k, v, g, beta, state, state_indices, cu_seqlens, c.scale, qk_l2norm, state_layout,
                                out, False, dispatcher=False)
             break  # overlapping: the checks below name it
@@ -240,6 +301,7 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
             and not any(t is not None and t.requires_grad for t in (state, out, *reads.values()))):
         c = _Checked(args, sc, {"out": out, "state": state}, reads)
         if c.match(*args):  # (a call that passes one tensor twice never matches: it keeps the checks)
+            c.prepare(q, k, v, g, beta, state, state_indices, cu_seqlens, out, qk_l2norm, state_layout)
             _recent.add(c)
     if validate is None:
         validate = not skip_value_checks(q)

@@ -62,3 +62,28 @@ def test_plan_launch_of_a_pdl_binary_uses_launch_ex_on_the_run_stream(tiny_artif
     pdl_attr = (cuda_driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
     assert fake_driver.ex_attributes == [[pdl_attr]] * 2
     assert _slots_to_values(fake_driver.launches[1][5]) == ([0x1000, 0x2002, 0x3010, 128, 100, 3, 0.5], [0, 0])
+
+
+def test_prepare_an_aligned_only_spec_only_when_asked(tiny_artifacts, fake_driver):
+    """A spec built at the ALIGNED level alone (gated_delta_prefill's state pass) is prepared only
+    with aligned_only=True, launches its one binary, and says which pointers it cannot take."""
+    class AlignedOnly:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def get(self, key):
+            return None if key.endswith("@generic") else self.inner.get(key)
+
+    target = _target(tiny_artifacts)
+    spec = get_spec("tiny_axpy")
+    _install(spec, AXES, artifacts.TargetArtifacts("sm90", target.folder, AlignedOnly(target.entries)))
+    assert dispatch.prepare(spec, AXES, (3, 1, 1), [128, 100, 3, 0.5], device=0) is None
+    launch = dispatch.prepare(spec, AXES, (3, 1, 1), [128, 100, 3, 0.5], device=0, aligned_only=True)
+    assert launch is not None and launch.misaligned((0x1008, 0x2000, 0x3000))
+    assert not launch.misaligned((0x1000, 0x2000, 0x3000))
+    launch((0x1000, 0x2000, 0x3000), 79)
+    (function, _, _, _, stream, slots), = fake_driver.launches
+    assert function == 1001 and stream == 79
+    assert _slots_to_values(slots) == ([0x1000, 0x2000, 0x3000, 128, 100, 3, 0.5], [0, 0])
+    # ints that break the ALIGNED binary's assumptions (a stride off 16): nothing to launch
+    assert dispatch.prepare(spec, AXES, (3, 1, 1), [120, 100, 3, 0.5], device=0, aligned_only=True) is None

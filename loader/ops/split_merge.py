@@ -10,7 +10,9 @@ workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
   held together under the stream's lock; the prepared launches where the binaries are built, else
   `run_kernel` (the JIT fallback, the CPU interpreter, another current device);
 - `bind(...)`: a plan's private launches (`Bound`), its own workspace and the step's table,
-  lengths, rows and sinks packed once; `Bound.run` packs a layer's five or six pointers.
+  lengths, rows and sinks packed once; `Bound.run` packs a layer's five or six pointers;
+- `Eager`: an unvalidated eager call's steady state (one C call matches the arguments, each
+  pointer read once, both prepared launches on the stream's workspace).
 """
 from __future__ import annotations
 

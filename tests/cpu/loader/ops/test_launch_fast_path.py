@@ -281,3 +281,28 @@ def test_gated_delta_decode_steady_state_and_stale_metadata(rec):
     with pytest.raises(ValueError, match="state"):
         loader.gated_delta_decode(**args, **kw, out=out, validate=False)
     assert len(rec.launches) == n
+
+
+# -- the prefill ops' steady states (interpreter: CPU calls keep their checked metadata) -----------
+def test_gated_delta_prefill_steady_state_equals_the_checked_call_and_refuses_overlap():
+    from aotc.loader.ops import gated_delta_prefill as GP
+    from tests.cpu.kernels.gated_delta.chunk_cases import make_case as chunk_case
+
+    dispatch.reset()
+    case = chunk_case([5, 70], H=1, HV=2, K=32, V=32, dtype=torch.float32)
+    state0 = case["state"].clone()
+    want = loader.gated_delta_prefill(**case, qk_l2norm=True)
+    want_state = case["state"].clone()
+    out = torch.full_like(want, float("nan"))
+    for _ in range(2):
+        case["state"].copy_(state0)
+        loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False)
+    assert len(GP._recent.entries) == 1
+    assert torch.equal(out, want) and torch.allclose(case["state"], want_state, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="out overlaps"):
+        loader.gated_delta_prefill(**case, qk_l2norm=True, out=case["v"], validate=False)
+    q = case["q"]
+    q.set_(torch.empty(1, q.shape[1] + 1, *q.shape[2:]))  # rebound in place: one token more
+    with pytest.raises(ValueError):
+        loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False)
+    dispatch.reset()

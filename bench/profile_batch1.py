@@ -116,6 +116,10 @@ def main():
     copy_bw = copy_bandwidth()
     print(f"copy {copy_bw / 1e9:.0f} GB/s")
     rows.add("copy", "d2d", "copy", "2GiB", "GBps", copy_bw / 1e9)
+    one = torch.zeros(1, device="cuda")  # the floor of one launch timed this way
+    floor = device_time(lambda: one.add_(1.0), rep_ms=100)
+    print(f"one-element add (a launch): event {floor * 1e6:.1f} us")
+    rows.add("launch", "add_1", "torch", "1", "event_us", floor * 1e6)
     warnings.simplefilter("ignore")
     if a.only in ("", "decode"):
         for fmt, group, batch, ctx in DECODE:

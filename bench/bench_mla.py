@@ -119,6 +119,7 @@ def main():
     ap.add_argument("--out", default=None, help="append result rows (JSON lines) to this file")
     ap.add_argument("--vllm-shim", default=None, help="folder with the shimmed vllm package (see the docstring)")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--heads", type=int, default=0, help="only the rows of this many query heads")
     args = ap.parse_args()
     rows = Rows(args.out)
     copy_bw = copy_bandwidth()
@@ -131,6 +132,8 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'shape':>18} {'provider':>8} {'us':>9} {'kern us':>9} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8}")
     for heads, batch, ctx in SHAPES:
+        if args.heads and heads != args.heads:
+            continue
         q, kv, table, lens = problem(batch, heads, ctx)
         shape = f"B{batch}xH{heads}x{ctx}"
         nbytes = batch * ctx * D_QK * 2

@@ -615,7 +615,8 @@ def decode_merge_kernel(
     # writes are visible. Nothing is read before it. (H100, batch 32 x 4K int8 per-token: 108.0 ->
     # 106.3 us a call; batch 1 x 32K bf16 60.6 -> 58.5 us.)
     # Program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D) of (request b, head h).
-    # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile. LOOP 1: any count, BLOCK_S
+    # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile (past 64 splits, channels
+    # spread over programs as the loop's are). LOOP 1: any count, BLOCK_S
     # splits at a time (the largest log-sum-exp first, then the weighted sum), reading only the
     # partials of splits that attended tokens.
     if PDL and not _INTERPRET:
@@ -651,6 +652,14 @@ def decode_merge_kernel(
             o = tl.load(PartO + (slot0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                         mask=(in_range & (lse != float("-inf")))[:, None] & d_mask[None, :], other=0.0)
             acc += tl.sum(o * w[:, None], 0)
+    elif BLOCK_S > 64:
+        # The wide tile (spec.MERGE_WIDE_SPLITS): many splits come with short requests, most of
+        # them empty; only the partials of splits that attended tokens are read (as the loop does).
+        w = tl.exp2(lse - m)
+        denom = tl.sum(w, 0) + tl.exp2(sink - m)
+        o = tl.load(PartO + (slot0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=((offs_s < num_splits) & (lse != float("-inf")))[:, None] & d_mask[None, :], other=0.0)
+        acc = tl.sum(o * w[:, None], 0)
     else:
         w = tl.exp2(lse - m)
         denom = tl.sum(w, 0) + tl.exp2(sink - m)

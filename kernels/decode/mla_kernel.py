@@ -7,7 +7,7 @@ BLOCK_N] for the scores, [BLOCK_H, BLOCK_N] x [BLOCK_N, D_V] for the output) ove
 contiguous chunk of request b's tokens (rounded up to BLOCK_N: common/schedule.split_tokens, as
 decode's). Every program starts from fresh accumulators and writes its own workspace slot; a
 split with no tokens writes lse = -inf and no partial. The splits are combined by decode's merge
-kernel (its HEAD_DIM = D_V; past 64 splits its looping form), which also adds sinks and writes
+kernel (its HEAD_DIM = D_V; past 256 splits its looping form), which also adds sinks and writes
 the natural-log LSE.
 
 Key channels are two tiles: A, channels [0, BLOCK_A), and B, [BLOCK_A, BLOCK_A + BLOCK_B) (576 =

@@ -19,9 +19,9 @@ and V tiles are then read as 4-byte vectors at either specialization level; see 
 plus `cache`,
 the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
-`splits` (4, 16 or 64: the one tile of partial results it reads at once, the smallest that holds
-the call's split count; MAX_SPLITS: a loop over tiles of MERGE_LOOP_SPLITS, each program merging
-MERGE_LOOP_D channels).
+`splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the smallest that
+holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a loop over
+tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """
@@ -168,7 +168,11 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
 
 
 MERGE_ONE_TILE = 64  # split counts up to this merge in one [splits, head_dim] tile
-MERGE_SPLIT_TILES = (4, 16, MERGE_ONE_TILE, MAX_SPLITS)
+# Counts up to MERGE_WIDE_SPLITS (MLA's batch-1 rule: 256) merge in one [MERGE_WIDE_SPLITS,
+# MERGE_LOOP_D] tile a program, channels spread over programs: the looping merge's two passes
+# over the log-sum-exps cost batch 1 a chain of dependent reads (BENCHMARKS.md, "Small-batch decode").
+MERGE_WIDE_SPLITS = 256
+MERGE_SPLIT_TILES = (4, 16, MERGE_ONE_TILE, MERGE_WIDE_SPLITS, MAX_SPLITS)
 # Past one tile the merge loops over MERGE_LOOP_SPLITS splits at a time, and spreads each head's
 # channels over programs of MERGE_LOOP_D: many splits come with small batches, whose (batch x
 # heads) programs alone would leave most SMs idle.
@@ -178,7 +182,7 @@ MERGE_LOOP_SPLITS, MERGE_LOOP_D = 64, 64
 def merge_split_tile(splits: int) -> int:
     """The smallest merge tile that holds `splits` partial results: one [MAX_SPLITS, BLOCK_D] tile for
     every call made the merge a wave of register-heavy programs (BENCHMARKS.md, Kernel choices: merge tile).
-    Past MERGE_ONE_TILE: MAX_SPLITS, the looping merge."""
+    Past MERGE_ONE_TILE: MERGE_WIDE_SPLITS (one tile over channel blocks), then MAX_SPLITS, the looping merge."""
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {splits}")
     return next(t for t in MERGE_SPLIT_TILES if splits <= t)
@@ -381,6 +385,8 @@ def merge_constexprs(axes) -> dict:
     hd, tile = int(axes["head_dim"]), int(axes["splits"])
     if tile <= MERGE_ONE_TILE:
         return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": tile, "LOOP": 0}
+    if tile == MERGE_WIDE_SPLITS:
+        return {"HEAD_DIM": hd, "BLOCK_D": min(MERGE_LOOP_D, block_d(hd)), "BLOCK_S": tile, "LOOP": 0}
     return {"HEAD_DIM": hd, "BLOCK_D": min(MERGE_LOOP_D, block_d(hd)), "BLOCK_S": MERGE_LOOP_SPLITS, "LOOP": 1}
 
 

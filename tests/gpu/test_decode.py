@@ -220,7 +220,8 @@ def test_one_split_with_sinks_at_length(fmt):
 @pytest.mark.parametrize("splits", [65, 200, 512])
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_many_splits_loop_merge_with_sinks_and_lse_at_length(fmt, splits):
-    """An explicit count past 64: the looping merge (64 splits a step, 64 channels a program) over
+    """An explicit count past 64: the one 256-split tile over 64-channel programs (65, 200) and the
+    looping merge past 256 (64 splits a step, 64 channels a program; 512) over
     lengths that leave most splits empty and one that fills them, with sinks and the LSE."""
     case = make_case(long_lens(10, 11), fmt=fmt, kv_heads=8, group=4, head_dim=128, quant_group=128,
                      device="cuda", seed=splits)

@@ -1,6 +1,7 @@
 """Run as a script (without TRITON_INTERPRET): the sha256 of the cubin Triton's JIT compiles for
 an aligned call of the MLA family's kernels (the latent split kernel at 16, 32 and 64 heads a program,
-fp8 at 16, and the merge at d_v 512: one tile and the looping form past 64 splits), beside the AOT build's compile of the same keys. Prints
+fp8 at 16, and the merge at d_v 512: one tile, the one 256-split tile over channel blocks and the looping
+form past 256 splits), beside the AOT build's compile of the same keys. Prints
 pairs, one a line."""
 import hashlib
 import os
@@ -44,6 +45,7 @@ if __name__ == "__main__":
              (S.SPLIT, S.split_axes("bf16", "fp8_e4m3", 576, 512, "latent", "h16"), split_args(torch.int8)),
              (S.SPLIT, S.split_axes("bf16", "bf16", 576, 512, "latent", "h32"), split_args(torch.bfloat16)),
              (S.MERGE, S.merge_axes("bf16", 512, 3), merge_args()),
+             (S.MERGE, S.merge_axes("bf16", 512, 200), merge_args()),
              (S.MERGE, S.merge_axes("bf16", 512, 300), merge_args())]
     if S.SPLIT.launch_config(S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), as_target_arch(arch)):
         calls.append((S.SPLIT, S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), split_args(torch.bfloat16)))

@@ -41,26 +41,36 @@ def test_variant_count_and_keys():
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 \
         + 2 * (3 * 4 + 2 * 2 * 2) == 180
     assert sum(a["scales"] == "channel" for a in split) == 8
-    assert len(merge) == 2 * 4 * 4  # out dtype x head_dim x split tile (4, 16, 64, the loop)
+    assert len(merge) == 2 * 4 * 5  # out dtype x head_dim x split tile (4, 16, 64, 256, the loop)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (180 + 32)
+    assert len(set(keys)) == len(keys) == 2 * (180 + 40)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
 
 def test_merge_tile_is_the_smallest_that_holds_the_splits():
-    assert [S.merge_split_tile(s) for s in (1, 4, 5, 16, 17, 64, 65, 512)] == [4, 4, 16, 16, 64, 64, 512, 512]
+    assert [S.merge_split_tile(s) for s in (1, 4, 5, 16, 17, 64, 65, 256, 257, 512)] == \
+        [4, 4, 16, 16, 64, 64, 256, 256, 512, 512]
     assert S.merge_axes("bf16", 128, 3)["splits"] == 4
     assert S.merge_constexprs(S.merge_axes("fp16", 96, 40))["BLOCK_S"] == 64
     assert S.merge_grid(2, 8, S.merge_axes("fp16", 96, 40)) == (2, 8, 1)
 
 
+def test_wide_merge_is_one_tile_over_channel_blocks():
+    c = S.merge_constexprs(S.merge_axes("bf16", 128, 65))
+    assert (c["LOOP"], c["BLOCK_S"], c["BLOCK_D"]) == (0, S.MERGE_WIDE_SPLITS, S.MERGE_LOOP_D)
+    assert S.merge_grid(1, 16, S.merge_axes("bf16", 256, 256)) == (1, 16, 256 // S.MERGE_LOOP_D)
+    assert S.merge_grid(1, 32, S.merge_axes("fp16", 96, 100)) == (1, 32, 2)  # 96 channels: a masked second block
+    launch = S.merge_launch(S.merge_axes("bf16", 128, 200), 90)
+    assert (launch.num_warps, launch.num_stages) == (8, 1)
+
+
 def test_looping_merge_spreads_channels_over_programs():
-    c = S.merge_constexprs(S.merge_axes("bf16", 256, 65))
+    c = S.merge_constexprs(S.merge_axes("bf16", 256, 257))
     assert (c["LOOP"], c["BLOCK_S"], c["BLOCK_D"]) == (1, S.MERGE_LOOP_SPLITS, S.MERGE_LOOP_D)
     assert S.merge_grid(1, 32, S.merge_axes("bf16", 256, 300)) == (1, 32, 256 // S.MERGE_LOOP_D)
     assert S.merge_grid(1, 32, S.merge_axes("bf16", 96, 300)) == (1, 32, 2)  # 96 channels: a masked second block
-    assert S.merge_launch(S.merge_axes("bf16", 128, 65), 90).num_stages == 2
+    assert S.merge_launch(S.merge_axes("bf16", 128, 257), 90).num_stages == 2
     for bad in (0, S.MAX_SPLITS + 1):
         with pytest.raises(ValueError, match="splits"):
             S.merge_split_tile(bad)

@@ -119,10 +119,12 @@ def test_key_blocks():
     assert S.key_blocks(80, 48, "latent") == (64, 16)
 
 
-@pytest.mark.parametrize("splits", [65, 130])  # the looping merge: past one 64-split tile, a partial second / third
-def test_many_splits_loop_merge_on_a_poisoned_workspace(monkeypatch, splits):
-    """Past 64 splits the merge loops; most splits of these lengths are empty and their slots,
-    poisoned with NaN, must not reach the output (32-token tiles: 200 tokens take 7 splits)."""
+# 65, 256: the wide merge (one 256-split tile over channel blocks); 257:
+# the looping merge, a partial fifth step
+@pytest.mark.parametrize("splits", [65, 256, 257])
+def test_many_splits_merge_on_a_poisoned_workspace(monkeypatch, splits):
+    """Past 64 splits; most splits of these lengths are empty and their slots, poisoned with NaN,
+    must not reach the output (32-token tiles: 200 tokens take 7 splits)."""
     from aotc.loader import workspace
 
     monkeypatch.setattr(workspace, "get", lambda device, n: torch.full((n,), float("nan"), device=device))

@@ -405,9 +405,9 @@ def test_default_sm_scale_is_inverse_sqrt_head_dim():
     assert torch.equal(run(case), run(case, sm_scale=1 / math.sqrt(64)))
 
 
-# both sides of each merge tile (4, 16, 64), and the looping merge past 64 (over and under its
-# 64-split steps, up to MAX_SPLITS)
-@pytest.mark.parametrize("splits", [4, 5, 8, 16, 17, 64, 65, 127, 128, 129, 512])
+# both sides of each merge tile (4, 16, 64, 256), and the looping merge past 256 (over and under
+# its 64-split steps, up to MAX_SPLITS)
+@pytest.mark.parametrize("splits", [4, 5, 8, 16, 17, 64, 65, 128, 129, 256, 257, 320, 512])
 def test_stale_workspace_is_never_read(monkeypatch, splits):
     """Empty splits leave their partial slots as they were: NaN there must not reach the output."""
     from aotc.loader import workspace
@@ -415,3 +415,20 @@ def test_stale_workspace_is_never_read(monkeypatch, splits):
     monkeypatch.setattr(workspace, "get", lambda device, n: torch.full((n,), float("nan"), device=device))
     case = make_case([0, 1, 65, 1000], fmt="bf16", seed=18)
     assert_close(run(case, num_splits=splits), case.reference(), f"NaN workspace, {splits} splits")
+
+
+def test_wide_merge_over_channel_blocks_with_sinks_and_lse(monkeypatch):
+    """65-256 splits at head_dim 128: one 256-split tile a program over two 64-channel blocks; the
+    sink and the LSE (written by the first block only) on a NaN workspace, lengths across a tile."""
+    from aotc.loader import workspace
+
+    monkeypatch.setattr(workspace, "get", lambda device, n: torch.full((n,), float("nan"), device=device))
+    n = S.block_n(128)
+    case = make_case([0, 1, n - 1, n + 1, 9 * n + 3], head_dim=128, kv_heads=2, group=4, seed=19)
+    sinks = torch.randn(case.q.shape[1]) * 2
+    out, lse = torch.full_like(case.q, float("nan")), torch.full(case.q.shape[:2], float("nan"))
+    decode(case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, out=out, lse=lse, return_lse=True,
+           sinks=sinks, num_splits=100, **case.kwargs)
+    ref, ref_lse = case.reference(sinks=sinks, return_lse=True)
+    assert_close(out, ref, "wide merge")
+    assert torch.allclose(lse, ref_lse, atol=2e-3, rtol=1e-3)

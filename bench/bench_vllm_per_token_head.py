@@ -8,7 +8,7 @@ strided float32 views. Built here exactly so (codes and scales random, scales po
   vllm         vLLM's unified_attention (INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD), with the
                backend's split-K threshold (128 // kv_heads sequences) and 16 softmax segments
   aotc         aotc.loader.decode on the same buffers (k[..., :D] views, scale views [..., None]):
-               the kv_align 4 binaries (validate=False)
+               the kv_align 8 binaries (validate=False)
   aotc_native  aotc's own int8 layout (codes [blocks, 16, kv_heads, D] and fp32 scales apart, 16-byte
                rows) holding the same values: the 16-byte per-token binary (int8 only)
   ceiling      the bytes read (codes and scales) over this run's device-to-device copy bandwidth
@@ -19,8 +19,8 @@ wrapper runs between the events). Shapes: 32 / 8 heads, D 128, block 16, 8K cont
 through the conformance runner's sandbox (shimmed imports; nothing of vLLM's is in the repo).
 --stages 2,3,4 sweeps the kv_align 4 binaries' pipeline depth instead (each JIT-compiled with that
 num_stages through an empty artifacts folder: the bytes a build with that config would make).
---kv-align 4,8 times the split kernel's KV_ALIGN 4 and 8 reads of the same buffer (8: K 8 bytes at a
-time, V from its K scale on; the loader does not pick 8 yet), every aotc call JIT-compiled
+--kv-align 4,8 times the split kernel's KV_ALIGN 4 and 8 reads of the same buffer (8, the loader's
+choice here: K 8 bytes at a time, V from its K scale on), every aotc call JIT-compiled
 through an empty artifacts folder (the bytes an AOT build of that key would make).
     python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4 | --kv-align 4,8]
 """
@@ -99,7 +99,7 @@ def kv_align4_stages(stages):
 
 @contextlib.contextmanager
 def kv_align_choice(align):
-    """With align: the split kernel at that KV_ALIGN where the loader would take 4, JIT-compiled
+    """With align: the split kernel at that KV_ALIGN where the loader would take 4 or 8, JIT-compiled
     (an empty artifacts folder, plans dropped before and after); None: the loader's choice."""
     if align is None:
         yield
@@ -110,7 +110,7 @@ def kv_align_choice(align):
 
     def choose(kv, per_token, score, head_dim):
         got = real(kv, per_token, score, head_dim)
-        return align if got == 4 else got
+        return align if got in (4, 8) else got
 
     D._kv_align = choose  # a measurement only: the buffers here are vLLM's record exactly
     D._plans.clear()

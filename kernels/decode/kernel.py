@@ -204,18 +204,21 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, 
         return _fp8_bits_to_fp16(x, KV_KIND, PTX)
 
 
-# KV_ALIGN 8: columns (elements of the tile) V starts past the 8-byte boundary its main tile is
-# read from, and the width of the tail tile that holds the last of them (a dot needs 16).
+# KV_ALIGN 8: the width of the tail tile that holds V's last 4 bytes (a dot needs 16 columns; the
+# int8 loop's word tiles take 32, so that its 4 warps split the tail dots' columns as the main
+# ones: at 16 the loop compiled to 4x the mma instructions).
 TAIL = tl.constexpr(16)
+TAIL_WORDS = tl.constexpr(32)
 
 
 @triton.jit
-def _store_shifted(o_row, main, tail, rows_mask, SHIFT: tl.constexpr, STEP: tl.constexpr, COLS: tl.constexpr):
+def _store_shifted(o_row, main, tail, rows_mask, SHIFT: tl.constexpr, STEP: tl.constexpr, COLS: tl.constexpr,
+                   TAIL_COLS: tl.constexpr):
     # KV_ALIGN 8's output: main's column j is element j - SHIFT of the head (j >= SHIFT), tail's
     # column j < SHIFT is element COLS - SHIFT + j; element e sits at o_row + STEP * e. The columns
     # left out came from the scale bytes beside V and are never stored.
     offs = tl.arange(0, COLS)
-    offs_t = tl.arange(0, TAIL)
+    offs_t = tl.arange(0, TAIL_COLS)
     tl.store(o_row + STEP * (offs - SHIFT)[None, :], main, mask=rows_mask[:, None] & (offs >= SHIFT)[None, :])
     tl.store(o_row + STEP * (COLS - SHIFT + offs_t)[None, :], tail, mask=rows_mask[:, None] & (offs_t < SHIFT)[None, :])
 
@@ -362,7 +365,7 @@ def _attend_float(
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
     if KV_ALIGN == 8:
         _store_shifted(PartO + slot_ids[:, None] * HEAD_DIM, acc * inv_l[:, None], acc_t * inv_l[:, None],
-                       h_mask & (hi > lo), 4, 1, BLOCK_D)
+                       h_mask & (hi > lo), 4, 1, BLOCK_D, TAIL)
     else:
         om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
         tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
@@ -462,9 +465,9 @@ def _attend_chunked(
         for i in tl.static_range(PARTS):
             acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
     # KV_ALIGN 8 (int8, one chunk): V's last 2 words, each part's [BLOCK_H, TAIL] accumulator
-    offs_tail = tl.arange(0, TAIL)
-    acc_t0 = tl.zeros([BLOCK_H, TAIL], dtype=tl.float32)
-    acc_t1 = tl.zeros([BLOCK_H, TAIL], dtype=tl.float32)
+    offs_tail = tl.arange(0, TAIL_WORDS)
+    acc_t0 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
+    acc_t1 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
 
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh
@@ -545,8 +548,8 @@ def _attend_chunked(
         # part i of word w is channel 2 w + i; the main tile's word w is V's word w - 2
         o_row = PartO + slot_ids[:, None] * HEAD_DIM
         rows = h_mask & (hi > lo)
-        _store_shifted(o_row, acc[0] * inv_l[:, None], acc_t0 * inv_l[:, None], rows, 2, 2, CW)
-        _store_shifted(o_row + 1, acc[1] * inv_l[:, None], acc_t1 * inv_l[:, None], rows, 2, 2, CW)
+        _store_shifted(o_row, acc[0] * inv_l[:, None], acc_t0 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
+        _store_shifted(o_row + 1, acc[1] * inv_l[:, None], acc_t1 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
     else:
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w

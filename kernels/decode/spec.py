@@ -310,17 +310,18 @@ def split_variants():
 def vllm_variants(q: str):
     """The variants vLLM's unified_attention needs beyond the others, for one query dtype: scores
     with softcap/ALiBi over fp16/bf16/fp8 caches (4 head dims x 3 formats), and its per-token-head
-    int8 / fp8 e4m3 caches with fp32 scales at kv_align 4, plain and "mod" (2 head dims x 2 x 2):
-    20 a query dtype."""
+    int8 / fp8 e4m3 caches with fp32 scales at kv_align 4 and 8, plain and "mod" (2 head dims x 2 x
+    2 x 2): 28 a query dtype."""
     for kv in (q, "fp8_e4m3", "fp8_e5m2"):
         for hd in HEAD_DIMS:
             yield split_axes(q, kv, "fp32", hd, score="mod")
     for kv in ("int8",) + FP8_PER_TOKEN_FORMATS:
         for hd in PER_TOKEN_HEAD_DIMS:
             for score in SCORES:
-                axes = split_axes(q, kv, "fp32", hd, per_token=True, score=score, kv_align=4)
-                for tile in split_tiles(kv, hd, axes["scales"]):
-                    yield dict(axes, tile=tile)
+                for align in (4, 8):
+                    axes = split_axes(q, kv, "fp32", hd, per_token=True, score=score, kv_align=align)
+                    for tile in split_tiles(kv, hd, axes["scales"]):
+                        yield dict(axes, tile=tile)
 
 
 def split_launch(axes, arch: int) -> LaunchConfig:

@@ -16,7 +16,9 @@ On an H100 test_prefix_prefill.py's cases take ~2.6 s each (its setup copies tok
 so its 231 cases a GPU (426 on two) outlast one 10-minute device call run one after another:
 --workers W runs each file under pytest-xdist's W processes (the sampled cases are the same in
 every worker: the conftest keeps every Nth by collection order), --case-timeout fails one case
-that hangs (pytest-timeout) instead of losing the file.
+that hangs (pytest-timeout) instead of losing the file. Keep --jobs at 1 on one GPU: files run at
+once share it (test_prefix_prefill.py's cases took ~10x longer beside the others, and vLLM's
+column met CUDA out-of-memory).
 
 Rows marked `internal` are tests of vLLM's kernel internals (reduce_segments, softmax_step, tile
 bounds, which launches unified_attention makes: INTERNAL): in the aotc sandbox they still run

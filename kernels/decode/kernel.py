@@ -43,8 +43,8 @@ rows start 4-byte aligned (vLLM's per-token-head cache: scales inline after each
 KV_ALIGN 8 (one scale a token, BLOCK_D == HEAD_DIM) is for exactly vLLM's record [K codes | K scale
 | V codes | V scale], 2 * HEAD_DIM + 8 bytes, 8-byte aligned: K is read 8 bytes at a time, and V,
 which starts 4 bytes past an 8-byte boundary, from 4 bytes before it (the K scale) 8 bytes at a
-time, its last 4 bytes from a 16-column tail tile at the next 8-byte boundary; the output is
-stored shifted back by those 4 bytes (_v_shifted, _store_shifted).
+time, its last 4 bytes from a small tail tile at the next 8-byte boundary (TAIL); the output is
+stored shifted back by those 4 bytes (_store_shifted).
 For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
 fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
 (|q|, |k|, |v| < 65504).
@@ -464,7 +464,7 @@ def _attend_chunked(
             k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
         for i in tl.static_range(PARTS):
             acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
-    # KV_ALIGN 8 (int8, one chunk): V's last 2 words, each part's [BLOCK_H, TAIL] accumulator
+    # KV_ALIGN 8 (int8, one chunk): V's last 2 words, each part's [BLOCK_H, TAIL_WORDS] accumulator
     offs_tail = tl.arange(0, TAIL_WORDS)
     acc_t0 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
     acc_t1 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)

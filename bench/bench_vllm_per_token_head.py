@@ -8,7 +8,7 @@ strided float32 views. Built here exactly so (codes and scales random, scales po
   vllm         vLLM's unified_attention (INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD), with the
                backend's split-K threshold (128 // kv_heads sequences) and 16 softmax segments
   aotc         aotc.loader.decode on the same buffers (k[..., :D] views, scale views [..., None]):
-               the kv_align 4 binaries (validate=False)
+               the kv_align 8 binaries (validate=False)
   aotc_native  aotc's own int8 layout (codes [blocks, 16, kv_heads, D] and fp32 scales apart, 16-byte
                rows) holding the same values: the 16-byte per-token binary (int8 only)
   ceiling      the bytes read (codes and scales) over this run's device-to-device copy bandwidth
@@ -19,7 +19,10 @@ wrapper runs between the events). Shapes: 32 / 8 heads, D 128, block 16, 8K cont
 through the conformance runner's sandbox (shimmed imports; nothing of vLLM's is in the repo).
 --stages 2,3,4 sweeps the kv_align 4 binaries' pipeline depth instead (each JIT-compiled with that
 num_stages through an empty artifacts folder: the bytes a build with that config would make).
-    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4]
+--kv-align 4,8 times the split kernel's KV_ALIGN 4 and 8 reads of the same buffer (8, the loader's
+choice here: K 8 bytes at a time, V from its K scale on), every aotc call JIT-compiled
+through an empty artifacts folder (the bytes an AOT build of that key would make).
+    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4 | --kv-align 4,8]
 """
 from __future__ import annotations
 
@@ -94,13 +97,42 @@ def kv_align4_stages(stages):
         loader.set_artifacts(None)
 
 
+@contextlib.contextmanager
+def kv_align_choice(align):
+    """With align: the split kernel at that KV_ALIGN where the loader would take 4 or 8, JIT-compiled
+    (an empty artifacts folder, plans dropped before and after); None: the loader's choice."""
+    if align is None:
+        yield
+        return
+    from aotc.loader.ops import decode as D
+
+    real = D._kv_align
+
+    def choose(kv, per_token, score, head_dim):
+        got = real(kv, per_token, score, head_dim)
+        return align if got in (4, 8) else got
+
+    D._kv_align = choose  # a measurement only: the buffers here are vLLM's record exactly
+    D._plans.clear()
+    loader.set_artifacts(tempfile.mkdtemp(prefix="aotc-empty-"))
+    try:
+        yield
+    finally:
+        D._kv_align = real
+        D._plans.clear()
+        loader.set_artifacts(None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", default=os.environ.get("AOTC_VLLM_PEER"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--stages", default="", help="sweep the kv_align 4 binaries' num_stages, e.g. 2,3,4")
+    ap.add_argument("--kv-align", default="", help="time the split kernel's KV_ALIGN 4 and 8 reads, e.g. 4,8")
     a = ap.parse_args()
-    sweep = [int(x) for x in a.stages.split(",")] if a.stages else [None]
+    sweep = [("stages", int(x)) for x in a.stages.split(",")] if a.stages else [None]
+    if a.kv_align:
+        sweep = [("kv_align", int(x)) for x in a.kv_align.split(",")]
     ua = vllm_module(a.peer)
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
@@ -150,11 +182,13 @@ def main():
             nbytes = batch * CTX * KV_HEADS * 2 * (D + 4)
             ceiling = nbytes / copy_bw
             shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
-            for stages in sweep:
-                with kv_align4_stages(stages):
-                    tag = "aotc" if stages is None else f"aotc_stages{stages}"
+            for choice in sweep:
+                what, value = choice if choice is not None else (None, None)
+                ctx = kv_align_choice(value) if what == "kv_align" else kv_align4_stages(value)
+                with ctx:
+                    tag = "aotc" if choice is None else f"aotc_{what}{value}"
                     for provider, fn in {**calls, tag: aotc_call}.items():
-                        if stages is not None and provider in calls and stages != sweep[0]:
+                        if choice is not None and provider in calls and choice != sweep[0]:
                             continue  # vLLM and the native layout: once a shape
                         t = device_time(fn)
                         kt = kernel_time(fn)
@@ -162,13 +196,15 @@ def main():
                         rows.add("vllm_per_token_head_decode", name, provider, shape, "kernel_seconds", kt)
                         print(f"{name:20s} {batch:5d} {provider:12s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
                               f"{100 * ceiling / t:6.1f}%")
-            vllm_call()
-            aotc_call()
-            torch.cuda.synchronize()
-            diff = (out.float() - out_a.float()).abs().max().item()
+                    vllm_call()
+                    out_a.fill_(float("nan"))
+                    aotc_call()
+                    torch.cuda.synchronize()
+                    diff = (out.float() - out_a.float()).abs().max().item()
+                    rows.add("vllm_per_token_head_decode", name, f"{tag}_vs_vllm", shape, "max_abs_diff", diff)
+                    print(f"{name:20s} {batch:5d} {tag:12s} max |aotc - vllm| = {diff:.3g}")
             rows.add("vllm_per_token_head_decode", name, "ceiling", shape, "seconds", ceiling)
-            rows.add("vllm_per_token_head_decode", name, "aotc_vs_vllm", shape, "max_abs_diff", diff)
-            print(f"{name:20s} {batch:5d} {'ceiling':12s} {ceiling * 1e6:9.1f}   max |aotc - vllm| = {diff:.3g}")
+            print(f"{name:20s} {batch:5d} {'ceiling':12s} {ceiling * 1e6:9.1f}")
             del raw, k, v, ks, vs
 
 

@@ -163,12 +163,13 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
                       (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes),
                        merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view,
-                      3 if split_axes.get("kv_align") == 4 else int(kv.fmt in S.INT_FORMATS))
+                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS)))
 
 
 def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
-    """4 for vLLM's per-token-head caches (int8 or fp8 e4m3, fp32 scales), whose rows start 4-byte
-    aligned only (scales inline after each head's codes), and for their "mod" calls; else 16."""
+    """8 for vLLM's per-token-head record exactly (int8 or fp8 e4m3, fp32 scales inline after each
+    head's codes: _vllm_record), 4 for other per-token caches whose rows start 4-byte aligned only,
+    and for their "mod" calls; else 16."""
     if not per_token or kv.fmt not in ("int8",) + S.FP8_PER_TOKEN_FORMATS:
         return 16
     strides = [st for t in (kv.k, kv.v) for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1]
@@ -180,7 +181,24 @@ def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
     if head_dim not in S.PER_TOKEN_HEAD_DIMS or any(st % 4 for st in strides):
         raise ValueError(f"k_cache/v_cache: strides {kv.k.stride()} / {kv.v.stride()}: a per-token {kv.fmt} cache "
                          f"read with softcap/ALiBi, fp8 codes or rows off 16 bytes needs 4-byte multiples")
-    return 4
+    return 8 if _vllm_record(kv.k, kv.v, strides) else 4
+
+
+def _vllm_record(k, v, strides) -> bool:
+    """Whether k/v look like vLLM's per-token-head record [K codes | K scale | V codes | V scale]:
+    K 8-byte aligned, V 4 bytes past an 8-byte boundary, strides multiples of 8. The kv_align 8
+    binaries read K 8 bytes at a time and V from the 4 bytes before each row to the 4 after it (the
+    scales beside it), so those bytes must lie in V's storage; later calls of the plan are held to
+    the same address residues (SplitMerge.check_halfword)."""
+    try:
+        kp, vp = k.data_ptr(), v.data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (fake, meta): the 4-byte binaries
+        return False
+    if any(st % 8 for st in strides) or kp % 8 or vp % 8 != 4 or v.device.type == "meta":
+        return False
+    start = v.storage_offset() * v.element_size()
+    end = start + (sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1) * v.element_size()
+    return start >= 4 and end + 4 <= v.untyped_storage().nbytes()
 
 
 def _run_decode(d: _Decode) -> None:

@@ -50,7 +50,8 @@ class SplitMerge:
     fp8: the scales are fp8's (1.0 where absent). byte_view: the cache is read as int8 bytes (fp8,
     int4). halfword: the address bits the cache must have clear, checked every call (a plan is
     keyed by metadata, not by address): 1 for int16 words (int8, int4), 3 for decode's kv_align 4
-    binaries (4-byte words), 0 for none. alibi: the split kernel takes ALiBi slopes after the
+    binaries (4-byte words), 7 for its kv_align 8 ones (K 8-byte aligned, V 4 bytes past: the check
+    takes V's residue into account), 0 for none. alibi: the split kernel takes ALiBi slopes after the
     partial lse (decode's). fast_split / fast_merge: the
     prepared launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
     """
@@ -86,6 +87,12 @@ class SplitMerge:
 
     def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
         mask = int(self.halfword)
+        if mask == 7:  # decode's kv_align 8: vLLM's per-token-head record (decode._vllm_record)
+            if k_ptr & 7 or (v_ptr & 7) != 4:
+                raise ValueError(f"k_cache/v_cache: this plan reads vLLM's per-token-head record (kv_align 8): k_cache "
+                                 f"must start at a multiple of 8 bytes and v_cache 4 bytes past one, got addresses "
+                                 f"{k_ptr:#x} / {v_ptr:#x}")
+            return
         if (k_ptr | v_ptr) & mask:
             name = "k_cache" if k_ptr & mask else "v_cache"
             if mask == 1:

@@ -34,14 +34,17 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
     if axes.get("score") == "mod":  # vLLM's score modifiers: the "mod" binaries
         kw = dict(softcap=20.0, alibi_slopes=torch.rand(kv_heads * group, device="cuda", generator=g),
                   alibi_sqrt=hd == 128)
-    if axes.get("kv_align") == 4:  # vLLM's per-token-head caches
-        from tests.cpu.kernels.decode.test_vllm_caches import vllm_inline_cache
+    if axes.get("kv_align") in (4, 8):  # vLLM's per-token-head caches
+        from tests.cpu.kernels.decode.test_vllm_caches import _shifted_by_4, vllm_inline_cache
 
         fmt = kv
         kc, vc, ks, vs, _, _ = vllm_inline_cache(k.view(num_pages, page, kv_heads, hd),
                                                  v.view(num_pages, page, kv_heads, hd), fmt)
-        if not (kv == "int8" and axes.get("score") != "mod"):  # that one runs on unaligned rows only
-            kc, vc, ks, vs = kc.contiguous(), vc.contiguous(), ks.contiguous(), vs.contiguous()
+        if axes["kv_align"] == 4:  # 8 takes vLLM's record as it is
+            if kv == "int8" and axes.get("score") != "mod":  # 4-byte rows off the record (16-byte ones: 16)
+                kc, vc, ks, vs = _shifted_by_4(kc, vc, ks, vs)
+            else:
+                kc, vc, ks, vs = kc.contiguous(), vc.contiguous(), ks.contiguous(), vs.contiguous()
         kw.update(k_scale=ks, v_scale=vs, kv_format=fmt)
     elif kv in ("fp16", "bf16"):
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)

@@ -2,7 +2,7 @@
 a call of decode's new variants, beside the AOT build's compile of the same keys: aligned calls
 of the int8 per-channel split, the merge kernel that writes the LSE and a bf16 "mod" split
 (softcap/ALiBi); GENERIC calls (every specializable argument off 16, as vLLM's inline-scale cache
-is: rows 4-byte aligned) of the kv_align 4 int8 and fp8 per-token splits. Prints pairs, one a line."""
+is: rows 4-byte aligned) of the kv_align 4 and 8 int8 and fp8 per-token splits. Prints pairs, one a line."""
 import hashlib
 import os
 import sys
@@ -60,9 +60,13 @@ if __name__ == "__main__":
     mod = S.split_axes("bf16", "bf16", "fp32", 128, score="mod")
     int8_a4 = S.split_axes("bf16", "int8", "fp32", 128, per_token=True, score="mod", kv_align=4)
     fp8_a4 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, kv_align=4)
+    int8_a8 = S.split_axes("bf16", "int8", "fp32", 128, per_token=True, kv_align=8)
+    fp8_a8 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, score="mod", kv_align=8)
     for spec, axes, args, level in ((S.SPLIT, split, split_args(), "aligned"), (S.MERGE, merge, merge_args(), "aligned"),
                                     (S.SPLIT, mod, split_args(torch.bfloat16), "aligned"),
                                     (S.SPLIT, int8_a4, vllm_split_args(torch.int8), "generic"),
-                                    (S.SPLIT, fp8_a4, vllm_split_args(torch.int8), "generic")):
+                                    (S.SPLIT, fp8_a4, vllm_split_args(torch.int8), "generic"),
+                                    (S.SPLIT, int8_a8, vllm_split_args(torch.int8), "generic"),
+                                    (S.SPLIT, fp8_a8, vllm_split_args(torch.int8), "generic")):
         aot = compile_variant(spec, VariantKey.make(spec.name, axes, level), arch)
         print(hashlib.sha256(aot.cubin).hexdigest(), jit_sha(spec.name, axes, args, arch))

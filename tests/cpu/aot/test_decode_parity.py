@@ -1,6 +1,6 @@
 """decode's new variants compile to the same bytes through the AOT build as through Triton's JIT:
 aligned calls of the int8 per-channel split kernel, the merge kernel with its LSE output and a
-bf16 "mod" split; GENERIC calls of the kv_align 4 int8 and fp8 per-token splits on vLLM's
+bf16 "mod" split; GENERIC calls of the kv_align 4 and 8 int8 and fp8 per-token splits on vLLM's
 inline-scale layout (tests/cpu/aot/decode_jit_sha.py, in a process without the interpreter)."""
 import os
 import subprocess
@@ -18,8 +18,8 @@ def test_new_decode_variants_jit_equals_aot(arch, tmp_path):
     out = subprocess.run([sys.executable, "-m", "tests.cpu.aot.decode_jit_sha", str(arch)], capture_output=True,
                          text=True, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.split("\n")[:5]
-    assert len(lines) == 5
+    lines = out.stdout.split("\n")[:7]
+    assert len(lines) == 7
     for line in lines:
         aot, jit = line.split()
         assert aot == jit

@@ -70,3 +70,24 @@ def test_cli_skips_cleanly_without_cuda_or_files(tmp_path):
     res = subprocess.run([sys.executable, "-m", "tests.gpu.conformance.vllm_runner", "--peer", str(tmp_path / "none")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and res.stdout.startswith("skipped:"), res.stdout + res.stderr
+
+
+def test_workers_and_case_timeout_reach_pytest(tmp_path, monkeypatch):
+    # xdist's -n and pytest-timeout's ini option go on the command only when asked for
+    seen = []
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, **kw):
+            seen.append(cmd)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(vllm_runner.subprocess, "Popen", Proc)
+    log = str(tmp_path / "x.jsonl")
+    vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=3, case_timeout=120)
+    vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log)
+    assert seen[0][-4:] == ["-n", "3", "-o", "timeout=120"]
+    assert "-n" not in seen[1] and not any(a.startswith("timeout=") for a in seen[1])

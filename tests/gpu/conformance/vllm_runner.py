@@ -2,7 +2,7 @@
 
     python -m tests.gpu.conformance.vllm_runner [--peer SDIST_OR_DIR] [--impl aotc --impl vllm]
         [--file prefix_prefill --file unified --file decode] [--sample N | --sample FILE=N ...]
-        [--timeout S] [--jobs J] [--json OUT]
+        [--timeout S] [--case-timeout S] [--workers W] [--jobs J] [--json OUT]
 
 The peer comes from `--peer` (the sdist, checked against its sha256, or a folder it was extracted
 to), else AOTC_VLLM_PEER, else PyPI (pinned URL and sha256, cached under ~/.cache/aotc/peers).
@@ -13,7 +13,12 @@ for the few `vllm` imports they need (vllm_shims.py), binds the entry points to 
 prints passes per test function for each. --sample N keeps every Nth case of each function (the
 same cases for both; FILE=N for one file). A file over --timeout seconds reports what finished.
 On an H100 test_prefix_prefill.py's cases take ~2.6 s each (its setup copies tokens one by one),
-so its 426 cases outlast one 10-minute device call: sample it.
+so its 231 cases a GPU (426 on two) outlast one 10-minute device call run one after another:
+--workers W runs each file under pytest-xdist's W processes (the sampled cases are the same in
+every worker: the conftest keeps every Nth by collection order), --case-timeout fails one case
+that hangs (pytest-timeout) instead of losing the file. Keep --jobs at 1 on one GPU: files run at
+once share it (test_prefix_prefill.py's cases took ~10x longer beside the others, and vLLM's
+column met CUDA out-of-memory).
 
 Rows marked `internal` are tests of vLLM's kernel internals (reduce_segments, softmax_step, tile
 bounds, which launches unified_attention makes: INTERNAL): in the aotc sandbox they still run
@@ -168,8 +173,10 @@ def _repo_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(aotc.compat.__file__))))
 
 
-def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str) -> dict:
-    """Run one test file in the sandbox; returns {"rows": [...], "timed_out": bool, "seconds": s,
+def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str, workers: int = 1,
+             case_timeout: float = 0.0) -> dict:
+    """Run one test file in the sandbox (under `workers` xdist processes when > 1, each case failed
+    after `case_timeout` seconds when > 0); returns {"rows": [...], "timed_out": bool, "seconds": s,
     "stderr_tail": str}."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([sandbox, _repo_parent(), env.get("PYTHONPATH", "")])
@@ -179,6 +186,10 @@ def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str
     cmd = [sys.executable, "-m", "pytest", os.path.join("tests", test_file), "-q", "-p", "no:cacheprovider",
            "-c", os.path.join(sandbox, "pytest.ini"), "--rootdir", sandbox, "-o", "python_files=test_*.py",
            "--tb=line", "-W", "ignore"]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    if case_timeout > 0:
+        cmd += ["-o", f"timeout={case_timeout:g}"]
     t0 = time.time()
     timed_out = False
     with open(log + ".out", "w") as out:
@@ -263,7 +274,7 @@ def reasons(results: dict, impl: str, limit: int = 12) -> str:
 
 
 def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), sample=1, timeout=600.0, jobs=1,
-        workdir=None) -> dict:
+        workdir=None, workers=1, case_timeout=0.0) -> dict:
     """{impl: {file: run_file's result}}; sample: N for every file or {file: N}. Raises PeerMissing
     without vLLM's files."""
     from concurrent.futures import ThreadPoolExecutor
@@ -276,7 +287,8 @@ def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), 
     def one(job):
         i, f = job
         n = sample.get(f, 1) if isinstance(sample, dict) else sample
-        return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"))
+        return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"), workers,
+                             case_timeout)
 
     results: dict = {i: {} for i in impls}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -296,6 +308,8 @@ def main(argv=None) -> int:
                    help="N: keep every Nth case of each test function; FILE=N: of that file's only")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per test file and implementation")
     p.add_argument("--jobs", type=int, default=1, help="test files run at once")
+    p.add_argument("--workers", type=int, default=1, help="pytest-xdist processes a test file (-n)")
+    p.add_argument("--case-timeout", type=float, default=0.0, help="seconds before one case fails (pytest-timeout)")
     p.add_argument("--json", help="write the per-case results here")
     a = p.parse_args(argv)
     impls = tuple(a.impl or ("aotc", "vllm"))
@@ -312,13 +326,13 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("skipped: no CUDA device")
             return 0
-        results = run(a.peer, impls, files, sample, a.timeout, a.jobs)
+        results = run(a.peer, impls, files, sample, a.timeout, a.jobs, workers=a.workers, case_timeout=a.case_timeout)
     except PeerMissing as e:
         print(f"skipped: {e}")
         return 0
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"version": VERSION, "sample": sample, "results": results}, f)
+            json.dump({"version": VERSION, "sample": sample, "workers": a.workers, "results": results}, f)
     print(table(results, impls))
     for i in impls:
         print(reasons(results, i))

@@ -134,3 +134,60 @@ def test_host_checks_ignore_the_default_device():
     with torch.device("meta"):
         out = loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8")
     torch.testing.assert_close(out.float(), R.decode_reference(q, k_real, v_real, table, lens), atol=2e-2, rtol=2e-2)
+
+
+def _shifted_by_4(kc, vc, ks, vs):
+    """The same codes and scales one 4-byte word further into a larger buffer: K 4 bytes past an
+    8-byte boundary, so no longer vLLM's record as kv_align 8 reads it (kv_align 4 does)."""
+    pages, bs, heads, d = kc.shape
+    raw = torch.zeros(pages, bs, heads, 2 * (d + 4) + 4, dtype=torch.uint8, device=kc.device)  # rows: 2 d + 12
+    rec = raw[..., 4:4 + 2 * (d + 4)]
+    rec[..., :d] = kc.view(torch.uint8)
+    rec[..., d + 4:2 * d + 4] = vc.view(torch.uint8)
+    f32 = raw.view(torch.float32)
+    f32[..., 1 + d // 4] = ks[..., 0]
+    f32[..., 1 + (2 * d + 4) // 4] = vs[..., 0]
+    return (rec[..., :d].view(kc.dtype), rec[..., d + 4:2 * d + 4].view(vc.dtype),
+            f32[..., 1 + d // 4:2 + d // 4], f32[..., 1 + (2 * d + 4) // 4:2 + (2 * d + 4) // 4])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mod", [False, True])
+@pytest.mark.parametrize("layout", ["record", "shifted"])
+def test_kv_align8_on_vllms_record(fmt, head_dim, mod, layout, monkeypatch):
+    # vLLM's record takes the kv_align 8 binaries (V read from its K scale on, a tail tile, the
+    # output stored shifted back); the same values 4 bytes further on take kv_align 4
+    from aotc.loader.ops import decode as D
+
+    chosen = []
+    real = D._kv_align
+    monkeypatch.setattr(D, "_kv_align", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    D._plans.clear()
+    q, k, v, table, lens = _problem(LENS, head_dim, seed=head_dim + 1)
+    q = q * 4 if mod else q
+    kc, vc, ks, vs, k_real, v_real = vllm_inline_cache(k, v, fmt)
+    if layout == "shifted":
+        kc, vc, ks, vs = _shifted_by_4(kc, vc, ks, vs)
+    kw = dict(softcap=2.0, alibi_slopes=torch.tensor([2.0 ** -(i + 1) for i in range(q.shape[1])])) if mod else {}
+    out = torch.full_like(q, float("nan"))
+    try:
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format=fmt, out=out, **kw)
+    finally:
+        D._plans.clear()
+    assert chosen == [8 if layout == "record" else 4]
+    want = R.decode_reference(q, k_real, v_real, table, lens, **kw)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_kv_align8_plan_holds_later_calls_to_the_record():
+    # a plan made on vLLM's record refuses a later call whose V is not 4 bytes past an 8-byte boundary
+    from aotc.loader.ops.split_merge import SplitMerge
+
+    q, k, v, table, lens = _problem([5], 64)
+    kc, vc, ks, vs, _, _ = vllm_inline_cache(k, v, "int8")
+    SplitMerge.check_halfword.__get__(type("P", (), {"halfword": 7})())(kc.data_ptr(), vc.data_ptr())
+    with pytest.raises(ValueError, match="kv_align 8"):
+        SplitMerge.check_halfword.__get__(type("P", (), {"halfword": 7})())(kc.data_ptr(), vc.data_ptr() + 4)
+    with pytest.raises(ValueError, match="kv_align 8"):
+        SplitMerge.check_halfword.__get__(type("P", (), {"halfword": 7})())(kc.data_ptr() + 4, vc.data_ptr())

@@ -95,12 +95,17 @@ def fla_configs() -> dict:
 
     from triton.runtime.autotuner import Autotuner
 
-    found = {}
+    found, seen = {}, set()
     for mod_name, mod in list(sys.modules.items()):
         if not mod_name.startswith("fla.ops"):
             continue
         for name, obj in vars(mod).items():
-            if isinstance(obj, Autotuner) and obj.cache:
+            for _ in range(8):  # most of fla's autotuners sit inside a triton.heuristics wrapper (.fn)
+                if obj is None or isinstance(obj, Autotuner):
+                    break
+                obj = getattr(obj, "fn", None)
+            if isinstance(obj, Autotuner) and obj.cache and id(obj) not in seen:
+                seen.add(id(obj))
                 found[f"{mod_name}.{name}"] = {str(key): str(cfg) for key, cfg in obj.cache.items()}
     return found
 

@@ -7,7 +7,7 @@ bf16, GDN gates from SGLang's form (KDA: one a K channel), beta = sigmoid, L2 no
 the kernel, fp32 initial and final states. aotc with a V-major and a K-major pool; fla with its
 K-major state and with state_v_first=True (V-major), each against aotc's pool of the same layout.
 fla autotunes: each of its calls is warmed before timing, and the configs its autotuners chose
-are printed and kept as rows (metric "config"). Time = kernel_time (the sum of one call's kernel
+are printed and kept as rows (metric "config"), also when a time limit's SIGTERM ends the run. Time = kernel_time (the sum of one call's kernel
 durations, L2 warm, host time left out: fla's host side can outlast its kernels at 1 x 8192);
 aotc's V-major call is also timed by CUDA events with the L2 emptied (device_time), beside a
 bandwidth floor (q, k, v, g, beta read once, out written once, states read and written once, at
@@ -20,6 +20,7 @@ for choosing chunk_spec.prep_launch / state_launch / state_block_v.
 from __future__ import annotations
 
 import argparse
+import signal
 import warnings
 
 import torch
@@ -94,12 +95,17 @@ def fla_configs() -> dict:
 
     from triton.runtime.autotuner import Autotuner
 
-    found = {}
+    found, seen = {}, set()
     for mod_name, mod in list(sys.modules.items()):
         if not mod_name.startswith("fla.ops"):
             continue
         for name, obj in vars(mod).items():
-            if isinstance(obj, Autotuner) and obj.cache:
+            for _ in range(8):  # most of fla's autotuners sit inside a triton.heuristics wrapper (.fn)
+                if obj is None or isinstance(obj, Autotuner):
+                    break
+                obj = getattr(obj, "fn", None)
+            if isinstance(obj, Autotuner) and obj.cache and id(obj) not in seen:
+                seen.add(id(obj))
                 found[f"{mod_name}.{name}"] = {str(key): str(cfg) for key, cfg in obj.cache.items()}
     return found
 
@@ -162,6 +168,11 @@ def main():
     ap.add_argument("--gates", default="gdn,kda", help="gdn, kda or both (fla's chunk_kda autotuning takes minutes)")
     a = ap.parse_args()
     rows = Rows(a.out)
+
+    def cut(signum, frame):  # a time limit's SIGTERM: what fla's autotuners chose so far still gets out
+        report_configs(rows)
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, cut)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e9:.0f} GB/s")
     print("ms: summed kernel durations of one call (events: aotc V-major by CUDA events, L2 emptied)")
@@ -211,13 +222,16 @@ def main():
                   + (f"  [{prov}]" if prov != "aot" else ""), flush=True)
     for n in sorted(notes):
         print("note:", n)
-    configs = fla_configs()
-    for kernel, chosen in sorted(configs.items()):
-        for key, cfg in chosen.items():
-            print(f"fla config {kernel} {key}: {cfg}")
-            rows.add("gated_delta_prefill", kernel, "fla_autotune", key, "config", cfg)
+    report_configs(rows)
     if a.sweep:
         sweep(rows)
+
+
+def report_configs(rows):
+    for kernel, chosen in sorted(fla_configs().items()):
+        for key, cfg in chosen.items():
+            print(f"fla config {kernel} {key}: {cfg}", flush=True)
+            rows.add("gated_delta_prefill", kernel, "fla_autotune", key, "config", cfg)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,6 @@ def reject_unsupported(who, kwargs, chunk_sizes=(16, 32, 64)) -> None:
                                   f"it as well); pass [B, T, H, ...]")
     if kwargs.pop("cp_context", None) is not None:
         raise NotImplementedError(f"{who}: cp_context (context parallelism across devices) is not supported")
-    if kwargs.pop("return_intermediate_states", False):
-        raise NotImplementedError(f"{who}: return_intermediate_states (per-chunk states) is not supported: aotc's "
-                                  f"chunked prefill keeps them in registers and writes only the final state")
     cs = kwargs.get("chunk_size", 64)
     if cs not in chunk_sizes:
         raise ValueError(f"{who}: `chunk_size` must be either {' or '.join(map(str, chunk_sizes))} (as fla), got {cs}")
@@ -122,11 +119,12 @@ def _common_dtype(q, k, v):
 
 def forward(who, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
             v_first, recurrent, use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
-            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, gk=None):
+            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, gk=None, chunk_states=None):
     """An entry point's forward, checked arguments in: the gate and beta activations, the ops, the
     autograd guard (`guarded`). `recurrent`: fused_recurrent's (decode kernel for T <= 8 without
     cu_seqlens, where fla's in-kernel gate and beta sigmoid run inside it too); gk adds to g in log
-    space (exp(g) exp(gk) = exp(g + gk))."""
+    space (exp(g) exp(gk) = exp(g + gk)); chunk_states: a chunk size, for fla's
+    return_intermediate_states (returns (o, final state or None, h); _fla_chunk_states.py)."""
     def compute():
         decode = recurrent and cu_seqlens is None and q.shape[1] <= DECODE_MAX_T
         if (decode and use_gate_in_kernel and use_beta_sigmoid_in_kernel and not allow_neg_eigval and gk is None
@@ -141,16 +139,18 @@ def forward(who, q, k, v, g, beta, *, scale, initial_state, output_final_state, 
         if gk is not None:
             gate = gk if gate is None else gk.float() + gate.float()[..., None]
         return run(who, q, k, v, gate, b, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                   cu_seqlens, v_first, recurrent)
+                   cu_seqlens, v_first, recurrent, chunk_states=chunk_states)
 
     return guarded(who, compute, dict(q=q, k=k, v=v, g=g, gk=gk, beta=beta, initial_state=initial_state,
                                       A_log=A_log, dt_bias=dt_bias))
 
 
 def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-        v_first, allow_decode, fused=None):
+        v_first, allow_decode, fused=None, chunk_states=None):
     """(o in v's dtype, final state or None) from aotc's ops; g [B, T, HV] (GDN) or [B, T, HV, K];
-    `fused`: the decode kernel's fused-gate keywords (A_log, a, dt_bias, b) in place of g and beta."""
+    `fused`: the decode kernel's fused-gate keywords (A_log, a, dt_bias, b) in place of g and beta;
+    `chunk_states` (a chunk size): (o in q's dtype, final state or None, h), as fla's
+    return_intermediate_states (_fla_chunk_states.py)."""
     from aotc import loader
 
     B, T, _, K = q.shape
@@ -166,7 +166,8 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         n = B
     if beta is None and fused is None:  # fla's default: no scaling of the delta
         beta = torch.ones(B, T, HV, dtype=torch.float32, device=dev)
-    out_dtype = v.dtype
+    out_dtype = q.dtype if chunk_states else v.dtype
+    h_dtype = k.dtype  # fla's h: k.new_empty(...)
     q, k, v = _common_dtype(q, k, v)
     pool = _initial_pool(who, initial_state, n, HV, K, V, v_first, dev)
     layout = "vmajor" if v_first else "kmajor"
@@ -175,9 +176,17 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         o = loader.gated_delta_decode(q, k, v, g, beta, pool, slots, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
                                       state_layout=layout, **(fused or {}))
     else:
+        rows = B if cu_seqlens is None else 1  # h's batch dim: fla's B, or 1 with cu_seqlens
         if cu_seqlens is None:  # B equal-length sequences, packed
             cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=dev)
             q, k, v, g, beta = (t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta))
+        if chunk_states:
+            from ._fla_chunk_states import run_by_chunk
+
+            o, h = run_by_chunk(q, k, v, g, beta, pool, cu_seqlens, chunk_states, h_dtype, scale=scale,
+                                qk_l2norm=use_qk_l2norm_in_kernel, layout=layout)
+            return o.view(B, T, HV, V).to(out_dtype), (pool if output_final_state else None), \
+                h.view(rows, -1, *h.shape[1:])
         o = loader.gated_delta_prefill(q, k, v, g, beta, pool, slots, cu_seqlens, scale=scale,
                                        qk_l2norm=use_qk_l2norm_in_kernel, state_layout=layout)
         o = o.view(B, T, HV, V)

@@ -33,9 +33,12 @@ everything else runs `loader.gated_delta_prefill` (equal-length batches are pack
 Autograd: aotc is inference-only. With grad mode on and an input that requires grad, the outputs
 are attached to a node whose backward raises NotImplementedError (as fla's own fused_recurrent
 does): a forward runs, a backward never returns a gradient that silently leaves those inputs out.
+chunk_kda's return_intermediate_states (inference mode, as fla) returns (o, final_state, h), h the
+state before every chunk in k's dtype: the prefill then runs one chunk of every sequence at a time
+(_fla_chunk_states.py).
 Not implemented (NotImplementedError): gv (per-value-channel decays), beta [B, T, HV, V], cp_context,
-head_first (fla 0.6 removed it too), return_intermediate_states (per-chunk states). An unknown
-keyword raises TypeError (fla 0.6 ignores some silently).
+head_first (fla 0.6 removed it too). An unknown keyword raises TypeError (fla 0.6 ignores some
+silently).
 """
 from __future__ import annotations
 
@@ -118,14 +121,22 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     -exp(A_log) * softplus(g + dt_bias) / lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), A_log
     [HV] and dt_bias [HV * K] as keywords); chunk_size 32 or 64 as fla. safe_gate checks
     lower_bound as fla does (in [-5, 0) with use_gate_in_kernel) and changes nothing else here.
-    Not implemented: cp_context, return_intermediate_states.
+    return_intermediate_states=True (under torch.inference_mode(), as fla): returns (o in q's dtype,
+    final_state or None, h [B, NT, HV, K, V] in k's dtype, the state before each chunk of chunk_size
+    tokens; [1, all sequences' chunks, ...] with cu_seqlens). Not implemented: cp_context.
     """
     who = "chunk_kda"
     A.check_qkv(who, q, k, v, beta)
-    kwargs = dict(kwargs, cp_context=cp_context, return_intermediate_states=return_intermediate_states)
+    kwargs = dict(kwargs, cp_context=cp_context)
     v_first = A.state_v_first_of(who, kwargs, state_v_first)
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    chunk_size = kwargs.get("chunk_size", 64)
     A.reject_unsupported(who, kwargs, chunk_sizes=(32, 64))
+    if return_intermediate_states:  # fla's conditions (its asserts)
+        if not torch.is_inference_mode_enabled():
+            raise ValueError(f"{who}: return_intermediate_states is only allowed in inference mode (as fla)")
+        if disable_recompute:
+            raise ValueError(f"{who}: return_intermediate_states must be used with disable_recompute=False (as fla)")
     _kda_gate_shape(who, g, q, v)
     if safe_gate and use_gate_in_kernel:
         if lower_bound is None:
@@ -138,7 +149,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     return _kda(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 cu_seqlens, v_first, False, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-                use_beta_sigmoid_in_kernel, allow_neg_eigval)
+                use_beta_sigmoid_in_kernel, allow_neg_eigval, chunk_size if return_intermediate_states else None)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -161,9 +172,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
 
 def _kda(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
          v_first, recurrent, use_gate_in_kernel, A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel,
-         allow_neg_eigval):
+         allow_neg_eigval, chunk_states=None):
     return A.forward(who, q, k, v, g, beta, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      cu_seqlens=cu_seqlens, v_first=v_first, recurrent=recurrent,
                      use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                     chunk_states=chunk_states)

@@ -137,7 +137,17 @@ class Selection:
         if self.target is None:
             reason = targets.no_target_message(self.gpu, artifacts.local_target_names(), artifacts.current_source())
         fallback.record_miss(key, target, reason)
-        fallback.run_jit(self.spec, self.axes, grid, args, self.arch, built_with=self.built_with)
+        fallback.run_jit(self.spec, self.axes, grid, args, self.arch, built_with=self.built_with,
+                         level=self.level_of(args))
+
+    def level_of(self, args: Sequence) -> str:
+        """The level a built binary would serve this call at (what the JIT fallback compiles): ALIGNED
+        where the spec builds it and the call meets its assumptions, else GENERIC (where built)."""
+        if ALIGNED in self.spec.levels:
+            values = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in args]
+            if check_assumptions(self.spec, self.spec.divisible_args(ALIGNED), values) is None:
+                return ALIGNED
+        return GENERIC if GENERIC in self.spec.levels else ALIGNED
 
     @property
     def built_with(self) -> str | None:

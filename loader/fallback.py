@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from aotc.kernels.variants import GENERIC, KernelSpec, VariantKey, as_target_arch
+from aotc.kernels.variants import ALIGNED, GENERIC, KernelSpec, VariantKey, as_target_arch
 
 from .recipe import compile_options, jit_function
 
@@ -164,26 +164,51 @@ def launch_config(spec: KernelSpec, axes: Mapping, arch):
     return cfg
 
 
+_unspecialized: dict[str, object] = {}
+
+
+def jit_kernel(spec: KernelSpec, level: str = ALIGNED):
+    """The JIT function a fallback compiles `spec` with for a call that a built binary would serve
+    at `level`. ALIGNED: the kernel's own (its decorator specializes exactly the arguments the spec
+    declares aligned, all of which such a call meets). GENERIC: a copy that specializes nothing, as
+    the build compiles GENERIC keys; the kernel's own would specialize whatever of the call happens
+    to be aligned (a 16-byte-aligned pointer beside a head size of 100), another binary, whose
+    outputs differed from the built one in the last bits on the H100 (BENCHMARKS.md, "Gated delta:
+    head sizes and fp32")."""
+    fn = jit_function(spec)
+    if level != GENERIC or spec.kind != "triton" or type(fn).__name__ == "InterpretedFunction":
+        return fn
+    got = _unspecialized.get(spec.name)
+    if got is None:
+        import triton
+
+        got = _unspecialized[spec.name] = triton.jit(
+            do_not_specialize=[a.name for a in spec.args if a.kind == "i32"],
+            do_not_specialize_on_alignment=[a.name for a in spec.args if a.kind == "ptr"])(fn.fn)
+    return got
+
+
 def run_jit(spec: KernelSpec, axes: Mapping, grid: tuple, args: Sequence, arch,
-            built_with: str | None = None) -> None:
-    """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key when
-    the installed Triton is `built_with`, the artifacts' builder), its interpreter under
-    TRITON_INTERPRET=1. `arch`: the target's TargetArch (an int: smN)."""
+            built_with: str | None = None, level: str = ALIGNED) -> None:
+    """Launch through Triton: its JIT on a GPU (the same bytes the build makes for the key at
+    `level`, the level a built binary would serve the call at, when the installed Triton is
+    `built_with`, the artifacts' builder), its interpreter under TRITON_INTERPRET=1. `arch`: the
+    target's TargetArch (an int: smN)."""
     import torch
 
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     import_triton(spec, axes, arch, built_with, interpreter=device.type != "cuda")
-    fn = jit_function(spec)
     cfg = launch_config(spec, axes, arch)
     constexprs = spec.compile_constexprs(axes, arch)
     if device.type == "cuda":
+        fn = jit_kernel(spec, level)
         with torch.cuda.device(device), compile_options():
             fn[grid](*args, **constexprs, **cfg.triton_options())
     else:
         from .interpreter import patch_interpreter
 
         patch_interpreter()
-        fn[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        jit_function(spec)[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def jit_programs_per_sm(spec: KernelSpec, axes: Mapping, args: Sequence, arch, driver=None,

@@ -209,13 +209,13 @@ def state_launch_generic(axes, arch: int) -> LaunchConfig:
     # 1264 B of stack, against the aligned binary's 188 KiB / 244 / 0): the shape of the one-stage
     # 4/8-warp binaries state_launch warns about. On the H100 (Triton 3.6) fla's test_chunk at
     # K = V = 100 (fp16, the generic 128-tile binary at 4 warps) was followed by an illegal memory
-    # access. So from the 128 tile up the 16-bit generic binaries take 16 warps at one stage, the
-    # config found correct at 256; not yet run on a GPU at 128. The 64 tile keeps state_launch's
-    # (fla's K = V = 60 fp16 cases ran clean).
+    # access. So the 16-bit generic binaries take 16 warps at one stage, the config found correct at
+    # 256, 128 (KDA fp16 K = 100) and 64: there state_launch's 4 warps (3 stages, and 2) computed KDA
+    # and GDN at K = 60 wrong from a sequence's second chunk on (relative error 0.8), 8 warps at 2
+    # stages and 16 at one right (BENCHMARKS.md, "Gated delta: head sizes and fp32").
     # fp32 keeps state_launch's: 4-byte elements still take async copies (152 KiB of shared memory
-    # at 128, pipelined), and its 16-warp one-stage binary came out of ptxas differently run to run
-    # (sm90, Triton 3.6: same PTX, two cubins), which no AOT == JIT parity survives.
-    if axes["dtype"] != "fp32" and (int(axes["head_k"]) >= 128 or int(axes["head_v"]) >= 128):
+    # at 128, pipelined); its generic 64 and 128 tiles computed K = 60 and 100 right on the H100.
+    if axes["dtype"] != "fp32":
         state_launch(axes, arch)  # the same declared tiles
         return LaunchConfig(num_warps=16, num_stages=1)
     return state_launch(axes, arch)

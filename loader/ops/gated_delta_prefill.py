@@ -29,8 +29,7 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     dev = q.device
     if d.B != 1:
         rules.fail(OP, "q.shape[0]", "1 (sequences are packed along dim 1; cu_seqlens says where each starts)", d.B)
-    gate = check_gates(g, beta, d, dev, OP)
-    _refuse_unverified(q.dtype, gate, d, dev)
+    check_gates(g, beta, d, dev, OP)
     check_state(state, state_layout, d, dev, OP)
     rules.tensor(OP, "state_indices", state_indices, _INDEX_DTYPES, 1, dev, int32_strides=True)
     rules.tensor(OP, "cu_seqlens", cu_seqlens, _INDEX_DTYPES, 1, dev, int32_strides=True)
@@ -43,15 +42,6 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
     return check_scale(scale, d.K, OP)
-
-
-def _refuse_unverified(dtype, gate, d, dev) -> None:
-    """KDA gates at 16-bit with K off the 16-element grid computed wrong on the H100 (BENCHMARKS.md,
-    "Gated delta: head sizes and fp32"; cause not found yet): refused on GPUs, not run. The
-    interpreter computes them correctly (the CPU tests)."""
-    if dev.type != "cpu" and gate == "kda" and dtype != torch.float32 and d.K % 16:
-        raise NotImplementedError(f"{OP}: KDA gates with 16-bit inputs at a head size K = {d.K} that is not a multiple "
-                                  f"of 16 are not supported on GPUs yet (wrong results on the H100); use fp32 or pad K")
 
 
 def _check_values(T, state, state_indices, cu_seqlens):
@@ -278,8 +268,7 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     stride, device, option or (when validated) value, naming the argument, before any launch;
     ValueError naming out or state when either shares memory with another argument or is an
     expand()ed (stride-0) view; NotImplementedError when grad mode is on and an input requires
-    grad (aotc is inference-only), and on GPUs for KDA gates at 16-bit with K not a multiple of 16
-    (their binaries computed wrong on the H100; the interpreter runs them).
+    grad (aotc is inference-only).
     NaN and inf in the inputs are not checked: NaN in, NaN out (a sequence's outputs and final
     state from that token on; other sequences unaffected).
     """

@@ -12,17 +12,20 @@ from triton.runtime.jit import create_function_from_signature
 
 from aotc.kernels.registry import get_spec
 from aotc.loader import targets
+from aotc.loader.fallback import jit_kernel
 from aotc.loader.recipe import compile_options, jit_function
 
 
-def jit_sha(spec_name, axes, args, name):
+def jit_sha(spec_name, axes, args, name, level=None):
+    """level: compile with the function the loader's JIT fallback takes for a call at that level
+    (fallback.jit_kernel); None: the kernel's own, as a plain Triton JIT call."""
     with compile_options():  # the switches the loader's JIT fallback compiles with (the binder reads them too)
-        return _jit_sha(spec_name, axes, args, name)
+        return _jit_sha(spec_name, axes, args, name, level)
 
 
-def _jit_sha(spec_name, axes, args, name):
+def _jit_sha(spec_name, axes, args, name, level=None):
     spec = get_spec(spec_name)
-    fn = jit_function(spec)
+    fn = jit_function(spec) if level is None else jit_kernel(spec, level)
     info = targets.get(name if isinstance(name, str) else f"sm{name}")  # main's callers pass an SM int
     target = GPUTarget(info.backend, info.arch, info.warp_size)
     backend = make_backend(target)

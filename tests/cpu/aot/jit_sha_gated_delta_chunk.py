@@ -13,8 +13,10 @@ WIDE = dict(AXES, bv=128)
 FP32 = dict(AXES, dtype="fp32")
 
 
-def args(aligned: bool, dtype=torch.bfloat16) -> list:
-    off = 0 if aligned else 1  # one element: 2 bytes off for bf16, 4 for fp32
+def args(aligned: bool, dtype=torch.bfloat16, pointers_aligned=None) -> list:
+    """pointers_aligned=True with aligned=False: 16-byte-aligned pointers beside head sizes off 16
+    (a head size of 100 in contiguous tensors: the call dispatch serves GENERIC)."""
+    off = 0 if (aligned if pointers_aligned is None else pointers_aligned) else 1  # 2 bytes off for bf16, 4 for fp32
     bf = torch.empty(1 << 16, dtype=dtype)
     f32 = torch.empty(1 << 16, dtype=torch.float32)
     idx = torch.empty(64, dtype=torch.int32)
@@ -34,6 +36,12 @@ if __name__ == "__main__":
     dtype = sys.argv[3] if len(sys.argv) > 3 else "bf16"
     axes = dict(AXES, bv=int(sys.argv[2]) if len(sys.argv) > 2 else 32, dtype=dtype)
     dt = torch.float32 if dtype == "fp32" else torch.bfloat16
-    # the misaligned call's binary is GDN_CHUNK_STATE_GENERIC's (its own launch config)
-    print(jit_sha("gdn_chunk_state", axes, args(True, dt), arch),
-          jit_sha("gdn_chunk_state_generic", axes, args(False, dt), arch))
+    if sys.argv[4:] == ["partial"]:
+        # the partly aligned call: Triton's own JIT, then the loader's fallback (its GENERIC compile)
+        partial = args(False, dt, pointers_aligned=True)
+        print(jit_sha("gdn_chunk_state_generic", axes, partial, arch),
+              jit_sha("gdn_chunk_state_generic", axes, partial, arch, level="generic"))
+    else:
+        # the misaligned call's binary is GDN_CHUNK_STATE_GENERIC's (its own launch config)
+        print(jit_sha("gdn_chunk_state", axes, args(True, dt), arch),
+              jit_sha("gdn_chunk_state_generic", axes, args(False, dt), arch))

@@ -34,3 +34,4 @@ def test_jit_compiles_the_same_bytes_as_the_build(tiny_artifacts, gfx942_tiny, t
     entries = read_manifest(root / target).by_key()
     assert entries["tiny_axpy(block=64,dtype=fp16)@aligned"].sha256 == jit_aligned
     assert entries["tiny_axpy(block=64,dtype=fp16)@generic"].sha256 == jit_generic
+

@@ -62,3 +62,32 @@ def test_jit_compiles_the_same_bytes_as_the_build(artifacts, case, target, tmp_p
     assert entries[str(_key(case))].sha256 == jit_aligned
     assert entries[str(_key(case, "generic"))].sha256 == jit_generic
     assert jit_aligned != jit_generic
+
+
+def test_jit_fallback_compiles_a_partly_aligned_call_as_the_generic_build(artifacts, tmp_path):
+    # 16-byte-aligned pointers beside head sizes off 16 (K = 127): dispatch serves the call with the
+    # GENERIC binary, so the loader's JIT fallback must compile that key's bytes; Triton's own JIT
+    # specializes the aligned pointers (another binary: on the H100 its fp32 outputs at K = 100 were
+    # a few ulps off the built ones).
+    from aotc.kernels.gated_delta import chunk_spec
+    from aotc.loader.dispatch import Selection
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-m", "tests.cpu.aot.jit_sha_gated_delta_chunk", "90", "32", "bf16",
+                          "partial"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    plain, fallback = out.stdout.split()
+    entries = read_manifest(artifacts / "sm90").by_key()
+    assert entries[str(_key("gdn_chunk_state_bv32", "generic"))].sha256 == fallback
+    assert plain != fallback
+    # the level the fallback is given: what dispatch would serve (pointers read by data_ptr())
+    from tests.cpu.aot.jit_sha_gated_delta_chunk import args as call_args
+
+    sel = Selection.__new__(Selection)
+    # the GENERIC spec builds no ALIGNED level; the ALIGNED one no GENERIC (the op routes by alignment)
+    for spec, call, level in ((chunk_spec.GDN_CHUNK_STATE_GENERIC, call_args(True), "generic"),
+                              (chunk_spec.GDN_CHUNK_STATE, call_args(True), "aligned"),
+                              (chunk_spec.GDN_CHUNK_STATE, call_args(False, pointers_aligned=True), "aligned")):
+        sel.spec = spec
+        assert sel.level_of(call) == level, (spec.name, level)

@@ -138,8 +138,10 @@ def test_unsupported_kda_and_deprecated_arguments():
     t, h0, cu = fla_inputs([4, 4], equal=True, kda=True, H=1, HV=2, seed=29)
     with pytest.raises(ValueError, match=r"`chunk_size` must be either 32 or 64"):  # fla's own test's pattern
         fla.chunk_kda(**t, chunk_size=16)
-    with pytest.raises(NotImplementedError, match="return_intermediate_states"):
+    with pytest.raises(ValueError, match="only allowed in inference mode"):  # fla asserts it
         fla.chunk_kda(**t, return_intermediate_states=True)
+    with torch.inference_mode(), pytest.raises(ValueError, match="disable_recompute=False"):
+        fla.chunk_kda(**t, return_intermediate_states=True, disable_recompute=True)
     with pytest.raises(ValueError, match=r"g must be \[B, T, HV, K\]"):
         fla.chunk_kda(**{**t, "g": t["g"][..., 0]})
     with pytest.raises(ValueError, match="lower_bound"):
@@ -150,6 +152,43 @@ def test_unsupported_kda_and_deprecated_arguments():
         fla.fused_recurrent_kda(**t, transpose_state_layout=True)
     with pytest.raises(ValueError, match="not both"):
         fla.fused_recurrent_kda(**t, state_v_first=True, transpose_state_layout=True)
+
+
+@pytest.mark.parametrize("chunk_size,equal,v_first", [(64, False, False), (32, True, True)])
+def test_chunk_kda_intermediate_states(chunk_size, equal, v_first):
+    # fla's return_intermediate_states: h[:, i] is the state before chunk i (k's dtype), o and the
+    # final state as without it. Lengths past one chunk, a partial last chunk, an empty sequence.
+    lengths = [70, 70] if equal else [1, 130, 0, 64, 65]
+    t, h0, cu = fla_inputs(lengths, equal=equal, v_first=v_first, kda=True, H=1, HV=2, dtype=torch.bfloat16,
+                           seed=31)
+    cu_arg = None if equal else cu
+    with torch.inference_mode():
+        o, ht, h = fla.chunk_kda(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                 cu_seqlens=cu_arg, chunk_size=chunk_size, return_intermediate_states=True,
+                                 state_v_first=v_first)
+        o2, ht2 = fla.chunk_kda(**t, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                cu_seqlens=cu_arg, chunk_size=chunk_size, state_v_first=v_first)
+    want_o, want_h = reference(t, h0, cu_arg, v_first=v_first)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")
+    if chunk_size == 64:  # one chunk a step: the same chunks as one call's, so the same bits
+        assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    nts = [-(-n // chunk_size) for n in lengths]
+    rows = len(lengths) if equal else 1
+    assert h.dtype == t["k"].dtype and h.shape == (rows, sum(nts) // rows, 2, 64, 64)
+    flat = h.reshape(-1, 2, 64, 64)
+    i = 0
+    for n, length in enumerate(lengths):  # each chunk's start state: the reference over the tokens before it
+        for c in range(nts[n]):
+            if equal:
+                part = {x: y[n:n + 1, :c * chunk_size] for x, y in t.items()}
+                cut = None
+            else:
+                part = {x: y[:, cu[n]:cu[n] + c * chunk_size] for x, y in t.items()}
+                cut = torch.tensor([0, c * chunk_size])
+            _, want = reference(part, h0[n:n + 1], cut, v_first=v_first) if c else (None, h0[n:n + 1])
+            assert_close(flat[i].float(), want[0], torch.bfloat16, f"h[{n}, {c}]")
+            i += 1
 
 
 @pytest.mark.parametrize("K,V", [(60, 100), (100, 60)])

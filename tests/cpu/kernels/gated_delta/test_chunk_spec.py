@@ -26,10 +26,10 @@ def test_registered_with_counts():
     assert {k.level for k in chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()} == {"generic"}
 
 
-def test_16_bit_generic_state_binaries_take_16_warps_from_the_128_tile():
+def test_16_bit_generic_state_binaries_take_16_warps():
     for axes in chunk_spec.state_variants():
         cfg = chunk_spec.GDN_CHUNK_STATE_GENERIC.launch_config(axes, 90)
-        if axes["head_k"] >= 128 and axes["dtype"] != "fp32":
+        if axes["dtype"] != "fp32":  # the 64 tile's 4 warps computed K = 60 wrong on the H100
             assert (cfg.num_warps, cfg.num_stages) == (16, 1)
         else:
             assert cfg == chunk_spec.GDN_CHUNK_STATE.launch_config(axes, 90)

@@ -183,22 +183,3 @@ def test_misaligned_calls_route_to_the_generic_state_spec(monkeypatch):
                                c["cu_seqlens"])
         assert [n for n, _ in launched] == ["gdn_chunk_prep", want]
         assert launched[1][1]["head_k"] == (128 if K == 100 else 64)
-
-
-@pytest.mark.parametrize("dtype, gate, K, V, refused", [
-    (torch.float32, "gdn", 256, 256, False), (torch.float32, "kda", 100, 200, False),
-    (torch.float16, "kda", 60, 60, True), (torch.bfloat16, "kda", 100, 100, True), (torch.bfloat16, "kda", 64, 64, False),
-    (torch.float16, "gdn", 60, 60, False), (torch.bfloat16, "gdn", 256, 256, False)])
-def test_head_sizes_unverified_on_gpus_are_refused_there(dtype, gate, K, V, refused):
-    # What computed wrong on the H100 is refused on GPUs before any launch; the interpreter (device
-    # cpu) computes it and keeps running it. fp32 at the 256 tile runs since its 4-warp state pass.
-    from aotc.loader.ops.gated_delta import Dims
-    from aotc.loader.ops.gated_delta_prefill import _refuse_unverified
-
-    d = Dims(B=1, T=4, H=1, HV=1, K=K, V=V)
-    _refuse_unverified(dtype, gate, d, torch.device("cpu"))
-    if refused:
-        with pytest.raises(NotImplementedError, match="not supported on GPUs yet"):
-            _refuse_unverified(dtype, gate, d, torch.device("cuda"))
-    else:
-        _refuse_unverified(dtype, gate, d, torch.device("cuda"))

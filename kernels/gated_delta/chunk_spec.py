@@ -100,9 +100,10 @@ STATE_ARGS = (
 
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
-    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
-    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
-    [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
+    """Whether the precompute takes the per-channel path (chunk._gated_chunk_a: 64-channel column
+    blocks) and writes Qg (the state pass then reads Qg, group 1, not q): always for KDA; for GDN at
+    fp32 with the 256 tile, where its chunk-wide [64, K] x [K, 64] dots take 256 KiB of shared
+    memory on sm90 (Triton 3.6)."""
     return kda or (dtype == "fp32" and head_k > 128)
 
 

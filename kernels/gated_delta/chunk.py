@@ -55,57 +55,46 @@ L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + ep
 
 
 @triton.jit
-def _within(g, N: tl.constexpr, L: tl.constexpr):
-    """For g [64, D] cut into N runs of L rows: (the cumulative sum within each run, each run's total,
-    the sum of each run's first L // 2 rows), each [64, D] (a run's value on each of its rows)."""
-    D: tl.constexpr = g.shape[1]
-    g3 = tl.reshape(g, [N, L, D])
-    first = tl.arange(0, L)[None, :, None] < L // 2
-    total = tl.broadcast_to(tl.sum(g3, 1)[:, None, :], [N, L, D])
-    half = tl.broadcast_to(tl.sum(tl.where(first, g3, 0.0), 1)[:, None, :], [N, L, D])
-    return (tl.reshape(tl.cumsum(g3, 1), [CHUNK, D]), tl.reshape(total, [CHUNK, D]),
-            tl.reshape(half, [CHUNK, D]))
-
-
-@triton.jit
 def _exp_where(sel, x):
     """exp(x) where sel, else 0: x may be positive (and overflow) where it is not selected."""
     return tl.exp(tl.where(sel, x, float("-inf")))
 
 
 @triton.jit
-def _blocks_dot(left, right, DT: tl.constexpr, TF32: tl.constexpr):
-    """The four diagonal 16 x 16 blocks of left @ right^T ([64, D] each): one batched dot, [4, 16, 16]."""
-    D: tl.constexpr = left.shape[1]
-    l3 = tl.reshape(left.to(DT), [4, SUB, D])
-    r3 = tl.permute(tl.reshape(right.to(DT), [4, SUB, D]), (0, 2, 1))
-    return _dot(l3, r3, TF32)
+def _split_level(q, k, g, Gc, a, aq, L: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+    """Adds to A and Aqk the pairs (i, j) of one 2L-row run with i in its second half and j in its
+    first: exp(G_i - G_j) = exp(G_i - M) exp(M - G_j), M the cumulative gate at the end of the first
+    half, so both factors are <= 1 (per channel). Levels L = 32, 16, ..., 1 cover every i > j once."""
+    r = tl.arange(0, CHUNK)
+    second = ((r // L) % 2 == 1)[:, None]
+    if L == 1:  # M = G_{i-1}: exp(g_i) on the left, k itself on the right
+        el = _exp_where(second, g)
+        right = tl.where(second, 0.0, k)
+    else:
+        M = tl.gather(Gc, ((r // (2 * L)) * (2 * L) + L - 1)[:, None] + tl.zeros(Gc.shape, tl.int32), 0)
+        el = _exp_where(second, Gc - M)
+        right = k * _exp_where(~second, M - Gc)
+    rt = tl.trans(right.to(DT))
+    ak = _dot((k * el).to(DT), rt, TF32)
+    aqk = _dot((q * el).to(DT), rt, TF32)
+    if L < CHUNK // 2:  # a product of two different runs' rows: not a pair
+        same = (r[:, None] // (2 * L)) == (r[None, :] // (2 * L))
+        ak = tl.where(same, ak, 0.0)
+        aqk = tl.where(same, aqk, 0.0)
+    return a + ak, aq + aqk
 
 
 @triton.jit
 def _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv, hk, HV, decay_row, rq, rk, scale, s_qt, s_qh, s_kt, s_kh,
                    s_gt, s_gh, K_DIM, HEAD_K: tl.constexpr, KDA: tl.constexpr, TF32: tl.constexpr):
     """Per-channel gates (KDA; GDN's scalar gate broadcast where SUBBLOCKS asks for this path), whole
-    chunk, in WCOL-channel column blocks: writes Qg, Kg, Decay and Aqk, returns (A off the diagonal
-    blocks [64, 64], A's diagonal blocks [4, 16, 16]) without beta.
-
-    exp(G_i - G_j) (j < i, per channel) is never split as exp(G_i) exp(-G_j). Levels of runs: 16-token
-    blocks in the chunk, 4-token quarters in a block, tokens in a quarter; at each, pairs of
-    neighbouring runs (i's run right after j's) take exp(G_i - start(i's run)) exp(end(j's run) -
-    G_j) and farther pairs in the same parent (runs 2, 3 against 0, 1) exp(G_i - M) exp(M - G_j) with
-    M the gate at the end of run 1: every factor <= 1, all on tensor cores, 6 exps a channel and
-    token. Rows i, columns j of the chunk; r: either."""
+    chunk, in WCOL-channel column blocks: writes Qg, Kg, Decay and Aqk, returns A [64, 64] (strictly
+    lower, without beta). exp(G_i - G_j) is never split as exp(G_i) exp(-G_j): _split_level's six
+    levels, each two [64, WCOL] x [WCOL, 64] dots on the decay-scaled operands."""
     DT: tl.constexpr = Q.dtype.element_ty
     r = tl.arange(0, CHUNK)
-    i = r[:, None]
-    j = r[None, :]
-    rb = tl.arange(0, SUB)
-    ib = rb[None, :, None]
-    jb = rb[None, None, :]
     a = tl.zeros([CHUNK, CHUNK], tl.float32)
     aq = tl.zeros([CHUNK, CHUNK], tl.float32)
-    ad = tl.zeros([4, SUB, SUB], tl.float32)
-    aqd = tl.zeros([4, SUB, SUB], tl.float32)
     qk = tl.zeros([CHUNK], tl.float32)
     if not KDA:
         gs = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
@@ -119,54 +108,21 @@ def _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv, hk, HV, decay_row, rq,
         else:
             g = gs[:, None] + tl.zeros([CHUNK, WCOL], tl.float32)
         qk += tl.sum(q * k, 1)
-        # The chunk: Qg, Kg, the decay, and blocks 2, 3 against 0, 1 split at the end of block 1.
-        Gc, _tot, M = _within(g, 1, CHUNK)
+        Gc = tl.cumsum(g, 0)
         RL = tl.sum(g, 0)
         tl.store(Decay + decay_row + c, tl.exp(RL))
         ws = (t[:, None] * HV + hv) * HEAD_K + c[None, :]
         tl.store(Qg + ws, (q * tl.exp(Gc) * scale).to(Qg.dtype.element_ty), mask=m[:, None])
         tl.store(Kg + ws, (k * tl.exp(RL[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
-        el = _exp_where(i >= 2 * SUB, Gc - M)
-        rt = tl.trans((k * _exp_where(i < 2 * SUB, M - Gc)).to(DT))
-        far = i // SUB >= j // SUB + 2
-        a += tl.where(far, _dot((k * el).to(DT), rt, TF32), 0.0)
-        aq += tl.where(far, _dot((q * el).to(DT), rt, TF32), 0.0)
-        # Neighbouring blocks; in each block, quarters 2, 3 against 0, 1 split at the end of quarter 1.
-        Gb, Sb, M = _within(g, 4, SUB)
-        el = tl.exp(Gb)
-        rt = tl.trans((k * tl.exp(Sb - Gb)).to(DT))
-        near = i // SUB == j // SUB + 1
-        a += tl.where(near, _dot((k * el).to(DT), rt, TF32), 0.0)
-        aq += tl.where(near, _dot((q * el).to(DT), rt, TF32), 0.0)
-        el = _exp_where(i % SUB >= SUB // 2, Gb - M)
-        er = k * _exp_where(i % SUB < SUB // 2, M - Gb)
-        far = ib // 4 >= jb // 4 + 2
-        ad += tl.where(far, _blocks_dot(k * el, er, DT, TF32), 0.0)
-        aqd += tl.where(far, _blocks_dot(q * el, er, DT, TF32), 0.0)
-        # Neighbouring quarters; in each quarter, tokens 2, 3 against 0, 1 split after token 1.
-        Gq, Sq, M = _within(g, 16, 4)
-        el = tl.exp(Gq)
-        er = k * tl.exp(Sq - Gq)
-        near = ib // 4 == jb // 4 + 1
-        ad += tl.where(near, _blocks_dot(k * el, er, DT, TF32), 0.0)
-        aqd += tl.where(near, _blocks_dot(q * el, er, DT, TF32), 0.0)
-        el = _exp_where(i % 4 >= 2, Gq - M)
-        er = k * _exp_where(i % 4 < 2, M - Gq)
-        far = (ib // 4 == jb // 4) & (ib >= jb + 2)
-        ad += tl.where(far, _blocks_dot(k * el, er, DT, TF32), 0.0)
-        aqd += tl.where(far, _blocks_dot(q * el, er, DT, TF32), 0.0)
-        # Neighbouring tokens: exp(g_i) alone.
-        el = tl.exp(g)
-        near = (ib // 4 == jb // 4) & (ib == jb + 1)
-        ad += tl.where(near, _blocks_dot(k * el, k, DT, TF32), 0.0)
-        aqd += tl.where(near, _blocks_dot(q * el, k, DT, TF32), 0.0)
-    aqd = tl.where(ib == jb, tl.reshape(qk, [4, SUB])[:, :, None], aqd)  # exp(0): q_i . k_i
-    aq4 = tl.reshape(aq, [4, SUB, 4, SUB])
-    bi = tl.arange(0, 4)[:, None, None, None]
-    bj = tl.arange(0, 4)[None, None, :, None]
-    aq = tl.reshape(tl.where(bi == bj, aqd[:, :, None, :], aq4), [CHUNK, CHUNK]) * scale
-    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + j, aq.to(Aqk.dtype.element_ty), mask=m[:, None])
-    return a, ad
+        a, aq = _split_level(q, k, g, Gc, a, aq, 32, DT, TF32)
+        a, aq = _split_level(q, k, g, Gc, a, aq, 16, DT, TF32)
+        a, aq = _split_level(q, k, g, Gc, a, aq, 8, DT, TF32)
+        a, aq = _split_level(q, k, g, Gc, a, aq, 4, DT, TF32)
+        a, aq = _split_level(q, k, g, Gc, a, aq, 2, DT, TF32)
+        a, aq = _split_level(q, k, g, Gc, a, aq, 1, DT, TF32)
+    aq = (aq + tl.where(r[:, None] == r[None, :], qk[:, None], 0.0)) * scale  # i = j: exp(0)
+    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+    return a
 
 
 @triton.jit
@@ -184,6 +140,24 @@ def _inverse_diagonal(a):
         x = tl.where(rows == r, new, x)
     return (tl.sum(tl.where(b == 0, x, 0.0), 0), tl.sum(tl.where(b == 1, x, 0.0), 0),
             tl.sum(tl.where(b == 2, x, 0.0), 0), tl.sum(tl.where(b == 3, x, 0.0), 0))
+
+
+@triton.jit
+def _inverse_doubling(a, TF: tl.constexpr, EXACT: tl.constexpr):
+    """X = (I + A)^-1 of the strictly lower A [64, 64] by [64, 64] products alone. D = I + A's
+    diagonal 16 x 16 blocks Ad: D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) (Ad^16 = 0); with the
+    rest L, N = D^-1 L is strictly block lower (N^4 = 0), so X = (I + N)^-1 D^-1 = (I - N)(I + N^2) D^-1.
+    Ten products, no 16 x 16 tiles cut out or put back."""
+    r = tl.arange(0, CHUNK)
+    same = (r[:, None] // SUB) == (r[None, :] // SUB)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    ad = tl.where(same, a, 0.0)
+    p2 = _mm(ad, ad, TF, EXACT)
+    p4 = _mm(p2, p2, TF, EXACT)
+    dinv = _mm(_mm(eye - ad, eye + p2, TF, EXACT), eye + p4, TF, EXACT)
+    dinv = _mm(dinv, eye + _mm(p4, p4, TF, EXACT), TF, EXACT)
+    n = _mm(dinv, tl.where(same, 0.0, a), TF, EXACT)
+    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
 
 
 @triton.jit
@@ -323,7 +297,7 @@ def gdn_chunk_prep(
     scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
-    MERGE_TF32: tl.constexpr,
+    MERGE_TF32: tl.constexpr, DOUBLING: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
@@ -366,15 +340,13 @@ def gdn_chunk_prep(
             rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
             rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
         tl.store(Fq + t * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=m)
-        a, ad = _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv64, hk, HV, decay_row, rq, rk, scale,
-                               s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, K_DIM, HEAD_K, KDA, MERGE_TF32)
+        a = _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv64, hk, HV, decay_row, rq, rk, scale,
+                           s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, K_DIM, HEAD_K, KDA, MERGE_TF32)
         beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
         a = a * beta[:, None]
-        ad = ad * tl.reshape(beta, [4, SUB])[:, :, None]
         rs = beta * rk  # k's row factor for W (GDN: with exp(G) too; KDA's per-channel one comes there)
         if not KDA:
             rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
-        a4 = tl.reshape(a, [4, SUB, 4, SUB])
     else:
         # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
         # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
@@ -383,34 +355,36 @@ def gdn_chunk_prep(
         tl.store(Decay + decay_row + tl.arange(0, HEAD_K), tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
         a, rs = _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
                              s_bt, s_bh, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
+
+    TF: tl.constexpr = MERGE_TF32
+    EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
+    if DOUBLING:
+        x = _inverse_doubling(a, TF, EXACT)
+    else:
+        # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
         a4 = tl.reshape(a, [4, SUB, 4, SUB])
         bi = tl.arange(0, 4)[:, None, None, None]
         bj = tl.arange(0, 4)[None, None, :, None]
-        ad = tl.sum(tl.where(bi == bj, a4, 0.0), 2)
+        x00, x11, x22, x33 = _inverse_diagonal(tl.sum(tl.where(bi == bj, a4, 0.0), 2))
+        a10 = _block_of(a4, 1, 0)
+        a20 = _block_of(a4, 2, 0)
+        a21 = _block_of(a4, 2, 1)
+        a30 = _block_of(a4, 3, 0)
+        a31 = _block_of(a4, 3, 1)
+        a32 = _block_of(a4, 3, 2)
+        x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
+        x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
+        x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
+        x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
+        x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
+        x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
 
-    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-    x00, x11, x22, x33 = _inverse_diagonal(ad)
-    a10 = _block_of(a4, 1, 0)
-    a20 = _block_of(a4, 2, 0)
-    a21 = _block_of(a4, 2, 1)
-    a30 = _block_of(a4, 3, 0)
-    a31 = _block_of(a4, 3, 1)
-    a32 = _block_of(a4, 3, 2)
-    TF: tl.constexpr = MERGE_TF32
-    EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
-    x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
-    x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
-    x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
-    x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
-    x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
-
-    # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
-    # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
-    # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
-    # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
-    # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
-    x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
+        # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
+        # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
+        # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
+        # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
+        # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
+        x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
     for c0 in tl.static_range(0, HEAD_K, WCOL):

@@ -110,7 +110,8 @@ def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
 def prep_constexprs(axes) -> dict:
     kda = axes["gate"] == "kda"
     return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(kda),
-            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda))}
+            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda)),
+            "DOUBLING": 1}
 
 
 def prep_target_constexprs(axes, arch) -> dict:
@@ -235,7 +236,7 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32"),
+    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32", "DOUBLING"),
     constexprs=prep_constexprs,
     target_constexprs=prep_target_constexprs,
     variants=prep_variants,

@@ -15,8 +15,8 @@ the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
 --kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
 pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
---prep-sweep W:S:R[:D],...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
-num_stages and maxnreg (0: none) [and DOUBLING, where the kernel has it], JIT, with its registers and spills.
+--prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
+num_stages and maxnreg (0: none), JIT, with its registers and spills.
 
 --sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
@@ -193,11 +193,8 @@ def prep_sweep(rows, configs):
                                                             "vmajor")
         gate = "kda" if kda else "gdn"
         default = chunk_spec.prep_launch(paxes, 90)
-        for warps, stages, cap, *over in configs:
-            consts = pspec.compile_constexprs(paxes, 90)
-            names = [n for n in ("DOUBLING",) if n in consts][:len(over)]
-            consts.update(zip(names, over))
-
+        consts = pspec.compile_constexprs(paxes, 90)
+        for warps, stages, cap in configs:
             def prep():
                 return chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **consts, num_warps=warps, num_stages=stages,
                                                            **({"maxnreg": cap} if cap else {}))
@@ -206,10 +203,9 @@ def prep_sweep(rows, configs):
                 res = f" regs {kern.n_regs} spills {kern.n_spills} smem {kern.metadata.shared}"
             except Exception as e:  # noqa: BLE001
                 res = f" ({type(e).__name__})"
-            extra = "".join(f" {n}={v}" for n, v in zip(names, over))
-            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}{extra}{res}", prep,
-                       (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg) and not over,
-                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{cap}" if cap else "") + extra.replace(" ", ","),
+            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}{res}", prep,
+                       (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),
+                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{cap}" if cap else ""),
                        "gated_delta_prefill_prep_sweep")
         del q, k, v, g, beta, state, out, pargs
         torch.cuda.empty_cache()
@@ -223,8 +219,7 @@ def main():
     ap.add_argument("--gates", default="gdn,kda", help="gdn, kda or both (fla's chunk_kda autotuning takes minutes)")
     ap.add_argument("--no-fla", dest="fla", action="store_false", help="aotc alone")
     ap.add_argument("--kernels", action="store_true", help="also print each call's time by kernel")
-    ap.add_argument("--prep-sweep", default=None,
-                    help="W:S:R[:D],... precompute num_warps, num_stages, maxnreg [, DOUBLING] to time (JIT)")
+    ap.add_argument("--prep-sweep", default=None, help="W:S:R,... precompute num_warps, num_stages, maxnreg to time (JIT)")
     a = ap.parse_args()
     rows = Rows(a.out)
     bw = copy_bandwidth()

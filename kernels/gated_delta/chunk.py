@@ -14,24 +14,26 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
     S_C = S0 exp(G_last) + V'^T (k exp(G_last - G)).
 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
-A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA,
-and GDN at fp32 K = 256: the whole chunk too, in 64-channel column blocks, with the per-channel
-decay folded into the dot operands, see _gated_chunk_a), inverts the four unit-lower diagonal
-16 x 16 blocks of I + A together by row substitution ([4, 16, 16]: 15 steps) and merges them by
-block forward substitution (X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes
-W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots, and Kg = k exp(G_last - G),
-Aqk (input dtype), exp(G_last) (fp32, per K) and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for
-GDN, where Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the
-state pass reads q and scales its rows of q h: a [T, HV, K] write and its read back saved).
+A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
+16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
+used), inverts I + A (GDN: by ten [64, 64] products, _inverse_doubling; KDA: cuts A into 16 x 16
+blocks, inverts the four unit-lower diagonal ones together by row substitution ([4, 16, 16]: 15
+steps) and merges them by block forward substitution, X_ij = -X_ii sum_m A_im X_mj, then
+reassembles X [64, 64]) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x
+[64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K)
+and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
+Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
+reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). Registers and
+spills of each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
 Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so
 one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
-and more, so exp(-G_j) overflows within a chunk). _gated_chunk_a splits it at a cumulative gate
-between G_j and G_i, so both factors are <= 1: three levels of runs (16-token blocks, 4-token
-quarters, tokens), each split at its run boundaries.
+and more, so exp(-G_j) overflows within a chunk). Off-diagonal sub-blocks (i > j) split it at
+the cumulative gate R before block i: exp(G_i - R) exp(R - G_j), both factors <= 1. Diagonal
+blocks form exp(G_ic - G_jc) directly, one column at a time (16 steps of [16, K] work).
 
 Head sizes and dtypes: HEAD_K / HEAD_V are the tiles (64, 128, 256); the head sizes K_DIM / V_DIM
 are runtime ints. Every load of q, k, v, a KDA gate and the pool and every store of the output and
@@ -55,84 +57,146 @@ L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + ep
 
 
 @triton.jit
-def _exp_where(sel, x):
-    """exp(x) where sel, else 0: x may be positive (and overflow) where it is not selected."""
-    return tl.exp(tl.where(sel, x, float("-inf")))
+def _row(x, rows, r):
+    """Row r of a [16, D] tile as a [D] vector."""
+    return tl.sum(tl.where(rows[:, None] == r, x, 0.0), axis=0)
 
 
 @triton.jit
-def _split_level(q, k, g, Gc, a, aq, L: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """Adds to A and Aqk the pairs (i, j) of one 2L-row run with i in its second half and j in its
-    first: exp(G_i - G_j) = exp(G_i - M) exp(M - G_j), M the cumulative gate at the end of the first
-    half, so both factors are <= 1 (per channel). Levels L = 32, 16, ..., 1 cover every i > j once."""
-    r = tl.arange(0, CHUNK)
-    second = ((r // L) % 2 == 1)[:, None]
-    if L == 1:  # M = G_{i-1}: exp(g_i) on the left, k itself on the right
-        el = _exp_where(second, g)
-        right = tl.where(second, 0.0, k)
+def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm):
+    """k of sub-block b (16 tokens) as fp32, normalized if asked; tokens at or past `end` read as
+    zeros. Called once per use (an L1/L2 hit after the first), not kept live across the kernel."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    k = tl.load(K + t.to(tl.int64)[:, None] * s_kt + hk * s_kh + offs_k[None, :],
+                mask=m[:, None] & (offs_k < K_DIM)[None, :], other=0.0).to(tl.float32)
+    if qk_l2norm != 0:
+        k = k / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)[:, None]
+    return k
+
+
+@triton.jit
+def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA: tl.constexpr):
+    """g and beta of sub-block b; past `end` beta = g = 0 (such tokens change nothing)."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    t = t.to(tl.int64)
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    if KDA:
+        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None] & (offs_k < K_DIM)[None, :],
+                    other=0.0)
     else:
-        M = tl.gather(Gc, ((r // (2 * L)) * (2 * L) + L - 1)[:, None] + tl.zeros(Gc.shape, tl.int32), 0)
-        el = _exp_where(second, Gc - M)
-        right = k * _exp_where(~second, M - Gc)
-    rt = tl.trans(right.to(DT))
-    ak = _dot((k * el).to(DT), rt, TF32)
-    aqk = _dot((q * el).to(DT), rt, TF32)
-    if L < CHUNK // 2:  # a product of two different runs' rows: not a pair
-        same = (r[:, None] // (2 * L)) == (r[None, :] // (2 * L))
-        ak = tl.where(same, ak, 0.0)
-        aqk = tl.where(same, aqk, 0.0)
-    return a + ak, aq + aqk
+        g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
+    return g, beta
 
 
 @triton.jit
-def _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv, hk, HV, decay_row, rq, rk, scale, s_qt, s_qh, s_kt, s_kh,
-                   s_gt, s_gh, K_DIM, HEAD_K: tl.constexpr, KDA: tl.constexpr, TF32: tl.constexpr):
-    """Per-channel gates (KDA; GDN's scalar gate broadcast where SUBBLOCKS asks for this path), whole
-    chunk, in WCOL-channel column blocks: writes Qg, Kg, Decay and Aqk, returns A [64, 64] (strictly
-    lower, without beta). exp(G_i - G_j) is never split as exp(G_i) exp(-G_j): _split_level's six
-    levels, each two [64, WCOL] x [WCOL, 64] dots on the decay-scaled operands."""
-    DT: tl.constexpr = Q.dtype.element_ty
-    r = tl.arange(0, CHUNK)
-    a = tl.zeros([CHUNK, CHUNK], tl.float32)
-    aq = tl.zeros([CHUNK, CHUNK], tl.float32)
-    qk = tl.zeros([CHUNK], tl.float32)
-    if not KDA:
-        gs = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
-    for c0 in tl.static_range(0, HEAD_K, WCOL):
-        c = c0 + tl.arange(0, WCOL)
-        cm = m[:, None] & (c < K_DIM)[None, :]
-        q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=cm, other=0.0).to(tl.float32) * rq[:, None]
-        k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=cm, other=0.0).to(tl.float32) * rk[:, None]
-        if KDA:
-            g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=cm, other=0.0)
-        else:
-            g = gs[:, None] + tl.zeros([CHUNK, WCOL], tl.float32)
-        qk += tl.sum(q * k, 1)
-        Gc = tl.cumsum(g, 0)
-        RL = tl.sum(g, 0)
-        tl.store(Decay + decay_row + c, tl.exp(RL))
-        ws = (t[:, None] * HV + hv) * HEAD_K + c[None, :]
-        tl.store(Qg + ws, (q * tl.exp(Gc) * scale).to(Qg.dtype.element_ty), mask=m[:, None])
-        tl.store(Kg + ws, (k * tl.exp(RL[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
-        a, aq = _split_level(q, k, g, Gc, a, aq, 32, DT, TF32)
-        a, aq = _split_level(q, k, g, Gc, a, aq, 16, DT, TF32)
-        a, aq = _split_level(q, k, g, Gc, a, aq, 8, DT, TF32)
-        a, aq = _split_level(q, k, g, Gc, a, aq, 4, DT, TF32)
-        a, aq = _split_level(q, k, g, Gc, a, aq, 2, DT, TF32)
-        a, aq = _split_level(q, k, g, Gc, a, aq, 1, DT, TF32)
-    aq = (aq + tl.where(r[:, None] == r[None, :], qk[:, None], 0.0)) * scale  # i = j: exp(0)
-    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
-    return a
+def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA: tl.constexpr):
+    """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
+    blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
+    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+    if KDA:
+        return tl.cumsum(g, 0) + R[None, :], beta
+    else:
+        return tl.cumsum(g, 0) + R, beta
 
 
 @triton.jit
-def _inverse_diagonal(a):
-    """(I + a_b)^-1 of the four strictly lower [16, 16] diagonal blocks a [4, 16, 16], solved together
-    by row substitution (15 steps, not 4 x 15): row r of an inverse is e_r - sum_{j<r} a_rj X_j, and
-    rows j < r are final when row r is formed. Returns the four inverses."""
+def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R,
+             KDA: tl.constexpr):
+    """(k, cumulative gate) of sub-block b, reloaded: the right operand of an off-diagonal pair."""
+    k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA)
+    return k, Gb
+
+
+@triton.jit
+def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr, KDA: tl.constexpr):
+    """Qg = scale q exp(G) and Kg = k exp(G_last - G) rows of sub-block b (exponents <= 0)."""
+    _store_rows(Qg, q * _gate(Gb, KDA) * scale, t0, b, end, hv, HV, HEAD_K)
+    if KDA:
+        _store_rows(Kg, k * tl.exp(RL[None, :] - Gb), t0, b, end, hv, HV, HEAD_K)
+    else:
+        _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
+
+
+@triton.jit
+def _gate(G, KDA: tl.constexpr):
+    """exp(G) shaped to scale a [16, K] tile."""
+    if KDA:
+        return tl.exp(G)
+    else:
+        return tl.exp(G)[:, None]
+
+
+@triton.jit
+def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+    """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
+    if KDA:
+        right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
+        left = tl.exp(Gi - Ri[None, :])  # <= 1
+        a = _dot((ki * left).to(DT), right, TF32)
+        aq = _dot((qi * left).to(DT), right, TF32)
+    else:
+        kjd = tl.trans(kj.to(DT))
+        decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
+        a = _dot(ki.to(DT), kjd, TF32) * decay
+        aq = _dot(qi.to(DT), kjd, TF32) * decay
+    return a * beta_i[:, None], aq * scale
+
+
+@triton.jit
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+    """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
+    if KDA:
+        # The block as four 4-token quarters. Quarter s's rows against the quarters before it:
+        # one dot each, split at R_s, the cumulative gate just before quarter s (exp(G_i - R_s),
+        # exp(R_s - G_j) both <= 1). Within a quarter: the column method, all four quarters at
+        # once (4 steps, not 16), column 4 (r // 4) + c of row r gathered from the block.
+        # H100, KDA precompute, JIT: 1 x 8192 4.41 -> 2.79 ms, 8 x 2048 8.81 -> 5.63 (16 column
+        # steps before); W, U, Aqk move by <= 0.35% of their largest value (one bf16 step: 0.39%).
+        quarter = rows // 4
+        a = tl.zeros([SUB, SUB], tl.float32)
+        aq = tl.zeros([SUB, SUB], tl.float32)
+        for s in tl.static_range(1, 4):
+            Rs = _row(Gi, rows, 4 * s - 1)
+            left = tl.exp(tl.where((quarter == s)[:, None], Gi - Rs[None, :], float("-inf")))
+            right = tl.trans((ki * tl.exp(tl.where((quarter < s)[:, None], Rs[None, :] - Gi,
+                                                   float("-inf")))).to(DT))
+            a += _dot((ki * left).to(DT), right, TF32)
+            aq += _dot((qi * left).to(DT), right, TF32)
+        within = rows % 4
+        for c in tl.static_range(4):
+            j = quarter * 4 + c  # [16]: row r's c-th quarter token
+            idx = j[:, None] + tl.zeros([SUB, Gi.shape[1]], tl.int32)
+            kc = tl.gather(ki, idx, 0)
+            Gc = tl.gather(Gi, idx, 0)
+            e = tl.exp(tl.where((within >= c)[:, None], Gi - Gc, float("-inf"))) * kc
+            ak = tl.sum(ki * e, 1)
+            aqk = tl.sum(qi * e, 1)
+            at = cols[None, :] == j[:, None]
+            a = tl.where(at, tl.where(within > c, ak, 0.0)[:, None], a)
+            aq = tl.where(at, aqk[:, None], aq)
+    else:
+        lower = rows[:, None] >= cols[None, :]
+        decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
+        kb = ki.to(DT)
+        kt = tl.trans(kb)
+        a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
+        aq = _dot(qi.to(DT), kt, TF32) * decay
+    return a * beta_i[:, None], aq * scale
+
+
+@triton.jit
+def _inverse_diagonal(a00, a11, a22, a33):
+    """(I + a_bb)^-1 of the four strictly lower [16, 16] diagonal blocks, stacked [4, 16, 16] and
+    solved together by row substitution (15 steps, not 4 x 15): row r of an inverse is
+    e_r - sum_{j<r} a_rj X_j, and rows j < r are final when row r is formed."""
     b = tl.arange(0, 4)[:, None, None]
     rows = tl.arange(0, SUB)[None, :, None]
     cols = tl.arange(0, SUB)[None, None, :]
+    a = tl.where(b == 0, a00[None, :, :], tl.where(b == 1, a11[None, :, :],
+                 tl.where(b == 2, a22[None, :, :], a33[None, :, :])))
     x = tl.where(rows == cols, 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
     for r in range(1, SUB):
         ar = tl.sum(tl.where(rows == r, a, 0.0), 1)  # [4, 16]: row r of each block
@@ -199,6 +263,15 @@ def _wy_operand(x, DT: tl.constexpr):
         return x.to(tl.bfloat16)
     else:
         return x
+
+
+@triton.jit
+def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
+    """Rows of sub-block b into a [T, HV, D] workspace."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    offs = tl.arange(0, D)
+    ptrs = Ptr + (t.to(tl.int64)[:, None] * HV + hv) * D + offs[None, :]
+    tl.store(ptrs, x.to(Ptr.dtype.element_ty), mask=(t < end)[:, None])
 
 
 @triton.jit
@@ -297,7 +370,7 @@ def gdn_chunk_prep(
     scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
-    MERGE_TF32: tl.constexpr, DOUBLING: tl.constexpr,
+    MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
@@ -315,78 +388,139 @@ def gdn_chunk_prep(
         return
     hk = (hv // group).to(tl.int64)
     hv64 = hv.to(tl.int64)
+    offs_k = tl.arange(0, HEAD_K)
+    offs_v = tl.arange(0, HEAD_V)
+    rows = tl.arange(0, SUB)
+    cols = tl.arange(0, SUB)
+
+    # Registers / spill stack per thread (sm90, Triton 3.6, bf16, cuobjdump -res-usage):
+    #   version                               K=128 gdn 4w  K=128 kda 4w  K=256 gdn 8w  K=256 kda 8w
+    #   q0..q3, k0..k3 [16, K] fp32 all live   255 / 2096    96 / 3792    32 / 14664   (not run)
+    #   one row block live, rest reloaded      255 / 208    255 / 552    255 / 824    128 / 1848
+    #   + sub-block dots in the input dtype    255 / 8          -        255 / 160        -
+    #   GDN chunk-wide A dots, X [64, 64] and
+    #   W/U in 64-column dots                  255 / 112    255 / 112    214 / 0      255 / 304
+    #   + the four diagonal inverses as one
+    #   [4, 16, 16] solve                      250 / 0      255 / 120    221 / 0      255 / 272
+    # That version also: K = 128 gdn 8 warps 170 / 0; K = 64 gdn 4 warps 252 / 0; sm80 K = 128
+    # 4 warps gdn 255 / 48, kda 255 / 152. Since: GDN capped at 168 registers (prep_launch), W/U on
+    # bf16 operands, Fq in place of Qg, tf32 merges (this version): K = 128 gdn 168 / 30 bytes of
+    # spills at 4 warps (the H100's JIT report; 68 with the merges in exact fp32).
+    # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
+    # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
+    # (H100 JIT report, K = 128, 4 warps).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
-    decay_row = (pid.to(tl.int64) * HV + hv64) * HEAD_K
-
-    # Registers / spill stack per thread (sm90, Triton 3.6, bf16, cuobjdump -res-usage), GDN's
-    # chunk-wide path: K = 128 at 4 warps 250 / 0 (8 warps 170 / 0), K = 256 at 8 warps 221 / 0, K =
-    # 64 at 4 warps 252 / 0; capped at 168 registers (prep_launch): 30 bytes spilled.
-    if SUBBLOCKS:
-        # KDA, and GDN where the chunk-wide dots' [64, K] tiles would not fit in shared memory
-        # (chunk_spec.prep_subblocks): the per-channel path in WCOL-channel column blocks; it writes
-        # Qg (the state pass's query rows, Fq = 1).
-        rq = tl.full([CHUNK], 1.0, tl.float32)
-        rk = tl.full([CHUNK], 1.0, tl.float32)
-        if qk_l2norm != 0:
-            ssq = tl.zeros([CHUNK], tl.float32)
-            ssk = tl.zeros([CHUNK], tl.float32)
-            for c0 in tl.static_range(0, HEAD_K, WCOL):
-                qc = _chunk_cols(Q, t, m, s_qt, hk * s_qh, c0, K_DIM)
-                kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM)
-                ssq += tl.sum(qc * qc, 1)
-                ssk += tl.sum(kc * kc, 1)
-            rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
-            rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
-        tl.store(Fq + t * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=m)
-        a = _gated_chunk_a(Q, K, G, Qg, Kg, Aqk, Decay, t, m, hv64, hk, HV, decay_row, rq, rk, scale,
-                           s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, K_DIM, HEAD_K, KDA, MERGE_TF32)
-        beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        a = a * beta[:, None]
-        rs = beta * rk  # k's row factor for W (GDN: with exp(G) too; KDA's per-channel one comes there)
-        if not KDA:
-            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
-    else:
-        # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
-        # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
-        # blocks for the inverse.
-        RL = tl.sum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0)  # the gate at the last token
-        tl.store(Decay + decay_row + tl.arange(0, HEAD_K), tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
-        a, rs = _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
-                             s_bt, s_bh, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
-
     TF: tl.constexpr = MERGE_TF32
     EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    if DOUBLING:
-        x = _inverse_doubling(a, TF, EXACT)
-    else:
+    if SUBBLOCKS:
+        if KDA:
+            R0 = tl.zeros([HEAD_K], tl.float32)
+        else:
+            R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
+        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R1 = R0 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R2 = R1 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R3 = R2 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
+        if KDA:
+            decay = tl.exp(RL)
+        else:
+            decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
+        tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
+        # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
+        # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
+        # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
+        # gate; k_j, G_j are reloaded.
+        zero = tl.zeros([SUB, SUB], tl.float32)
+        q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R0, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        tq = t0 + tl.arange(0, CHUNK)
+        tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
+        q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R1, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
+        q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R2, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
+        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
+        q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
+        k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R3, KDA)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R0, KDA)
+        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R1, KDA)
+        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
+                          K_DIM, qk_l2norm, R2, KDA)
+        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+        _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
+
         # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-        a4 = tl.reshape(a, [4, SUB, 4, SUB])
-        bi = tl.arange(0, 4)[:, None, None, None]
-        bj = tl.arange(0, 4)[None, None, :, None]
-        x00, x11, x22, x33 = _inverse_diagonal(tl.sum(tl.where(bi == bj, a4, 0.0), 2))
-        a10 = _block_of(a4, 1, 0)
-        a20 = _block_of(a4, 2, 0)
-        a21 = _block_of(a4, 2, 1)
-        a30 = _block_of(a4, 3, 0)
-        a31 = _block_of(a4, 3, 1)
-        a32 = _block_of(a4, 3, 2)
+        x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
         x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
         x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
         x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
         x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
         x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
         x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
-
-        # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
-        # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
-        # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
-        # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
-        # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
         x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
+    else:
+        # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
+        # warps share the rows instead of each repeating a 16-row tile), X by [64, 64] products
+        # (_inverse_doubling: no 16 x 16 tiles cut out and put back; BENCHMARKS.md, "Gated delta
+        # prefill speed, session 26").
+        RL = tl.sum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0)  # the gate at the last token
+        tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
+        a, fk = _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
+                             s_bt, s_bh, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
+        x = _inverse_doubling(a, TF, EXACT)
+
+    # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
+    # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
+    # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
+    # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
+    # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
+    if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
+        rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        if not KDA:
+            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
+        if qk_l2norm != 0:
+            ss = tl.zeros([CHUNK], tl.float32)
+            for c0 in tl.static_range(0, HEAD_K, WCOL):
+                kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM)
+                ss += tl.sum(kc * kc, 1)
+            rs = rs / tl.sqrt(ss + L2NORM_EPS)
+    else:
+        rs = fk
     for c0 in tl.static_range(0, HEAD_K, WCOL):
         kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
         if KDA:
@@ -397,6 +531,18 @@ def gdn_chunk_prep(
         vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
         _store_cols(U, _mm(xw, _wy_operand(vc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
 
+
+
+@triton.jit
+def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    ptrs = Aqk + (t.to(tl.int64)[:, None] * HV + hv) * CHUNK + tl.arange(0, SUB)[None, :]
+    m = (t < end)[:, None]
+    dt = Aqk.dtype.element_ty
+    tl.store(ptrs, c0.to(dt), mask=m)
+    tl.store(ptrs + SUB, c1.to(dt), mask=m)
+    tl.store(ptrs + 2 * SUB, c2.to(dt), mask=m)
+    tl.store(ptrs + 3 * SUB, c3.to(dt), mask=m)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],

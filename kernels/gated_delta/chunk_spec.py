@@ -100,18 +100,16 @@ STATE_ARGS = (
 
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
-    """Whether the precompute takes the per-channel path (chunk._gated_chunk_a: 64-channel column
-    blocks) and writes Qg (the state pass then reads Qg, group 1, not q): always for KDA; for GDN at
-    fp32 with the 256 tile, where its chunk-wide [64, K] x [K, 64] dots take 256 KiB of shared
-    memory on sm90 (Triton 3.6)."""
+    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
+    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
+    [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
     return kda or (dtype == "fp32" and head_k > 128)
 
 
 def prep_constexprs(axes) -> dict:
     kda = axes["gate"] == "kda"
     return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(kda),
-            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda)),
-            "DOUBLING": 1}
+            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda))}
 
 
 def prep_target_constexprs(axes, arch) -> dict:
@@ -236,7 +234,7 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32", "DOUBLING"),
+    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32"),
     constexprs=prep_constexprs,
     target_constexprs=prep_target_constexprs,
     variants=prep_variants,

@@ -83,7 +83,7 @@ def test_launch_configs():
     assert seen == {(64, 32), (64, 64), (128, 32), (128, 128), (256, 32)}
     assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128, "gate": "gdn"}, 90).num_warps == 4
     assert chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True)) == {
-        "HEAD_K": 128, "HEAD_V": 128, "KDA": 1, "SUBBLOCKS": 1, "DOUBLING": 1}
+        "HEAD_K": 128, "HEAD_V": 128, "KDA": 1, "SUBBLOCKS": 1}
     # GDN takes the sub-block path only at fp32 with the 256 tile (shared memory)
     assert [chunk_spec.prep_constexprs(chunk_spec.prep_axes(dt, d, d, False))["SUBBLOCKS"]
             for dt, d in (("bf16", 256), ("fp32", 128), ("fp32", 256))] == [0, 0, 1]

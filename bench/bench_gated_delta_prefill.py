@@ -13,6 +13,11 @@ aotc's V-major call is also timed by CUDA events with the L2 emptied (device_tim
 bandwidth floor (q, k, v, g, beta read once, out written once, states read and written once, at
 the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
+--kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
+pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
+--prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
+num_stages and maxnreg (0: none), JIT, with its registers and spills.
+
 --sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
 for choosing chunk_spec.prep_launch / state_launch / state_block_v.
@@ -89,6 +94,30 @@ def fla_call(q, k, v, g, beta, lengths, kda, v_first):
         return None, f"fla call failed ({type(e).__name__}: {str(e)[:120]})"
 
 
+def kernel_split(fn, iters: int = 20) -> dict:
+    """{kernel name: mean device ms a call} of one call's kernels (torch.profiler, L2 warm)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    split = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
+            split[e.name] = split.get(e.name, 0.0) + e.device_time / 1e3 / iters
+    return split
+
+
+def print_split(rows, who, shape, variant, split):
+    for name, ms in sorted(split.items(), key=lambda kv: -kv[1]):
+        print(f"  {who:5s} {ms:8.3f} ms  {name[:90]}")
+        rows.add("gated_delta_prefill_kernel", variant, who + ":" + name[:120], shape, "ms", ms)
+
+
 def fla_configs() -> dict:
     """{kernel: {autotune key: chosen config}} of every fla autotuner that has chosen one."""
     import sys
@@ -160,12 +189,43 @@ def _sweep_row(rows, label, fn, is_default, variant, op_name):
     rows.add(op_name, variant, "jit", "1x8192 h16/32", "ms", t * 1e3)
 
 
+def prep_sweep(rows, configs):
+    """The precompute alone at 1 x 8192 (V-major; GDN and KDA) under other launch choices, JIT."""
+    print("\n-- precompute sweep: 1x8192, JIT, bf16, K = V = 128 --")
+    for kda in (False, True):
+        q, k, v, g, beta, state, idx, cu = make([8192], kda, "vmajor")
+        out = torch.empty_like(v)
+        (pspec, paxes, pgrid, pargs), _st = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True,
+                                                            "vmajor")
+        gate = "kda" if kda else "gdn"
+        default = chunk_spec.prep_launch(paxes, 90)
+        consts = pspec.compile_constexprs(paxes, 90)
+        for warps, stages, cap in configs:
+            def prep():
+                return chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **consts, num_warps=warps, num_stages=stages,
+                                                           **({"maxnreg": cap} if cap else {}))
+            try:
+                kern = prep()
+                res = f" regs {kern.n_regs} spills {kern.n_spills} smem {kern.metadata.shared}"
+            except Exception as e:  # noqa: BLE001
+                res = f" ({type(e).__name__})"
+            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}{res}", prep,
+                       (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),
+                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{cap}" if cap else ""),
+                       "gated_delta_prefill_prep_sweep")
+        del q, k, v, g, beta, state, out, pargs
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time other launch choices of both kernels (JIT)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default all)")
     ap.add_argument("--gates", default="gdn,kda", help="gdn, kda or both (fla's chunk_kda autotuning takes minutes)")
+    ap.add_argument("--no-fla", dest="fla", action="store_false", help="aotc alone")
+    ap.add_argument("--kernels", action="store_true", help="also print each call's time by kernel")
+    ap.add_argument("--prep-sweep", default=None, help="W:S:R,... precompute num_warps, num_stages, maxnreg to time (JIT)")
     a = ap.parse_args()
     rows = Rows(a.out)
 
@@ -200,8 +260,14 @@ def main():
                 times[layout] = kernel_time(call)
                 if layout == "vmajor":
                     times["events"] = device_time(call)
-                fn, why = fla_call(q, k, v, g, beta, lengths, kda, layout == "vmajor")
+                if a.kernels and layout == "vmajor":
+                    print_split(rows, "aotc", f"{name} h{H}/{HV}", f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}",
+                                kernel_split(call))
+                fn, why = fla_call(q, k, v, g, beta, lengths, kda, layout == "vmajor") if a.fla else (None, "")
                 times["fla_" + layout] = kernel_time(fn) if fn else float("nan")
+                if fn and a.kernels and layout == "vmajor":
+                    print_split(rows, "fla", f"{name} h{H}/{HV}", f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}",
+                                kernel_split(fn))
                 if why:
                     notes.add(why)
                 del q, k, v, g, beta, state, out, fn
@@ -223,6 +289,8 @@ def main():
     for n in sorted(notes):
         print("note:", n)
     report_configs(rows)
+    if a.prep_sweep:
+        prep_sweep(rows, [tuple(int(x) for x in c.split(":")) for c in a.prep_sweep.split(",")])
     if a.sweep:
         sweep(rows)
 

@@ -16,11 +16,12 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
 A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
 16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
-used), cuts A into 16 x 16 blocks, inverts the four unit-lower diagonal ones together by row
-substitution ([4, 16, 16]: 15 steps) and merges them by block forward substitution
-(X_ij = -X_ii sum_m A_im X_mj), then reassembles X [64, 64] and writes W = X (beta k Gam),
-U = X (beta v) by [64, 64] x [64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype),
-exp(G_last) (fp32, per K) and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
+used), inverts I + A (GDN: by ten [64, 64] products, _inverse_doubling; KDA: cuts A into 16 x 16
+blocks, inverts the four unit-lower diagonal ones together by row substitution ([4, 16, 16]: 15
+steps) and merges them by block forward substitution, X_ij = -X_ii sum_m A_im X_mj, then
+reassembles X [64, 64]) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x
+[64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K)
+and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
 Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
 reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). Registers and
 spills of each version: the kernel's comment.
@@ -206,6 +207,24 @@ def _inverse_diagonal(a00, a11, a22, a33):
 
 
 @triton.jit
+def _inverse_doubling(a, TF: tl.constexpr, EXACT: tl.constexpr):
+    """X = (I + A)^-1 of the strictly lower A [64, 64] by [64, 64] products alone. D = I + A's
+    diagonal 16 x 16 blocks Ad: D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) (Ad^16 = 0); with the
+    rest L, N = D^-1 L is strictly block lower (N^4 = 0), so X = (I + N)^-1 D^-1 = (I - N)(I + N^2) D^-1.
+    Ten products, no 16 x 16 tiles cut out or put back."""
+    r = tl.arange(0, CHUNK)
+    same = (r[:, None] // SUB) == (r[None, :] // SUB)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    ad = tl.where(same, a, 0.0)
+    p2 = _mm(ad, ad, TF, EXACT)
+    p4 = _mm(p2, p2, TF, EXACT)
+    dinv = _mm(_mm(eye - ad, eye + p2, TF, EXACT), eye + p4, TF, EXACT)
+    dinv = _mm(dinv, eye + _mm(p4, p4, TF, EXACT), TF, EXACT)
+    n = _mm(dinv, tl.where(same, 0.0, a), TF, EXACT)
+    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
+
+
+@triton.jit
 def _dot(a, b, TF32: tl.constexpr):
     """a @ b, fp32 accumulate. fp32 operands from fp32 inputs: tf32x3 on CUDA (three tf32 products,
     about fp32's precision, on tensor cores), exact FMAs elsewhere, never one tf32 rounding (that
@@ -304,15 +323,13 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 
 @triton.jit
-def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                 offs_k, K_DIM, qk_l2norm, scale, RL, HEAD_K: tl.constexpr, TF32: tl.constexpr):
-    """GDN, whole chunk: writes Fq (q's row factor, see gdn_chunk_prep), Kg, Aqk rows; returns A's
-    ten lower 16 x 16 blocks (diagonal ones first) and k's row factor for W (beta exp(G) / |k|).
+def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                 K_DIM, qk_l2norm, scale, RL, HEAD_K: tl.constexpr, TF32: tl.constexpr):
+    """GDN, whole chunk: writes Fq (q's row factor, see gdn_chunk_prep), Kg, Aqk rows; returns A
+    [64, 64] (strictly lower, with beta) and k's row factor for W (beta exp(G) / |k|).
     A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
     dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to 8 bits, as fla does)."""
-    t = t0 + tl.arange(0, CHUNK)
-    m = t < end
-    t = t.to(tl.int64)
+    offs_k = tl.arange(0, HEAD_K)
     g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
     Gc = tl.cumsum(g, 0)
     rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
@@ -342,10 +359,7 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv, hk, HV, s_qt, s_qh, s_
     aq = _dot(qb, kt, TF32) * decay * scale
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
     a = tl.where(r[:, None] > r[None, :], _dot(kb, kt, TF32) * decay, 0.0) * beta[:, None]
-    a4 = tl.reshape(a, [4, SUB, 4, SUB])
-    return (_block_of(a4, 0, 0), _block_of(a4, 1, 1), _block_of(a4, 2, 2), _block_of(a4, 3, 3),
-            _block_of(a4, 1, 0), _block_of(a4, 2, 0), _block_of(a4, 2, 1), _block_of(a4, 3, 0),
-            _block_of(a4, 3, 1), _block_of(a4, 3, 2), fk)
+    return a, fk
 
 
 
@@ -393,25 +407,31 @@ def gdn_chunk_prep(
     # bf16 operands, Fq in place of Qg, tf32 merges (this version): K = 128 gdn 168 / 30 bytes of
     # spills at 4 warps (the H100's JIT report; 68 with the merges in exact fp32).
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
-    if KDA:
-        R0 = tl.zeros([HEAD_K], tl.float32)
-    else:
-        R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
-    g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    R1 = R0 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    R2 = R1 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    R3 = R2 + tl.sum(g, 0)
-    g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
-    if KDA:
-        decay = tl.exp(RL)
-    else:
-        decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
-    tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
-
+    # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
+    # (H100 JIT report, K = 128, 4 warps).
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    TF: tl.constexpr = MERGE_TF32
+    EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
     if SUBBLOCKS:
+        if KDA:
+            R0 = tl.zeros([HEAD_K], tl.float32)
+        else:
+            R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
+        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R1 = R0 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R2 = R1 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R3 = R2 + tl.sum(g, 0)
+        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
+        if KDA:
+            decay = tl.exp(RL)
+        else:
+            decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
+        tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
         # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
         # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
         # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
@@ -462,36 +482,33 @@ def gdn_chunk_prep(
         a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
+        # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
+        x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
+        x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
+        x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
+        x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
+        x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
+        x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
+        x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
+        x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
     else:
         # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
-        # warps share the rows instead of each repeating a 16-row tile), then A cut into 16 x 16
-        # blocks for the inverse.
-        a00, a11, a22, a33, a10, a20, a21, a30, a31, a32, fk = _gdn_chunk_a(
-            Q, K, G, Beta, Fq, Kg, Aqk, t0, end, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-            offs_k, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
+        # warps share the rows instead of each repeating a 16-row tile), X by [64, 64] products
+        # (_inverse_doubling: no 16 x 16 tiles cut out and put back; BENCHMARKS.md, "Gated delta
+        # prefill speed, session 26").
+        RL = tl.sum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0)  # the gate at the last token
+        tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
+        a, fk = _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
+                             s_bt, s_bh, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
+        x = _inverse_doubling(a, TF, EXACT)
 
-    # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
-    x00, x11, x22, x33 = _inverse_diagonal(a00, a11, a22, a33)
-    TF: tl.constexpr = MERGE_TF32
-    EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    x10 = -_mm(x11, _mm(a10, x00, TF, EXACT), TF, EXACT)
-    x21 = -_mm(x22, _mm(a21, x11, TF, EXACT), TF, EXACT)
-    x20 = -_mm(x22, _mm(a20, x00, TF, EXACT) + _mm(a21, x10, TF, EXACT), TF, EXACT)
-    x32 = -_mm(x33, _mm(a32, x22, TF, EXACT), TF, EXACT)
-    x31 = -_mm(x33, _mm(a31, x11, TF, EXACT) + _mm(a32, x21, TF, EXACT), TF, EXACT)
-    x30 = -_mm(x33, _mm(a30, x00, TF, EXACT) + _mm(a31, x10, TF, EXACT) + _mm(a32, x20, TF, EXACT), TF, EXACT)
-
-    # W = X (beta k exp(G)), U = X (beta v): X reassembled as [64, 64], one [64, 64] x [64, K] dot
+    # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
     # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
     # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
     # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
     # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
-    x = _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32)
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
-    t = t0 + tl.arange(0, CHUNK)
-    m = t < end
-    t = t.to(tl.int64)
     if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
         if not KDA:

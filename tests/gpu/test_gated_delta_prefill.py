@@ -114,8 +114,8 @@ def test_16_bit_head_sizes_off_16_over_many_chunks(K, kda, dtype):
     case = make_case([1, 65, 700], H=2, HV=4, K=K, V=K, dtype=dtype, kda=kda, strong_gates=kda, device=DEV, seed=K)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AotcJitFallbackWarning)  # built: no JIT here
-        out, pool = run(case)
-    check(case, out, pool, dtype)
+        out, pool = run(case, qk_l2norm=True)  # unnormalized keys (|k|^2 ~ K) make the delta rule diverge
+    check(case, out, pool, dtype, qk_l2norm=True)
 
 
 def test_head_k_differs_from_head_v():

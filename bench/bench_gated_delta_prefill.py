@@ -36,7 +36,7 @@ from aotc.kernels.gated_delta import chunk_spec
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.fallback import AotcJitFallbackWarning
 from aotc.loader.ops import gated_delta_prefill as op
-from harness import Rows, copy_bandwidth, device_time, kernel_time
+from harness import Rows, copy_bandwidth, device_time, kernel_time, kernel_times
 
 H, HV, K, V = 16, 32, 128, 128
 DTYPE = torch.bfloat16
@@ -96,20 +96,7 @@ def fla_call(q, k, v, g, beta, lengths, kda, v_first):
 
 def kernel_split(fn, iters: int = 20) -> dict:
     """{kernel name: mean device ms a call} of one call's kernels (torch.profiler, L2 warm)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    split = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
-            split[e.name] = split.get(e.name, 0.0) + e.device_time / 1e3 / iters
-    return split
+    return {name: sec * 1e3 for name, sec in kernel_times(fn, iters).items()}
 
 
 def print_split(rows, who, shape, variant, split):

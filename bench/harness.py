@@ -157,11 +157,10 @@ def chained_time(fn, reps: int = 60, rounds: int = 7) -> float:
     return sorted(out)[len(out) // 2]
 
 
-def kernel_time(fn, iters: int = 20) -> float:
-    """Device seconds of one call's kernels, summed (torch.profiler's CUDA kernel records; memcpys
-    and the gaps between kernels left out), the mean over `iters` calls after 3 warm-up calls, L2
-    not emptied. For a peer whose host side can outrun its kernels (device_time then times the
-    host: its events wait on Python between launches)."""
+def kernel_times(fn, iters: int = 20) -> dict:
+    """{kernel name: device seconds a call} of one call's kernels (torch.profiler's CUDA kernel
+    records; memcpys and the gaps between kernels left out), the mean over `iters` calls after 3
+    warm-up calls, L2 not emptied."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -172,9 +171,18 @@ def kernel_time(fn, iters: int = 20) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    us = sum(e.device_time for e in prof.events()
-             if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"))
-    return us * 1e-6 / iters
+    times: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy"):
+            times[e.name] = times.get(e.name, 0.0) + e.device_time * 1e-6 / iters
+    return times
+
+
+def kernel_time(fn, iters: int = 20) -> float:
+    """Device seconds of one call's kernels, summed (`kernel_times`). For a peer whose host side can
+    outrun its kernels (device_time then times the host: its events wait on Python between
+    launches)."""
+    return sum(kernel_times(fn, iters).values())
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, flush: str = "clean") -> float:

@@ -2,7 +2,6 @@
 against the float32 reference (cases.assert_close; lse within 2e-3 + 1e-3 |ref|), and the AOT
 binaries' outputs against the JIT's bit for bit. Run after `aotc build --arch sm90` (the AOT runs
 turn a JIT fallback into an error, so an unbuilt key fails loudly)."""
-import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -10,9 +9,9 @@ import torch
 
 from aotc import loader
 from aotc.kernels.decode import reference as R
-from aotc.loader.fallback import AotcJitFallbackWarning
 from aotc.loader.ops.decode import decode
 from tests.cpu.kernels.decode.cases import assert_close, make_case
+from tests.gpu.aot_jit import aot, jit_only  # noqa: F401 (jit_only: a fixture)
 
 LENS = [0, 1, 63, 64, 65, 127, 128, 129, 4099, 16384]
 
@@ -24,33 +23,6 @@ def assert_lse(lse, ref, what=""):
     assert torch.equal(lse == float("-inf"), empty), what
     err = (lse[~empty] - ref[~empty]).abs()
     assert (err <= 2e-3 + 1e-3 * ref[~empty].abs()).all(), f"{what}: lse error {err.max():.3g}"
-
-
-def aot(fn):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
-        got = fn()
-    torch.cuda.synchronize()
-    return got
-
-
-@pytest.fixture
-def jit_only(tmp_path, monkeypatch):
-    """Switch the loader to an empty artifacts folder: every call runs through Triton's JIT."""
-    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
-
-    def jit(fn):
-        loader.set_artifacts(tmp_path)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", AotcJitFallbackWarning)
-                got = fn()
-            torch.cuda.synchronize()
-        finally:
-            loader.set_artifacts(None)
-        return got
-    yield jit
-    loader.set_artifacts(None)
 
 
 CASES = {  # name: make_case keywords

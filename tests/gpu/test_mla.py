@@ -3,48 +3,31 @@ float32 reference (tests/cpu/kernels/mla/cases.assert_close: bf16 2e-2 abs + rel
 lse within 2e-3 + 1e-3 |ref|), outputs poisoned with NaN first, and the AOT binaries' outputs
 against the JIT's bit for bit. Run after `aotc build --arch sm90` (the AOT runs turn a JIT
 fallback into an error, so an unbuilt key fails loudly)."""
-import warnings
 
 import pytest
 import torch
 
 from aotc import loader
-from aotc.loader.fallback import AotcJitFallbackWarning
 from tests.cpu.kernels.mla.cases import assert_close, assert_lse_close, make_case
+from tests.gpu.aot_jit import aot, jit_only  # noqa: F401 (jit_only: a fixture)
 
 LENS = [0, 1, 63, 64, 65, 127, 128, 129, 4099, 16384]
-
-
-def aot(fn):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
-        got = fn()
-    torch.cuda.synchronize()
-    return got
-
-
-@pytest.fixture
-def jit_only(tmp_path, monkeypatch):
-    """Switch the loader to an empty artifacts folder: every call runs through Triton's JIT."""
-    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
-
-    def jit(fn):
-        loader.set_artifacts(tmp_path)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", AotcJitFallbackWarning)
-                got = fn()
-            torch.cuda.synchronize()
-        finally:
-            loader.set_artifacts(None)
-        return got
-    yield jit
-    loader.set_artifacts(None)
 
 
 def _nan(batch, heads, d_v, dtype):
     return (torch.full((batch, heads, d_v), float("nan"), dtype=dtype, device="cuda"),
             torch.full((batch, heads), float("nan"), device="cuda"))
+
+
+def against_reference_and_jit(case, call, jit, what):
+    """call() on the built binaries against the float32 reference (out and lse), then through the
+    JIT: the same bits."""
+    out, lse = aot(call)
+    ref, ref_lse = case.reference(return_lse=True)
+    assert_close(out, ref, what)
+    assert_lse_close(lse, ref_lse)
+    jout, jlse = jit(call)
+    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8_e4m3"])
@@ -59,12 +42,7 @@ def test_latent_against_reference_and_jit(fmt, group, page_size, jit_only):
         return loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, v_head_dim=512, out=out,
                                  lse=lse, return_lse=True, **case.kwargs)
 
-    out, lse = aot(call)
-    ref, ref_lse = case.reference(return_lse=True)
-    assert_close(out, ref, f"latent {fmt} group {group} page {page_size}")
-    assert_lse_close(lse, ref_lse)
-    jout, jlse = jit_only(call)
-    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+    against_reference_and_jit(case, call, jit_only, f"latent {fmt} group {group} page {page_size}")
 
 
 @pytest.mark.parametrize("num_splits", [None, 512])  # the rule's (256 at batch 1 on an H100), and the most
@@ -80,12 +58,7 @@ def test_batch_one_many_splits_against_reference_and_jit(length, num_splits, jit
         return loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, out=out, lse=lse,
                                  return_lse=True, num_splits=num_splits)
 
-    out, lse = aot(call)
-    ref, ref_lse = case.reference(return_lse=True)
-    assert_close(out, ref, f"batch 1 x {length}, {num_splits} splits")
-    assert_lse_close(lse, ref_lse)
-    jout, jlse = jit_only(call)
-    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+    against_reference_and_jit(case, call, jit_only, f"batch 1 x {length}, {num_splits} splits")
 
 
 @pytest.mark.parametrize("d_qk,d_v,fmt", [(576, 512, "bf16"), (192, 128, "bf16"), (128, 512, "fp8_e4m3"),
@@ -101,12 +74,7 @@ def test_separate_caches_through_decode(d_qk, d_v, fmt, jit_only):
         return loader.decode(case.q, case.k_cache, case.v_cache, case.table, case.seq_lens, out=out, lse=lse,
                              return_lse=True, **case.kwargs)
 
-    out, lse = aot(call)
-    ref, ref_lse = case.reference(return_lse=True)
-    assert_close(out, ref, f"separate {d_qk}/{d_v} {fmt}")
-    assert_lse_close(lse, ref_lse)
-    jout, jlse = jit_only(call)
-    assert torch.equal(out, jout) and torch.equal(lse, jlse), "AOT != JIT"
+    against_reference_and_jit(case, call, jit_only, f"separate {d_qk}/{d_v} {fmt}")
 
 
 def test_cuda_graph_replays_at_new_lengths():

@@ -1,0 +1,37 @@
+"""The two ways a GPU test runs an op: `aot(fn)` on the built binaries (a JIT fallback is an error,
+so an unbuilt key fails loudly) and the `jit_only` fixture's `jit(fn)`, through Triton's JIT from
+an empty artifacts folder; a test imports both and compares their outputs bit for bit."""
+import warnings
+
+import pytest
+import torch
+
+from aotc import loader
+from aotc.loader.fallback import AotcJitFallbackWarning
+
+
+def aot(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
+        got = fn()
+    torch.cuda.synchronize()
+    return got
+
+
+@pytest.fixture
+def jit_only(tmp_path, monkeypatch):
+    """Switch the loader to an empty artifacts folder: every call runs through Triton's JIT."""
+    monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
+
+    def jit(fn):
+        loader.set_artifacts(tmp_path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AotcJitFallbackWarning)
+                got = fn()
+            torch.cuda.synchronize()
+        finally:
+            loader.set_artifacts(None)
+        return got
+    yield jit
+    loader.set_artifacts(None)

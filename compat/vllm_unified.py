@@ -61,8 +61,7 @@ _PER_TOKEN_HEAD = {KVQuantMode.INT8_PER_TOKEN_HEAD: (torch.int8, "int8"),
                    KVQuantMode.FP8_PER_TOKEN_HEAD: (torch.float8_e4m3fn, "fp8_e4m3")}
 
 
-def _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, rswa_prefix_lens, chunk_lookback,
-                 window_left, k) -> None:
+def _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, k) -> None:
     """NotImplementedError naming the first option aotc does not implement."""
     mode = int(kv_quant_mode)
     if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
@@ -77,14 +76,8 @@ def _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, r
         raise NotImplementedError("unified_attention: causal=False is not implemented in aotc")
     if qq_bias is not None:
         raise NotImplementedError("unified_attention: qq_bias is not implemented in aotc")
-    if mm_prefix_range is not None:
-        raise NotImplementedError("unified_attention: mm_prefix_range (bidirectional multimodal ranges) is not "
-                                  "implemented in aotc")
     if rswa_window is not None and rswa_prefix_lens is not None:
         raise NotImplementedError("unified_attention: rswa_window / rswa_prefix_lens (R-SWA) are not implemented "
-                                  "in aotc")
-    if chunk_lookback is not None and chunk_lookback > -1 and window_left >= 0:
-        raise NotImplementedError("unified_attention: chunk_lookback (chunked local attention) is not implemented "
                                   "in aotc")
     if isinstance(k, torch.Tensor) and k.dtype in (torch.int8, torch.uint8) and mode in (KVQuantMode.NONE,
                                                                                         KVQuantMode.FP8_PER_TENSOR):
@@ -141,9 +134,10 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     """vLLM's `unified_attention` on one `aotc.loader.prefix_prefill` call (every row, decode rows
     too, keys and values read from the cache: prefix_prefill's k = v = None): writes out.
 
-    Supported: causal attention over varlen queries, window_size, softcap, sinks, alibi_slopes
-    (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE, FP8_PER_TENSOR,
-    INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD. Decode rows only (see the module docstring): one
+    Supported: causal attention over varlen queries, window_size, chunk_lookback (chunked local
+    attention), mm_prefix_range (bidirectional ranges, mm_prefix_clamp_sliding_window), softcap,
+    sinks, alibi_slopes (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE,
+    FP8_PER_TENSOR, INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD. Decode rows only (see the module docstring): one
     aotc decode call (per-token-head modes: at head sizes 64 and 128).
     Prefill rows: FP8_PER_TOKEN_HEAD, and INT8_PER_TOKEN_HEAD with softcap or ALiBi, raise
     NotImplementedError.
@@ -151,10 +145,12 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     of q; vLLM multiplies the scales into its fp8 scores instead. Ignored: max_seqlen_q,
     max_seqlen_k, seq_threshold_3D and the softmax segment buffers (vLLM's split-K workspace:
     aotc's grid depends on no length), use_td (an Intel load path), mm_prefix_clamp_sliding_window
-    without mm_prefix_range. Cost (estimated): in a mixed batch a one-token request takes a 128-row
+    without mm_prefix_range. Calls with chunk_lookback or mm_prefix_range go to prefix_prefill,
+    decode rows too. Cost (estimated): in a mixed batch a one-token request takes a 128-row
     query tile, as in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see
     _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD, causal=False or per-sequence, qq_bias,
-    mm_prefix_range, rswa_*, chunk_lookback. Other limits are
+    rswa_*; per-token-head int8 caches with chunk_lookback or mm_prefix_range (prefix_prefill's).
+    Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
     """
     from aotc.loader.ops.decode import decode
@@ -165,8 +161,12 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
         "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "alibi_slopes": alibi_slopes,
         "output_scale": output_scale, "sinks": sinks, "k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache})
     left = int(window_size[0])  # the right side matters only without causal masking
-    _unsupported(kv_quant_mode, causal, qq_bias, mm_prefix_range, rswa_window, rswa_prefix_lens, chunk_lookback,
-                 left, k)
+    _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, k)
+    # chunked local attention needs a window (vLLM drops chunk_lookback without one)
+    lookback = int(chunk_lookback) if chunk_lookback is not None and left >= 0 and chunk_lookback > -1 else -1
+    if mm_prefix_range is not None and (not isinstance(mm_prefix_range, torch.Tensor) or mm_prefix_range.dim() != 3):
+        raise ValueError(f"unified_attention: mm_prefix_range must be [num_seqs, ranges, 2], got "
+                         f"{tuple(getattr(mm_prefix_range, 'shape', ())) or type(mm_prefix_range).__name__}")
     fmt = "auto"
     k_scale = v_scale = None
     mode = int(kv_quant_mode)
@@ -189,7 +189,8 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
         q = (q.float() * q_scale).to(dtype)
     softcap = float(softcap or 0.0)
     window = left + 1 if left >= 0 else None
-    if _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode):
+    masks = lookback >= 0 or mm_prefix_range is not None  # prefix_prefill's alone
+    if not masks and _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode):
         decode(q, k, v, int32_indices(block_table, "block_table"), int32_indices(seqused_k, "seqused_k"),
                k_scale=k_scale, v_scale=v_scale, kv_format=fmt, sm_scale=float(softmax_scale), window=window,
                sinks=_f32(sinks), out=out, alibi_slopes=_f32(alibi_slopes),
@@ -208,4 +209,6 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
                    window=window, sinks=_f32(sinks),
                    out_scale=_f32(fp32_scale(output_scale, "output_scale", q.device)), out=out,
                    alibi_slopes=_f32(alibi_slopes), alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None,
-                   softcap=softcap)
+                   softcap=softcap, chunk_lookback=lookback,
+                   mm_prefix_range=None if mm_prefix_range is None else int32_indices(mm_prefix_range, "mm_prefix_range"),
+                   mm_clamp=bool(mm_prefix_clamp_sliding_window) and mm_prefix_range is not None)

@@ -166,7 +166,34 @@ def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_
 
 
 @triton.jit
-def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row, block_size, kv_head,
+def _lowest_key(pos, win, chunk_size, chunk_lookback):
+    """The lowest key position a query at `pos` sees: pos - win + 1 in a sliding window (win is
+    2**31 - 1 without one), or in chunked local attention (chunk_size > 0) the first key of the
+    chunk chunk_lookback chunks back."""
+    c = tl.maximum(chunk_size, 1)
+    return tl.where(chunk_size > 0, (pos // c - chunk_lookback) * c, pos - win + 1)
+
+
+@triton.jit
+def _mm_pairs(q_pos, n, Mm, n_mm, mm_clamp, win):
+    """[BLOCK_M, BLOCK_N]: the pairs whose query and key both lie in one of the request's
+    bidirectional ranges (Mm: its n_mm inclusive (start, end) pairs; start >= end: unused), with
+    mm_clamp only those inside the window."""
+    pairs = (q_pos[:, None] < 0) & (n[None, :] < 0)  # all false: positions are >= 0
+    for i in range(n_mm):
+        start = tl.load(Mm + 2 * i)
+        end = tl.load(Mm + 2 * i + 1)
+        q_in = (q_pos >= start) & (q_pos <= end) & (start < end)
+        pairs |= q_in[:, None] & ((n >= start) & (n <= end))[None, :]
+    if mm_clamp != 0:
+        pairs &= (q_pos[:, None] - n[None, :]) < win
+    return pairs
+
+
+@triton.jit
+def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n_mm,
+                                      mm_clamp, win, Kc, Vc, bt_row,
+                  block_size, kv_head,
                   stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
                   kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode, BLOCK_D: tl.constexpr,
                   BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, MASKED: tl.constexpr,
@@ -174,7 +201,8 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
     """Keys start..start+BLOCK_N of a float or fp8 context, keys below ctx_len (the context
     length ctx0, or with kv_from_cache up to the tile's last query). Unmasked tiles lie wholly
     inside the context, before every row's query and inside every row's window, so they skip all
-    key masks."""
+    key masks. lo_row: each row's lowest visible key (_lowest_key); Mm, n_mm, mm_clamp: the
+    request's bidirectional ranges (_mm_pairs)."""
     blk = _ctx_blocks(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     k, v, n, n_valid = _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_kcb, stride_kct,
                                   stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg,
@@ -182,17 +210,21 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, 
     if KV_FORMAT != 0:
         k = _fp8_bits_to_half(k, KV_FORMAT, PTX).to(q.dtype)
         v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
-    mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
+    mask = (n[None, :] <= q_pos[:, None]) & (n[None, :] >= lo_row[:, None])
+    if n_mm > 0:  # vLLM's order: (causal and window) or a bidirectional range
+        mask |= _mm_pairs(q_pos, n, Mm, n_mm, mm_clamp, win)
+    mask &= n_valid[None, :]
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, q_pos - ctx0, n - ctx0, softcap, slope, alibi_mode,
                    MASKED, SCORE_MOD)
 
 
 @triton.jit
-def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
               stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope, alibi_mode,
               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
-    the diagonal and inside every row's window."""
+    the diagonal and inside every row's window. lo_rel: each row's lowest visible key, counted
+    from the first new token."""
     offs_d = tl.arange(0, BLOCK_D)
     n = start + tl.arange(0, BLOCK_N)
     n_valid = (n < new_hi) & (n >= new_lo)
@@ -202,13 +234,14 @@ def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_star
                  MASKED)
     v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
                  MASKED)
-    mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
+    mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (n[None, :] >= lo_rel[:, None])
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, offs_m, n, softcap, slope, alibi_mode, MASKED,
                    SCORE_MOD)
 
 
 @triton.jit
-def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi, Kc, Vc, bt_row,
+def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, lo_row, Mm, n_mm, mm_clamp, win, first, inner_lo,
+                   inner_hi, Kc, Vc, bt_row,
                    block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct,
                    stride_vch, stride_vcd, kv_xg, head_dim, qk_scale, ctx0, softcap, slope, alibi_mode,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr,
@@ -216,7 +249,8 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
     """Cached keys [first, ctx_len) (see _context_tile); ctx0 is the context length."""
     rel_q = q_pos - ctx0
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
-        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n_mm,
+                                      mm_clamp, win, Kc, Vc, bt_row,
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                       ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
@@ -268,13 +302,15 @@ def _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_len, win, first, inner_l
             blkc = blkc_next
     else:
         for start in range(inner_lo, inner_hi, BLOCK_N):
-            acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+            acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n_mm,
+                                      mm_clamp, win, Kc, Vc, bt_row,
                                           block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                           stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                           ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT,
                                           False, PTX, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
-        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, win, Kc, Vc, bt_row,
+        acc, m_i, l_i = _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n_mm,
+                                      mm_clamp, win, Kc, Vc, bt_row,
                                       block_size, kv_head, stride_kcb, stride_kct, stride_kch, stride_kcd,
                                       stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim, qk_scale,
                                       ctx0, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM, KV_FORMAT, True,
@@ -291,7 +327,7 @@ def prefix_prefill_kernel(
     skip_decode, kv_xg, scale_kind, stride_ksb, stride_kst, stride_ksh,
     head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
-    Alibi_slopes, softcap, alibi_mode, kv_from_cache,
+    Alibi_slopes, softcap, alibi_mode, kv_from_cache, Mm_ranges, n_mm, mm_clamp, chunk_size, chunk_lookback,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
     SCORE_MOD: tl.constexpr,
@@ -346,22 +382,34 @@ def prefix_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32) + tl.exp2(sink - tl.maximum(sink, NEG_BIG))
 
     qk_scale = sm_scale * LOG2E
-    # Lowest absolute key position any row of this tile may see: tiles below it are skipped.
-    key_lo = tl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
-    bt_row = Block_table + req.to(tl.int64) * stride_bt
     q_pos = ctx_len + offs_m  # absolute positions of this tile's queries
     last_row = tl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
+    lo_row = _lowest_key(q_pos, win, chunk_size, chunk_lookback)  # each row's lowest visible key
+    # Lowest absolute key position any row of this tile may see: tiles below it are skipped.
+    key_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback), 0)
+    bt_row = Block_table + req.to(tl.int64) * stride_bt
     # Tiles [first, inner_lo) and [inner_hi, end) need masks; [inner_lo, inner_hi) are whole,
     # inside the context and inside the window of every row, so they run mask-free.
-    first = key_lo // BLOCK_N * BLOCK_N
-    inner_lo = tl.maximum(tl.cdiv(tl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    inner_lo = tl.cdiv(tl.maximum(_lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback), 0),
+                       BLOCK_N) * BLOCK_N
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
     # kv_from_cache: the new tokens' keys come from the cache too, after the context: keys up to
     # the tile's last query, mask-free below its first.
     ctx_hi = ctx_len
+    mm_row = Mm_ranges + req.to(tl.int64) * (2 * n_mm)
     if kv_from_cache != 0:
         ctx_hi = ctx_len + last_row + 1
         inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
+        # Bidirectional ranges (kv_from_cache only) that hold one of the tile's queries widen its keys
+        # to the range's end (and, unclamped by the window, down to its start); their tiles are masked.
+        for i in range(n_mm):
+            start = tl.load(mm_row + 2 * i)
+            end = tl.load(mm_row + 2 * i + 1)
+            hit = (start < end) & (start <= ctx_len + last_row) & (end >= ctx_len + qblk * BLOCK_M)
+            ctx_hi = tl.where(hit, tl.maximum(ctx_hi, tl.minimum(end + 1, ctx_len + q_len)), ctx_hi)
+            key_lo = tl.where(hit & (mm_clamp == 0), tl.maximum(tl.minimum(key_lo, start), 0), key_lo)
+    first = key_lo // BLOCK_N * BLOCK_N
+    inner_lo = tl.maximum(inner_lo, first)
     slope = tl.load(Alibi_slopes + head, mask=alibi_mode != 0, other=0.0)
 
     # ---- context from the paged cache ----
@@ -388,7 +436,8 @@ def prefix_prefill_kernel(
             # e4m3 decodes as value * 2^-8 (see _fp8_bits_to_half): put the 2^8 back in the scales.
             fp8_unit = 256.0 if KV_FORMAT == 1 else 1.0
             ctx_qk_scale = qk_scale * tl.load(K_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit
-        acc, m_i, l_i = _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_hi, win, first, inner_lo, inner_hi,
+        acc, m_i, l_i = _float_context(acc, m_i, l_i, q, q_pos, key_lo, ctx_hi, lo_row, mm_row, n_mm, mm_clamp, win, first,
+                                       inner_lo, inner_hi,
                                        Kc, Vc, bt_row, block_size, kv_head, stride_kcb, stride_kct, stride_kch,
                                        stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd, kv_xg, head_dim,
                                        ctx_qk_scale, ctx_len, softcap, slope, alibi_mode, BLOCK_D, BLOCK_N, KV_VLLM,
@@ -398,25 +447,27 @@ def prefix_prefill_kernel(
             acc = acc * (tl.load(V_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit)
 
     # ---- the request's own new tokens, causal ----
-    new_lo = tl.maximum(qblk * BLOCK_M - win + 1, 0)
+    new_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback) - ctx_len, 0)
     new_hi = last_row + 1
     first = new_lo // BLOCK_N * BLOCK_N
-    inner_lo = tl.maximum(tl.cdiv(tl.maximum(last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    last_lo = _lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback) - ctx_len
+    inner_lo = tl.maximum(tl.cdiv(tl.maximum(last_lo, 0), BLOCK_N) * BLOCK_N, first)
+    lo_rel = lo_row - ctx_len
     inner_hi = qblk * BLOCK_M  # keys below the tile's first row: no causal mask (BLOCK_N divides BLOCK_M)
     if kv_from_cache != 0:  # read with the context above: no tile here
         first = new_hi
         inner_lo = new_hi
         inner_hi = new_hi
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
     for start in range(inner_lo, inner_hi, BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, False, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, win, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
 

@@ -3,11 +3,15 @@
 Request b has ctx = seq_lens[b] - q_len context tokens in the paged cache (pages listed in
 block_table[b]) and q_len new tokens in q/k/v rows query_start_loc[b]:query_start_loc[b+1].
 New token i sits at absolute position ctx + i; it sees key position j when j <= ctx + i and,
-with a window w > 0, when (ctx + i) - j < w. Scores s (natural log, times sm_scale) are capped to
-softcap * tanh(s / softcap) and then get ALiBi's bias slope * (j - ctx), or in the sqrt form
--slope * sqrt((ctx + i) - j). With k = v = None the new tokens' keys and values are the cache's
-positions ctx.. (the cache holds the whole sequence). Quantized caches (fp8, int8, int4) are dequantized
-to float32 first (decode's reference formats), then attended.
+with a window w > 0, when (ctx + i) - j < w; or, with chunk_lookback L >= 0 as well (chunked local
+attention, chunk size C = w // (L + 1)), when (ctx + i) // C - j // C <= L instead. mm_prefix_range
+[B, R, 2] (inclusive (start, end) positions, start < end) adds the pairs whose query and key both
+lie in one range, future keys included (with mm_clamp only those with (ctx + i) - j < w). Scores s
+(natural log, times sm_scale) are capped to softcap * tanh(s / softcap) and then get ALiBi's bias
+slope * (j - ctx), or in the sqrt form -slope * sqrt((ctx + i) - j). With k = v = None the new
+tokens' keys and values are the cache's positions ctx.. (the cache holds the whole sequence).
+Quantized caches (fp8, int8, int4) are dequantized to float32 first (decode's reference formats),
+then attended.
 """
 from __future__ import annotations
 
@@ -75,7 +79,8 @@ def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_
 
 def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *,
                        kv_layout="nhd", kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None,
-                       sinks=None, softcap=0.0, alibi_slopes=None, alibi_sqrt=False, v_pack=0) -> torch.Tensor:
+                       sinks=None, softcap=0.0, alibi_slopes=None, alibi_sqrt=False, v_pack=0, chunk_lookback=-1,
+                       mm_prefix_range=None, mm_clamp=False) -> torch.Tensor:
     """float32 [num_tokens, q_heads, D]; rows that belong to no request are 0. kv_format "auto"
     infers the format as the op does (an int8 cache of last dim D / 2, or uint8, is int4)."""
     k_cache, v_cache, kv_layout, k_scale, v_scale = _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale,
@@ -108,8 +113,16 @@ def prefix_prefill_ref(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         q_pos = torch.arange(ctx, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]
         allowed = k_pos <= q_pos
-        if window:
+        if window and chunk_lookback >= 0:
+            chunk = window // (chunk_lookback + 1)
+            allowed &= (q_pos // chunk - k_pos // chunk) <= chunk_lookback
+        elif window:
             allowed &= (q_pos - k_pos) < window
+        if mm_prefix_range is not None:
+            for start, end in mm_prefix_range[b].tolist():
+                if start < end:
+                    both = ((q_pos >= start) & (q_pos <= end)) & ((k_pos >= start) & (k_pos <= end))
+                    allowed |= both & ((q_pos - k_pos) < window) if mm_clamp and window else both
 
         scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), keys) * sm_scale
         if softcap:

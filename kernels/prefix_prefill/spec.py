@@ -18,8 +18,8 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             vllm d128 binary 160 -> 232 KiB, over its 163) and would cost every call; int8/int4
             have "plain" only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
-dtype (and the int group size), V's pack factor and kv_from_cache (new keys read from the
-cache) are runtime, so they cost no binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus
+dtype (and the int group size), V's pack factor, kv_from_cache (new keys read from the
+cache), chunked local attention and vLLM's bidirectional ranges are runtime, so they cost no binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus
 2 * 3 * (4 + 3) = 42 int8/int4 ones, 138 in all, each built at two specialization levels per arch
 (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
@@ -72,9 +72,12 @@ ARGS = (
 # serves none of them): ALiBi slopes [q_heads] fp32 with alibi_mode 0 off, 1 linear (slope * (key
 # position - context length)), 2 vLLM's sqrt variant (-slope * sqrt(query - key position)); softcap
 # (0: off) applied before ALiBi, as vLLM's unified attention does; kv_from_cache 1: the new tokens'
-# keys and values are read from the cache too (k/v not read), the causal part ending at seq_len.
+# keys and values are read from the cache too (k/v not read), the causal part ending at seq_len;
+# Mm_ranges [batch, n_mm, 2] int32 (n_mm 0: none), vLLM's bidirectional ranges (kv_from_cache only),
+# mm_clamp 1: within the window; chunk_size > 0: chunked local attention, chunk_lookback chunks back.
 OPTION_ARGS = (Arg("Alibi_slopes", "ptr", dtype="=fp32"), Arg("softcap", "fp32"), Arg("alibi_mode", "i32"),
-               Arg("kv_from_cache", "i32"))
+               Arg("kv_from_cache", "i32"), Arg("Mm_ranges", "ptr", dtype="=i32"), Arg("n_mm", "i32"),
+               Arg("mm_clamp", "i32"), Arg("chunk_size", "i32"), Arg("chunk_lookback", "i32"))
 KERNEL_ARGS = ARGS + OPTION_ARGS
 
 CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX", "SCORE_MOD")

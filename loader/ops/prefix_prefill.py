@@ -201,7 +201,8 @@ def _kv_heads(k, k_cache, kv_layout) -> int:
     return k_cache.shape[2] if kv_layout == "nhd" else k_cache.shape[1]
 
 
-def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, softcap):
+def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, softcap, window=None, chunk_lookback=-1,
+                   mm_prefix_range=None, mm_clamp=False, batch=0):
     """The score and layout options (spec.OPTION_ARGS): types and shapes, and what int caches lack."""
     if (k is None) != (v is None):
         raise ValueError("prefix_prefill: k and v must both be tensors, or both None (the new tokens' keys and "
@@ -216,8 +217,33 @@ def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, so
               tuple(alibi_slopes.shape))
     elif alibi_sqrt:
         raise ValueError("prefix_prefill: alibi_sqrt=True needs alibi_slopes")
+    if isinstance(chunk_lookback, bool) or not isinstance(chunk_lookback, int):
+        raise TypeError(f"prefix_prefill: chunk_lookback must be an int (-1: off), got {type(chunk_lookback).__name__}")
+    if chunk_lookback >= 0:
+        rules.need(OP, isinstance(window, int) and window > chunk_lookback, "window",
+                   f"> chunk_lookback = {chunk_lookback} (chunked local attention splits the window into "
+                   f"chunk_lookback + 1 chunks of window // (chunk_lookback + 1) keys)", window)
+    else:
+        rules.need(OP, chunk_lookback == -1, "chunk_lookback", ">= 0, or -1 (off)", chunk_lookback)
+    if not isinstance(mm_clamp, bool):
+        raise TypeError(f"prefix_prefill: mm_clamp must be a bool, got {type(mm_clamp).__name__}")
+    if mm_prefix_range is not None:
+        rules.tensor(OP, "mm_prefix_range", mm_prefix_range, (torch.int32,), 3, q.device, last_contiguous=True)
+        rules.need(OP, mm_prefix_range.shape[0] == batch and mm_prefix_range.shape[2] == 2
+                   and mm_prefix_range.is_contiguous(), "mm_prefix_range",
+                   f"a contiguous [batch = {batch}, ranges, 2] tensor of inclusive (start, end) positions",
+                   f"{tuple(mm_prefix_range.shape)} strides {mm_prefix_range.stride()}")
+        rules.need(OP, mm_prefix_range.shape[1] <= 4096, "mm_prefix_range", "at most 4096 ranges a request",
+                   mm_prefix_range.shape[1])
+        if k is not None:
+            raise NotImplementedError("prefix_prefill: mm_prefix_range with separate new k/v is not implemented "
+                                      "(pass k = v = None: the new tokens' keys read from the cache)")
+        if alibi_slopes is not None:
+            raise NotImplementedError("prefix_prefill: mm_prefix_range together with alibi_slopes is not "
+                                      "implemented")
     if fmt in _spec.INT_FORMATS:
-        for on, name in ((softcap, "softcap"), (alibi_slopes is not None, "alibi_slopes")):
+        for on, name in ((softcap, "softcap"), (alibi_slopes is not None, "alibi_slopes"),
+                         (chunk_lookback >= 0, "chunk_lookback"), (mm_prefix_range is not None, "mm_prefix_range")):
             if on:
                 raise NotImplementedError(f"prefix_prefill: {name} with an {fmt} cache is not implemented (fp16, "
                                           f"bf16 and fp8 caches)")
@@ -225,10 +251,10 @@ def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, so
 
 def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
               v_scale, sm_scale, window, sinks, out_scale, out, v_pack=0, alibi_slopes=None, alibi_sqrt=False,
-              softcap=0.0) -> _Cache:
+              softcap=0.0, chunk_lookback=-1, mm_prefix_range=None, mm_clamp=False) -> _Cache:
     reads = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
              "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
-             "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes}
+             "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes, "mm_prefix_range": mm_prefix_range}
     guards.refuse_grad("prefix_prefill", **reads, out=out)
     rules.tensor(OP, "q", q, tuple(_DTYPES), 3, last_contiguous=True)
     dev = q.device
@@ -248,9 +274,12 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     rules.need(OP, kv_heads > 0 and q_heads % kv_heads == 0, "k.shape[1] (kv_heads)" if k is not None else
           "k_cache's kv_heads", f"a divisor of q_heads={q_heads}", kv_heads)
     cache = _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, k_scale, v_scale, v_pack)
-    _check_options(q, k, v, kv_layout, cache.fmt, v_pack, alibi_slopes, alibi_sqrt, softcap)
     rules.tensor(OP, "block_table", block_table, (torch.int32,), 2, dev, last_contiguous=True)
     batch = block_table.shape[0]
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        raise TypeError(f"prefix_prefill: window must be an int or None, got {type(window).__name__}")
+    _check_options(q, k, v, kv_layout, cache.fmt, v_pack, alibi_slopes, alibi_sqrt, softcap, window, chunk_lookback,
+                   mm_prefix_range, mm_clamp, batch)
     rules.tensor(OP, "query_start_loc", query_start_loc, (torch.int32,), 1, dev, last_contiguous=True)
     rules.need(OP, query_start_loc.shape[0] == batch + 1, "query_start_loc", f"[batch + 1] = [{batch + 1}] (block_table "
           f"has {batch} rows)", tuple(query_start_loc.shape))
@@ -259,8 +288,6 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     if sm_scale is not None:
         guards.real("prefix_prefill", "sm_scale", sm_scale)
     if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TypeError(f"prefix_prefill: window must be an int or None, got {type(window).__name__}")
         rules.need(OP, 0 <= window <= rules.I32_MAX, "window", "in [0, 2**31) (0 or None: no window)", window)
     if sinks is not None:
         rules.tensor(OP, "sinks", sinks, (torch.float32,), 1, dev, last_contiguous=True)
@@ -311,7 +338,7 @@ def _check_lengths(tokens, k_cache, block_table, query_start_loc, seq_lens, bs, 
 
 def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
                 k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, v_pack=0, alibi_slopes=None,
-                alibi_sqrt=False, softcap=0.0):
+                alibi_sqrt=False, softcap=0.0, chunk_lookback=-1, mm_prefix_range=None, mm_clamp=False):
     """(axes, grid, args) of the kernel launch for validated arguments (the bench reuses it); args
     in spec.KERNEL_ARGS order (kernel_ws.py takes the first len(spec.ARGS))."""
     tokens, q_heads, head_dim = q.shape
@@ -349,6 +376,9 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
         out.stride(1), *c.kc, *c.vc,
         alibi_slopes if alibi_slopes is not None else dummy, float(softcap),
         0 if alibi_slopes is None else 2 if alibi_sqrt else 1, int(from_cache),
+        seq_lens if mm_prefix_range is None else mm_prefix_range,  # seq_lens: an unread int32 stand-in
+        0 if mm_prefix_range is None else mm_prefix_range.shape[1], int(mm_clamp),
+        int(window) // (chunk_lookback + 1) if chunk_lookback >= 0 and window else 0, max(int(chunk_lookback), 0),
     )
     return axes, grid, args
 
@@ -388,15 +418,18 @@ def kernel_for(axes, args):
 
 def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
                        k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate, v_pack,
-                       alibi_slopes, alibi_sqrt, softcap) -> None:
+                       alibi_slopes, alibi_sqrt, softcap, chunk_lookback=-1, mm_prefix_range=None,
+                       mm_clamp=False) -> None:
     from aotc.loader.dispatch import run_kernel
 
     # called as torch.ops.aotc.prefix_prefill directly, no public checks ran: no gradient dropped either way
     guards.refuse_grad("prefix_prefill", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale,
-                       v_scale=v_scale, sinks=sinks, out_scale=out_scale, alibi_slopes=alibi_slopes, out=out)
+                       v_scale=v_scale, sinks=sinks, out_scale=out_scale, alibi_slopes=alibi_slopes,
+                       mm_prefix_range=mm_prefix_range, out=out)
     axes, grid, args = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
                                    kv_layout, kv_format, k_scale, v_scale, sm_scale, window, sinks, out_scale,
-                                   skip_decode, v_pack, alibi_slopes, alibi_sqrt, softcap)
+                                   skip_decode, v_pack, alibi_slopes, alibi_sqrt, softcap, chunk_lookback,
+                                   mm_prefix_range, mm_clamp)
     if axes["kv"] in _spec.INT_FORMATS and (k_cache.data_ptr() | v_cache.data_ptr()) & 1:
         name = "k_cache" if k_cache.data_ptr() & 1 else "v_cache"
         raise ValueError(f"prefix_prefill: {name} must start at an even address (an {axes['kv']} cache is read two "
@@ -414,7 +447,8 @@ def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
 
 def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
                          k_scale, v_scale, sm_scale, window, sinks, out_scale, skip_decode, validate, v_pack,
-                         alibi_slopes, alibi_sqrt, softcap) -> None:
+                         alibi_slopes, alibi_sqrt, softcap, chunk_lookback=-1, mm_prefix_range=None,
+                       mm_clamp=False) -> None:
     return None  # the public function validated every argument before calling the op
 
 
@@ -502,13 +536,13 @@ PREFIX_PREFILL = library.Op(
     "Tensor query_start_loc, Tensor seq_lens, Tensor(a!) out, str kv_layout, str kv_format, "
     "Tensor? k_scale, Tensor? v_scale, float sm_scale, SymInt window, Tensor? sinks, Tensor? out_scale, "
     "bool skip_decode, bool validate, int v_pack, Tensor? alibi_slopes, bool alibi_sqrt, "
-    "float softcap) -> ()", impl=_prefix_prefill_op, fake=_prefix_prefill_fake)
+    "float softcap, int chunk_lookback=-1, Tensor? mm_prefix_range=None, bool mm_clamp=False) -> ()", impl=_prefix_prefill_op, fake=_prefix_prefill_fake)
 
 
 def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout="nhd",
                    kv_format="auto", k_scale=None, v_scale=None, sm_scale=None, window=None, sinks=None, out_scale=None,
                    skip_decode=False, out=None, validate=None, v_pack=0, alibi_slopes=None, alibi_sqrt=False,
-                   softcap=0.0) -> torch.Tensor:
+                   softcap=0.0, chunk_lookback=-1, mm_prefix_range=None, mm_clamp=False) -> torch.Tensor:
     """Attention of new tokens over a paged context plus, causally, themselves.
 
     Shapes (T new tokens over all requests, B requests, D = head_dim):
@@ -568,7 +602,7 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     non-finite values; other rows are unaffected).
     """
     matched = False
-    if validate is False and not _compiling():
+    if validate is False and not _compiling() and mm_prefix_range is None and chunk_lookback == -1:
         for e in _recent.entries:  # one C call matches every argument; pointers read once
             if e.match(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
                        v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, v_pack, alibi_slopes,
@@ -579,7 +613,8 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
                 matched = True  # the full path decides this call (and names any error)
                 break
     _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
-              v_scale, sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
+              v_scale, sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap, chunk_lookback,
+              mm_prefix_range, mm_clamp)
     out_given = out
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,
@@ -591,8 +626,10 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     # milliseconds, so its few microseconds do not matter here as they do for decode.
     PREFIX_PREFILL(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout, kv_format,
                    k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode), bool(validate),
-                   int(v_pack), alibi_slopes, bool(alibi_sqrt), float(softcap))
-    if validate is False and not matched and out_given is out and not _compiling():  # the next such call: steady state
+                   int(v_pack), alibi_slopes, bool(alibi_sqrt), float(softcap), int(chunk_lookback), mm_prefix_range,
+                   bool(mm_clamp))
+    steady = mm_prefix_range is None and chunk_lookback == -1  # the steady state passes neither
+    if validate is False and steady and not matched and out_given is out and not _compiling():  # the next such call: steady state
         args = (q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
                 v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
         if not any(r(*args) for r in _refused.entries):

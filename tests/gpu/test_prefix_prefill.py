@@ -66,6 +66,26 @@ def test_window_and_sinks(window, layout):
         assert_matches(got, ref, torch.float16)
 
 
+@pytest.mark.parametrize("window,lookback,clamp", [(128, 0, True), (512, 3, False), (None, -1, False)])
+@pytest.mark.parametrize("layout", ["nhd", "vllm"])
+def test_chunks_and_bidirectional_ranges(window, lookback, clamp, layout):
+    # vLLM's unified-attention masks with the cache holding every token: chunked local attention
+    # and multimodal ranges (one past the first 128-row q block, one from the context, an unused one)
+    ctx, new = [0, 300, 37], [384, 96, 700]
+    full = [c + n for c, n in zip(ctx, new)]
+    case, kw = make_case(full, new, q_heads=8, kv_heads=2, head_dim=128, block_size=16, layout=layout,
+                         dtype=torch.bfloat16, device=DEV, seed=lookback + 7)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32, device=DEV)
+    case["k"] = case["v"] = None
+    mm = torch.tensor([[[32, 351], [0, 0]], [[160, 287], [390, 395]], [[37, 600], [650, 730]]], dtype=torch.int32,
+                      device=DEV)
+    opts = dict(window=window, chunk_lookback=lookback, mm_prefix_range=mm, mm_clamp=clamp)
+    out = torch.full(case["q"].shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    prefix_prefill(**case, **kw, **opts, out=out, validate=True)
+    torch.cuda.synchronize()
+    assert_matches(out, prefix_prefill_ref(**case, **kw, **opts), torch.bfloat16)
+
+
 @pytest.mark.parametrize("cache_dtype", FP8)
 @pytest.mark.parametrize("layout", ["nhd", "vllm"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

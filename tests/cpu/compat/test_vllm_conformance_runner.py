@@ -89,5 +89,7 @@ def test_workers_and_case_timeout_reach_pytest(tmp_path, monkeypatch):
     log = str(tmp_path / "x.jsonl")
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=3, case_timeout=120)
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log)
+    vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, select="clamped or chunk")
     assert seen[0][-4:] == ["-n", "3", "-o", "timeout=120"]
+    assert seen[2][-2:] == ["-k", "clamped or chunk"] and "-k" not in seen[0]
     assert "-n" not in seen[1] and not any(a.startswith("timeout=") for a in seen[1])

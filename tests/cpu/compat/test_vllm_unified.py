@@ -67,10 +67,47 @@ UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
     ("causal=False", dict(causal=False)),
     ("per-sequence", dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool))),
     ("qq_bias", dict(qq_bias=torch.zeros(1))),
-    ("mm_prefix_range", dict(mm_prefix_range=torch.zeros(len(Q_LENS), 1, 2, dtype=torch.int32))),
     ("rswa", dict(rswa_window=16, rswa_prefix_lens=torch.zeros(len(Q_LENS), dtype=torch.int32))),
-    ("chunk_lookback", dict(chunk_lookback=1, window_size=(63, 0))),
 ]
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+def test_chunked_local_attention_and_bidirectional_ranges(clamp):
+    # vLLM's chunk_lookback (chunk = window // (lookback + 1)) and mm_prefix_range [num_seqs, ranges, 2]
+    # with inclusive ends; a window-less call with ranges; decode rows go to prefix_prefill too
+    args, case, kw = _problem(seed=6)
+    mm = torch.zeros(len(Q_LENS), 2, 2, dtype=torch.int32)
+    mm[1, 0] = torch.tensor([20, 120])
+    mm[1, 1] = torch.tensor([130, 140])
+    mm[3, 0] = torch.tensor([14, 19])
+    vllm.unified_attention(**{**args, "window_size": (47, 0)}, chunk_lookback=1, mm_prefix_range=mm,
+                           mm_prefix_clamp_sliding_window=clamp)
+    ref = prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"], window=48, chunk_lookback=1,
+                             mm_prefix_range=mm, mm_clamp=clamp)
+    assert_matches(args["out"], ref, torch.bfloat16)
+    args["out"].fill_(float("nan"))
+    vllm.unified_attention(**args, mm_prefix_range=mm)
+    ref = prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"], mm_prefix_range=mm)
+    assert_matches(args["out"], ref, torch.bfloat16)
+    with pytest.raises(ValueError, match="mm_prefix_range"):
+        vllm.unified_attention(**args, mm_prefix_range=mm[:, 0])
+
+
+def test_decode_rows_with_chunks_take_prefix_prefill():
+    q_lens, ctx = [1, 1, 1], [70, 5, 33]
+    full = [c + n for c, n in zip(ctx, q_lens)]
+    case, kw = make_case(full, q_lens, seed=7, head_dim=64, dtype=torch.bfloat16)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32)
+    case["k"] = case["v"] = None
+    out = torch.full(case["q"].shape, float("nan"), dtype=torch.bfloat16)
+    vllm.unified_attention(q=case["q"], k=case["k_cache"], v=case["v_cache"], out=out,
+                           cu_seqlens_q=case["query_start_loc"], max_seqlen_q=1, seqused_k=case["seq_lens"],
+                           max_seqlen_k=max(full), softmax_scale=0.125, causal=True, window_size=(31, 0),
+                           block_table=case["block_table"], softcap=0, q_descale=None, k_descale=None,
+                           v_descale=None, chunk_lookback=0)
+    ref = prefix_prefill_ref(**case, **kw, sm_scale=0.125, window=32, chunk_lookback=0)
+    assert_matches(out, ref, torch.bfloat16)
+    assert (ref - prefix_prefill_ref(**case, **kw, sm_scale=0.125, window=32)).abs().max() > 0.1
 
 
 def _per_token_head_problem(mode, q_lens, ctx_lens, head_dim=64, seed=0, padded=False):

@@ -174,9 +174,9 @@ def _repo_parent() -> str:
 
 
 def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str, workers: int = 1,
-             case_timeout: float = 0.0) -> dict:
+             case_timeout: float = 0.0, select: str = "") -> dict:
     """Run one test file in the sandbox (under `workers` xdist processes when > 1, each case failed
-    after `case_timeout` seconds when > 0); returns {"rows": [...], "timed_out": bool, "seconds": s,
+    after `case_timeout` seconds when > 0; only the cases pytest's `-k select` keeps when given); returns {"rows": [...], "timed_out": bool, "seconds": s,
     "stderr_tail": str}."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([sandbox, _repo_parent(), env.get("PYTHONPATH", "")])
@@ -190,6 +190,8 @@ def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str
         cmd += ["-n", str(workers)]
     if case_timeout > 0:
         cmd += ["-o", f"timeout={case_timeout:g}"]
+    if select:
+        cmd += ["-k", select]
     t0 = time.time()
     timed_out = False
     with open(log + ".out", "w") as out:
@@ -274,7 +276,7 @@ def reasons(results: dict, impl: str, limit: int = 12) -> str:
 
 
 def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), sample=1, timeout=600.0, jobs=1,
-        workdir=None, workers=1, case_timeout=0.0) -> dict:
+        workdir=None, workers=1, case_timeout=0.0, select="") -> dict:
     """{impl: {file: run_file's result}}; sample: N for every file or {file: N}. Raises PeerMissing
     without vLLM's files."""
     from concurrent.futures import ThreadPoolExecutor
@@ -288,7 +290,7 @@ def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), 
         i, f = job
         n = sample.get(f, 1) if isinstance(sample, dict) else sample
         return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"), workers,
-                             case_timeout)
+                             case_timeout, select)
 
     results: dict = {i: {} for i in impls}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -311,6 +313,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist processes a test file (-n)")
     p.add_argument("--case-timeout", type=float, default=0.0, help="seconds before one case fails (pytest-timeout)")
     p.add_argument("--json", help="write the per-case results here")
+    p.add_argument("--select", default="", help="pytest -k expression: run only the cases it keeps")
     a = p.parse_args(argv)
     impls = tuple(a.impl or ("aotc", "vllm"))
     files = tuple(a.file or ("prefix_prefill", "unified"))
@@ -326,7 +329,8 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("skipped: no CUDA device")
             return 0
-        results = run(a.peer, impls, files, sample, a.timeout, a.jobs, workers=a.workers, case_timeout=a.case_timeout)
+        results = run(a.peer, impls, files, sample, a.timeout, a.jobs, workers=a.workers, case_timeout=a.case_timeout,
+                      select=a.select)
     except PeerMissing as e:
         print(f"skipped: {e}")
         return 0

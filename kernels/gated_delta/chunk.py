@@ -53,6 +53,7 @@ from aotc.kernels.common.schedule import owner_of_block
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
+KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -363,6 +364,81 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt,
 
 
 
+@triton.jit
+def _kda_level(A, Aq, kl, ql, k, G, r, cols, U: tl.constexpr, P: tl.constexpr, DT: tl.constexpr,
+               TF32: tl.constexpr):
+    """One level of _kda_chunk_a: adds the pairs (r, c) with r and c in the same P-token span and
+    c in an earlier U-token unit of it than r. kl, ql: k and q rows times exp(G_r - G_ref(r)), the
+    gate just before r's unit (<= 1). For r in unit s the right operand is k_c exp(G_ref - G_c)
+    with G_ref the gate just before unit s of c's span (<= 1 for c in units < s, zero otherwise);
+    pairs across spans meet two different references and are dropped after the dot."""
+    unit = (r % P) // U
+    same = (r[:, None] // P) == (cols[None, :] // P)
+    kld = kl.to(DT)
+    qld = ql.to(DT)
+    zi = tl.zeros(G.shape, tl.int32)
+    for s in tl.static_range(1, 4):
+        Gref = tl.gather(G, (r - r % P + s * U - 1)[:, None] + zi, 0)
+        right = tl.trans((k * tl.exp(tl.where((unit < s)[:, None], Gref - G, float("-inf")))).to(DT))
+        sel = same & (unit == s)[:, None]
+        A += tl.where(sel, _dot(kld, right, TF32), 0.0)
+        Aq += tl.where(sel, _dot(qld, right, TF32), 0.0)
+    return A, Aq
+
+
+@triton.jit
+def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                 K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+    """KDA, whole chunk: writes the Aqk rows; returns (A [64, 64] strictly lower with beta, 1 / |q|,
+    1 / |k|) (ones without qk_l2norm).
+
+    A_rc = sum_ch k_r k_c exp(G_r - G_c) needs the decay split so that no factor exceeds 1 (a
+    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP] tiles;
+    the per-channel decay separates channel by channel, so the steps just add), three 4-ary levels
+    of plain [64, KSTEP] x [KSTEP, 64] dots (_kda_level): 16-token blocks of the chunk, 4-token
+    quarters of a block, tokens of a quarter (there the left factor is exp(g_r) itself). Aqk's
+    diagonal is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns
+    after the last step."""
+    r = tl.arange(0, CHUNK)
+    A = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
+    ssq = tl.zeros([CHUNK], tl.float32)
+    ssk = tl.zeros([CHUNK], tl.float32)
+    qkd = tl.zeros([CHUNK], tl.float32)
+    for c0 in range(0, HEAD_K, KSTEP):
+        c = c0 + tl.arange(0, KSTEP)
+        km = m[:, None] & (c < K_DIM)[None, :]
+        q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0).to(tl.float32)
+        k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0).to(tl.float32)
+        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+        Gc = tl.cumsum(g, 0)
+        ssq += tl.sum(q * q, 1)
+        ssk += tl.sum(k * k, 1)
+        qkd += tl.sum(q * k, 1)
+        zi = tl.zeros([CHUNK, KSTEP], tl.int32)
+        # 16-token blocks: left factor against the gate just before the row's block
+        left = tl.exp(tl.where((r >= 16)[:, None], Gc - tl.gather(Gc, tl.maximum(r - r % 16 - 1, 0)[:, None] + zi, 0),
+                               float("-inf")))
+        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 16, 64, DT, TF32)
+        # 4-token quarters of each block
+        left = tl.exp(tl.where((r % 16 >= 4)[:, None], Gc - tl.gather(Gc, tl.maximum(r - r % 4 - 1, 0)[:, None] + zi, 0),
+                               float("-inf")))
+        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 4, 16, DT, TF32)
+        # tokens of each quarter: G_r - G_{r-1} = g_r
+        left = tl.exp(g)
+        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 1, 4, DT, TF32)
+    if qk_l2norm != 0:
+        rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
+        rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
+    else:
+        rq = tl.full([CHUNK], 1.0, tl.float32)
+        rk = tl.full([CHUNK], 1.0, tl.float32)
+    Aq = tl.where(r[:, None] == r[None, :], (qkd * rq * rk)[:, None], Aq * rq[:, None] * rk[None, :]) * scale
+    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], Aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    return A * (beta * rk)[:, None] * rk[None, :], rq, rk
+
+
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
@@ -414,7 +490,15 @@ def gdn_chunk_prep(
     t = t.to(tl.int64)
     TF: tl.constexpr = MERGE_TF32
     EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    if SUBBLOCKS:
+    if KDA:
+        # Per-channel gates: A and Aqk chunk-wide in KSTEP-channel steps (_kda_chunk_a), X by the
+        # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
+        tq = t0 + tl.arange(0, CHUNK)
+        tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
+        a, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt,
+                                 s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
+        x = _inverse_doubling(a, TF, EXACT)
+    elif SUBBLOCKS:
         if KDA:
             R0 = tl.zeros([HEAD_K], tl.float32)
         else:
@@ -509,7 +593,23 @@ def gdn_chunk_prep(
     # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
-    if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
+    if KDA:
+        # Column blocks of the chunk: Qg = scale q exp(G), Kg = k exp(G_last - G), the decay
+        # exp(G_last) and W = X (beta k exp(G)), k and q normalized by _kda_chunk_a's factors.
+        fk = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0) * rk
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            gc = _chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, K_DIM)
+            Gc = tl.cumsum(gc, 0)
+            RLc = tl.sum(gc, 0)  # the gate at the chunk's last token (past the end g reads 0)
+            tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c0 + tl.arange(0, WCOL), tl.exp(RLc))
+            eg = tl.exp(Gc)
+            qc = _chunk_cols(Q, t, m, s_qt, hk * s_qh, c0, K_DIM)
+            _store_cols(Qg, qc * (rq * scale)[:, None] * eg, t, m, hv64, HV, c0, HEAD_K)
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM)
+            _store_cols(Kg, kc * rk[:, None] * tl.exp(RLc[None, :] - Gc), t, m, hv64, HV, c0, HEAD_K)
+            kc = kc * fk[:, None] * eg
+            _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    elif SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
         if not KDA:
             rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
@@ -521,11 +621,10 @@ def gdn_chunk_prep(
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
-    for c0 in tl.static_range(0, HEAD_K, WCOL):
-        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
-        if KDA:
-            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, K_DIM), 0))
-        _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    if not KDA:
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
+            _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
     bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
     for c0 in tl.static_range(0, HEAD_V, WCOL):
         vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]

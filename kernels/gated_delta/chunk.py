@@ -365,43 +365,106 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt,
 
 
 @triton.jit
-def _kda_level(A, Aq, kl, ql, k, G, r, cols, U: tl.constexpr, P: tl.constexpr, DT: tl.constexpr,
-               TF32: tl.constexpr):
-    """One level of _kda_chunk_a: adds the pairs (r, c) with r and c in the same P-token span and
-    c in an earlier U-token unit of it than r. kl, ql: k and q rows times exp(G_r - G_ref(r)), the
-    gate just before r's unit (<= 1). For r in unit s the right operand is k_c exp(G_ref - G_c)
-    with G_ref the gate just before unit s of c's span (<= 1 for c in units < s, zero otherwise);
-    pairs across spans meet two different references and are dropped after the dot."""
-    unit = (r % P) // U
-    same = (r[:, None] // P) == (cols[None, :] // P)
-    kld = kl.to(DT)
-    qld = ql.to(DT)
-    zi = tl.zeros(G.shape, tl.int32)
+def _dot_acc(a, b, acc, TF32: tl.constexpr):
+    """acc + a @ b, as _dot (the accumulator stays in the MMA's registers)."""
+    if a.dtype == tl.float32:
+        if TF32:
+            return tl.dot(a, b, acc, input_precision="tf32x3")
+        else:
+            return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _pick(s: tl.constexpr, x1, x2, x3):
+    if s == 1:
+        return x1
+    elif s == 2:
+        return x2
+    else:
+        return x3
+
+
+@triton.jit
+def _kda_blocks(A, Aq, q, k, Gc, r, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs of different 16-token blocks of one channel step (rows of block s against the
+    blocks before it), into the [64, 64] accumulators: left k_r exp(G_r - E_{s-1}), right
+    k_c exp(E_{s-1} - G_c), E_{s-1} the gate at block s's last token before it; both <= 1, and
+    the rows and columns outside the pair are zeros, so each dot accumulates in place."""
+    blk = r // SUB
+    E1 = tl.sum(tl.where((r == SUB - 1)[:, None], Gc, 0.0), 0)
+    E2 = tl.sum(tl.where((r == 2 * SUB - 1)[:, None], Gc, 0.0), 0)
+    E3 = tl.sum(tl.where((r == 3 * SUB - 1)[:, None], Gc, 0.0), 0)
+    ref = tl.where((blk == 1)[:, None], E1[None, :], tl.where((blk == 2)[:, None], E2[None, :], E3[None, :]))
+    left = tl.exp(tl.where((blk >= 1)[:, None], Gc - ref, float("-inf")))
+    kl = k * left
+    ql = q * left
     for s in tl.static_range(1, 4):
-        Gref = tl.gather(G, (r - r % P + s * U - 1)[:, None] + zi, 0)
-        right = tl.trans((k * tl.exp(tl.where((unit < s)[:, None], Gref - G, float("-inf")))).to(DT))
-        sel = same & (unit == s)[:, None]
-        A += tl.where(sel, _dot(kld, right, TF32), 0.0)
-        Aq += tl.where(sel, _dot(qld, right, TF32), 0.0)
+        Es = _pick(s, E1, E2, E3)
+        right = tl.trans((k * tl.exp(tl.where((blk < s)[:, None], Es[None, :] - Gc, float("-inf")))).to(DT))
+        rows = (blk == s)[:, None]
+        A = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, A, TF32)
+        Aq = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aq, TF32)
     return A, Aq
+
+
+@triton.jit
+def _kda_within(Ad, Aqd, q3, k3, g3, G3, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs inside each 16-token block of one channel step, as [4, 16, 16] (block, row,
+    column) by batched dots: 4-token quarters (rows of quarter s against the quarters before it,
+    split at the gate before quarter s: both factors <= 1, rows and columns outside are zeros),
+    then tokens of a quarter (row at position s against the positions before it, split at the
+    token before it: the left factor is exp(g_r); pairs across quarters meet two references and
+    are dropped after the dot)."""
+    i = tl.arange(0, SUB)
+    quar = (i // 4)[None, :, None]
+    R1 = tl.sum(tl.where(i[None, :, None] == 3, G3, 0.0), 1)
+    R2 = tl.sum(tl.where(i[None, :, None] == 7, G3, 0.0), 1)
+    R3 = tl.sum(tl.where(i[None, :, None] == 11, G3, 0.0), 1)
+    ref = tl.where(quar == 1, R1[:, None, :], tl.where(quar == 2, R2[:, None, :], R3[:, None, :]))
+    left = tl.exp(tl.where(quar >= 1, G3 - ref, float("-inf")))
+    kl = k3 * left
+    ql = q3 * left
+    for s in tl.static_range(1, 4):
+        Rs = _pick(s, R1, R2, R3)
+        right = tl.permute((k3 * tl.exp(tl.where(quar < s, Rs[:, None, :] - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = quar == s
+        Ad = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, Ad, TF32)
+        Aqd = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aqd, TF32)
+    pos = (i % 4)[None, :, None]
+    e = tl.exp(g3)
+    kl = k3 * e
+    ql = q3 * e
+    sameq = ((i // 4)[:, None] == (i // 4)[None, :])[None, :, :]
+    zi = tl.zeros(G3.shape, tl.int32)
+    for s in tl.static_range(1, 4):
+        Gref = tl.gather(G3, (i - i % 4 + s - 1)[None, :, None] + zi, 1)
+        right = tl.permute((k3 * tl.exp(tl.where(pos < s, Gref - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = pos == s
+        Ad += tl.where(sameq, _dot(tl.where(rows, kl, 0.0).to(DT), right, TF32), 0.0)
+        Aqd += tl.where(sameq, _dot(tl.where(rows, ql, 0.0).to(DT), right, TF32), 0.0)
+    return Ad, Aqd
 
 
 @triton.jit
 def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
                  K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """KDA, whole chunk: writes the Aqk rows; returns (A [64, 64] strictly lower with beta, 1 / |q|,
-    1 / |k|) (ones without qk_l2norm).
+    """KDA, whole chunk: writes the Aqk rows; returns (A's pairs across 16-token blocks [64, 64],
+    A's 16 x 16 diagonal blocks [4, 16, 16], both with beta, 1 / |q|, 1 / |k|) (ones without
+    qk_l2norm).
 
     A_rc = sum_ch k_r k_c exp(G_r - G_c) needs the decay split so that no factor exceeds 1 (a
-    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP] tiles;
-    the per-channel decay separates channel by channel, so the steps just add), three 4-ary levels
-    of plain [64, KSTEP] x [KSTEP, 64] dots (_kda_level): 16-token blocks of the chunk, 4-token
-    quarters of a block, tokens of a quarter (there the left factor is exp(g_r) itself). Aqk's
-    diagonal is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns
-    after the last step."""
+    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP]; the
+    decay is per channel, so steps just add), plain dots at three 4-ary levels: 16-token blocks
+    (_kda_blocks), their 4-token quarters and the quarters' tokens (_kda_within). Aqk's diagonal
+    is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns after the
+    last step."""
     r = tl.arange(0, CHUNK)
     A = tl.zeros([CHUNK, CHUNK], tl.float32)
     Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Ad = tl.zeros([4, SUB, SUB], tl.float32)
+    Aqd = tl.zeros([4, SUB, SUB], tl.float32)
     ssq = tl.zeros([CHUNK], tl.float32)
     ssk = tl.zeros([CHUNK], tl.float32)
     qkd = tl.zeros([CHUNK], tl.float32)
@@ -415,28 +478,53 @@ def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s
         ssq += tl.sum(q * q, 1)
         ssk += tl.sum(k * k, 1)
         qkd += tl.sum(q * k, 1)
-        zi = tl.zeros([CHUNK, KSTEP], tl.int32)
-        # 16-token blocks: left factor against the gate just before the row's block
-        left = tl.exp(tl.where((r >= 16)[:, None], Gc - tl.gather(Gc, tl.maximum(r - r % 16 - 1, 0)[:, None] + zi, 0),
-                               float("-inf")))
-        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 16, 64, DT, TF32)
-        # 4-token quarters of each block
-        left = tl.exp(tl.where((r % 16 >= 4)[:, None], Gc - tl.gather(Gc, tl.maximum(r - r % 4 - 1, 0)[:, None] + zi, 0),
-                               float("-inf")))
-        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 4, 16, DT, TF32)
-        # tokens of each quarter: G_r - G_{r-1} = g_r
-        left = tl.exp(g)
-        A, Aq = _kda_level(A, Aq, k * left, q * left, k, Gc, r, r, 1, 4, DT, TF32)
+        A, Aq = _kda_blocks(A, Aq, q, k, Gc, r, DT, TF32)
+        Ad, Aqd = _kda_within(Ad, Aqd, tl.reshape(q, [4, SUB, KSTEP]), tl.reshape(k, [4, SUB, KSTEP]),
+                              tl.reshape(g, [4, SUB, KSTEP]), tl.reshape(Gc, [4, SUB, KSTEP]), DT, TF32)
     if qk_l2norm != 0:
         rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
         rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
     else:
         rq = tl.full([CHUNK], 1.0, tl.float32)
         rk = tl.full([CHUNK], 1.0, tl.float32)
-    Aq = tl.where(r[:, None] == r[None, :], (qkd * rq * rk)[:, None], Aq * rq[:, None] * rk[None, :]) * scale
-    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], Aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+    blk = r // SUB
+    row = (t[:, None] * HV + hv) * CHUNK
+    tl.store(Aqk + row + r[None, :], (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty),
+             mask=m[:, None] & (blk[:, None] != blk[None, :]))
+    i = tl.arange(0, SUB)
+    rq3 = tl.reshape(rq * scale, [4, SUB])
+    rk3 = tl.reshape(rk, [4, SUB])
+    diag = tl.reshape(qkd, [4, SUB])[:, :, None] * rq3[:, :, None] * rk3[:, :, None]
+    Aqd = tl.where((i[:, None] == i[None, :])[None, :, :], diag, Aqd * rq3[:, :, None] * rk3[:, None, :])
+    b = tl.arange(0, 4)
+    t3 = tl.reshape(t, [4, SUB])
+    tl.store(Aqk + ((t3 * HV + hv) * CHUNK)[:, :, None] + (b[:, None, None] * SUB + i[None, None, :]),
+             Aqd.to(Aqk.dtype.element_ty), mask=tl.reshape(m, [4, SUB])[:, :, None])
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
-    return A * (beta * rk)[:, None] * rk[None, :], rq, rk
+    fk = beta * rk
+    A = A * fk[:, None] * rk[None, :]
+    Ad = Ad * tl.reshape(fk, [4, SUB])[:, :, None] * rk3[:, None, :]
+    return A, Ad, rq, rk
+
+
+@triton.jit
+def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
+    """X = (I + A)^-1 with A = L + Ad: L [64, 64] the pairs across 16-token blocks, Ad [4, 16, 16]
+    the strictly lower diagonal blocks. D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) by batched
+    16 x 16 products, then as _inverse_doubling: N = D^-1 L, X = (I - N)(I + N^2) D^-1."""
+    i = tl.arange(0, SUB)
+    eye3 = tl.where((i[:, None] == i[None, :])[None, :, :], 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
+    p2 = _mm(Ad, Ad, TF, EXACT)
+    p4 = _mm(p2, p2, TF, EXACT)
+    d = _mm(_mm(eye3 - Ad, eye3 + p2, TF, EXACT), eye3 + p4, TF, EXACT)
+    d = _mm(d, eye3 + _mm(p4, p4, TF, EXACT), TF, EXACT)
+    b = tl.arange(0, 4)
+    d4 = tl.where(b[:, None, None, None] == b[None, None, :, None], d[:, :, None, :], 0.0)
+    dinv = tl.reshape(d4, [CHUNK, CHUNK])
+    r = tl.arange(0, CHUNK)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    n = _mm(dinv, L, TF, EXACT)
+    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
 
 
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
@@ -495,9 +583,9 @@ def gdn_chunk_prep(
         # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt,
-                                 s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
-        x = _inverse_doubling(a, TF, EXACT)
+        a, ad, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
+                                     s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
+        x = _kda_inverse(a, ad, TF, EXACT)
     elif SUBBLOCKS:
         if KDA:
             R0 = tl.zeros([HEAD_K], tl.float32)
@@ -598,17 +686,20 @@ def gdn_chunk_prep(
         # exp(G_last) and W = X (beta k exp(G)), k and q normalized by _kda_chunk_a's factors.
         fk = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0) * rk
         for c0 in tl.static_range(0, HEAD_K, WCOL):
-            gc = _chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, K_DIM)
+            c = c0 + tl.arange(0, WCOL)
+            cm = m[:, None] & (c < K_DIM)[None, :]
+            gc = tl.load(G + t[:, None] * s_gt + hv64 * s_gh + c[None, :], mask=cm, other=0.0)
             Gc = tl.cumsum(gc, 0)
             RLc = tl.sum(gc, 0)  # the gate at the chunk's last token (past the end g reads 0)
-            tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c0 + tl.arange(0, WCOL), tl.exp(RLc))
+            tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c, tl.exp(RLc))
             eg = tl.exp(Gc)
-            qc = _chunk_cols(Q, t, m, s_qt, hk * s_qh, c0, K_DIM)
-            _store_cols(Qg, qc * (rq * scale)[:, None] * eg, t, m, hv64, HV, c0, HEAD_K)
-            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM)
-            _store_cols(Kg, kc * rk[:, None] * tl.exp(RLc[None, :] - Gc), t, m, hv64, HV, c0, HEAD_K)
-            kc = kc * fk[:, None] * eg
-            _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+            ws = (t[:, None] * HV + hv64) * HEAD_K + c[None, :]
+            qc = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+            tl.store(Qg + ws, (qc * (rq * scale)[:, None] * eg).to(Qg.dtype.element_ty), mask=m[:, None])
+            kc = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+            tl.store(Kg + ws, (kc * rk[:, None] * tl.exp(RLc[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
+            kc = _wy_operand(kc * fk[:, None] * eg, W.dtype.element_ty)
+            tl.store(W + ws, _mm(xw, kc, TF, EXACT).to(W.dtype.element_ty), mask=m[:, None])
     elif SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
         if not KDA:

@@ -152,7 +152,11 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # GDN at K, V <= 128: maxnreg 168. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, 4 warps, prep
     # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
     # 1.037 (K = V = 64 and sm80 not measured). KDA keeps no cap (not measured with one).
+    # KDA (_kda_chunk_a's steps): 8 warps at every head size; ptxas (sm90, bf16, K = 128): 4 warps
+    # 255 registers / 324 B spilled, 8 warps 255 / 20 B.
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
+    if axes["gate"] == "kda":
+        return LaunchConfig(num_warps=8, num_stages=1)
     cap = 168 if axes["gate"] == "gdn" and not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 

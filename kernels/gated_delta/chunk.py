@@ -58,12 +58,6 @@ L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + ep
 
 
 @triton.jit
-def _row(x, rows, r):
-    """Row r of a [16, D] tile as a [D] vector."""
-    return tl.sum(tl.where(rows[:, None] == r, x, 0.0), axis=0)
-
-
-@triton.jit
 def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm):
     """k of sub-block b (16 tokens) as fp32, normalized if asked; tokens at or past `end` read as
     zeros. Called once per use (an L1/L2 hit after the first), not kept live across the kernel."""
@@ -77,114 +71,58 @@ def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm):
 
 
 @triton.jit
-def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA: tl.constexpr):
-    """g and beta of sub-block b; past `end` beta = g = 0 (such tokens change nothing)."""
+def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh):
+    """g and beta of sub-block b (GDN); past `end` beta = g = 0 (such tokens change nothing)."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
     t = t.to(tl.int64)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
-    if KDA:
-        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None] & (offs_k < K_DIM)[None, :],
-                    other=0.0)
-    else:
-        g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
+    g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
     return g, beta
 
 
 @triton.jit
-def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA: tl.constexpr):
+def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, R):
     """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
-    blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
-    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    if KDA:
-        return tl.cumsum(g, 0) + R[None, :], beta
-    else:
-        return tl.cumsum(g, 0) + R, beta
+    blocks before it."""
+    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh)
+    return tl.cumsum(g, 0) + R, beta
 
 
 @triton.jit
-def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R,
-             KDA: tl.constexpr):
+def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R):
     """(k, cumulative gate) of sub-block b, reloaded: the right operand of an off-diagonal pair."""
     k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA)
+    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, R)
     return k, Gb
 
 
 @triton.jit
-def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr, KDA: tl.constexpr):
+def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr):
     """Qg = scale q exp(G) and Kg = k exp(G_last - G) rows of sub-block b (exponents <= 0)."""
-    _store_rows(Qg, q * _gate(Gb, KDA) * scale, t0, b, end, hv, HV, HEAD_K)
-    if KDA:
-        _store_rows(Kg, k * tl.exp(RL[None, :] - Gb), t0, b, end, hv, HV, HEAD_K)
-    else:
-        _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
+    _store_rows(Qg, q * tl.exp(Gb)[:, None] * scale, t0, b, end, hv, HV, HEAD_K)
+    _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
 
 
 @triton.jit
-def _gate(G, KDA: tl.constexpr):
-    """exp(G) shaped to scale a [16, K] tile."""
-    if KDA:
-        return tl.exp(G)
-    else:
-        return tl.exp(G)[:, None]
-
-
-@triton.jit
-def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
-    if KDA:
-        right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
-        left = tl.exp(Gi - Ri[None, :])  # <= 1
-        a = _dot((ki * left).to(DT), right, TF32)
-        aq = _dot((qi * left).to(DT), right, TF32)
-    else:
-        kjd = tl.trans(kj.to(DT))
-        decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
-        a = _dot(ki.to(DT), kjd, TF32) * decay
-        aq = _dot(qi.to(DT), kjd, TF32) * decay
+def _pair(qi, ki, Gi, kj, Gj, beta_i, scale, DT: tl.constexpr, TF32: tl.constexpr):
+    """(A_ij, Aqk_ij) for sub-blocks i > j (GDN: a scalar gate a token, exp(G_i - G_j) <= 1)."""
+    kjd = tl.trans(kj.to(DT))
+    decay = tl.exp(Gi[:, None] - Gj[None, :])
+    a = _dot(ki.to(DT), kjd, TF32) * decay
+    aq = _dot(qi.to(DT), kjd, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, DT: tl.constexpr, TF32: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
-    if KDA:
-        # The block as four 4-token quarters. Quarter s's rows against the quarters before it:
-        # one dot each, split at R_s, the cumulative gate just before quarter s (exp(G_i - R_s),
-        # exp(R_s - G_j) both <= 1). Within a quarter: the column method, all four quarters at
-        # once (4 steps, not 16), column 4 (r // 4) + c of row r gathered from the block.
-        # H100, KDA precompute, JIT: 1 x 8192 4.41 -> 2.79 ms, 8 x 2048 8.81 -> 5.63 (16 column
-        # steps before); W, U, Aqk move by <= 0.35% of their largest value (one bf16 step: 0.39%).
-        quarter = rows // 4
-        a = tl.zeros([SUB, SUB], tl.float32)
-        aq = tl.zeros([SUB, SUB], tl.float32)
-        for s in tl.static_range(1, 4):
-            Rs = _row(Gi, rows, 4 * s - 1)
-            left = tl.exp(tl.where((quarter == s)[:, None], Gi - Rs[None, :], float("-inf")))
-            right = tl.trans((ki * tl.exp(tl.where((quarter < s)[:, None], Rs[None, :] - Gi,
-                                                   float("-inf")))).to(DT))
-            a += _dot((ki * left).to(DT), right, TF32)
-            aq += _dot((qi * left).to(DT), right, TF32)
-        within = rows % 4
-        for c in tl.static_range(4):
-            j = quarter * 4 + c  # [16]: row r's c-th quarter token
-            idx = j[:, None] + tl.zeros([SUB, Gi.shape[1]], tl.int32)
-            kc = tl.gather(ki, idx, 0)
-            Gc = tl.gather(Gi, idx, 0)
-            e = tl.exp(tl.where((within >= c)[:, None], Gi - Gc, float("-inf"))) * kc
-            ak = tl.sum(ki * e, 1)
-            aqk = tl.sum(qi * e, 1)
-            at = cols[None, :] == j[:, None]
-            a = tl.where(at, tl.where(within > c, ak, 0.0)[:, None], a)
-            aq = tl.where(at, aqk[:, None], aq)
-    else:
-        lower = rows[:, None] >= cols[None, :]
-        decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
-        kb = ki.to(DT)
-        kt = tl.trans(kb)
-        a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
-        aq = _dot(qi.to(DT), kt, TF32) * decay
+    lower = rows[:, None] >= cols[None, :]
+    decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
+    kb = ki.to(DT)
+    kt = tl.trans(kb)
+    a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
+    aq = _dot(qi.to(DT), kt, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
@@ -587,71 +525,65 @@ def gdn_chunk_prep(
                                      s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
         x = _kda_inverse(a, ad, TF, EXACT)
     elif SUBBLOCKS:
-        if KDA:
-            R0 = tl.zeros([HEAD_K], tl.float32)
-        else:
-            R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
-        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
+        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R1 = R0 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R2 = R1 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R3 = R2 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh)
         RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
-        if KDA:
-            decay = tl.exp(RL)
-        else:
-            decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
+        decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
-        # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
+        # GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
         # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
         # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
         # gate; k_j, G_j are reloaded.
         zero = tl.zeros([SUB, SUB], tl.float32)
         q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R0, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, R0)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K)
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
         q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R1, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
-        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, R1)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a10, q10 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
         q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R2, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
-        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, R2)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a20, q20 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R1, KDA)
-        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R1)
+        a21, q21 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
         q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R3, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
-        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, R3)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a30, q30 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R1, KDA)
-        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R1)
+        a31, q31 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R2, KDA)
-        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R2)
+        a32, q32 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
         # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
@@ -700,10 +632,9 @@ def gdn_chunk_prep(
             tl.store(Kg + ws, (kc * rk[:, None] * tl.exp(RLc[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
             kc = _wy_operand(kc * fk[:, None] * eg, W.dtype.element_ty)
             tl.store(W + ws, _mm(xw, kc, TF, EXACT).to(W.dtype.element_ty), mask=m[:, None])
-    elif SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
+    elif SUBBLOCKS:  # the per-row factor of k: beta exp(G) / |k| (else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        if not KDA:
-            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
+        rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
         if qk_l2norm != 0:
             ss = tl.zeros([CHUNK], tl.float32)
             for c0 in tl.static_range(0, HEAD_K, WCOL):

@@ -15,15 +15,14 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
 A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
-16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
-used), inverts I + A (GDN: by ten [64, 64] products, _inverse_doubling; KDA: cuts A into 16 x 16
-blocks, inverts the four unit-lower diagonal ones together by row substitution ([4, 16, 16]: 15
-steps) and merges them by block forward substitution, X_ij = -X_ii sum_m A_im X_mj, then
-reassembles X [64, 64]) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x
-[64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K)
-and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
+chunk-wide too, in 32-channel steps, _kda_chunk_a), inverts I + A (GDN: by ten [64, 64] products,
+_inverse_doubling; KDA: the diagonal 16 x 16 blocks by batched products, then four [64, 64] ones,
+_kda_inverse) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots,
+and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K) and Qg = scale q Gam:
+for KDA as a [T, HV, K] tile; for GDN, where
 Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
-reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). Registers and
+reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). GDN at fp32 in
+the 256 tile works in 16-row sub-blocks instead (chunk_spec.prep_subblocks). Registers and
 spills of each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
@@ -31,9 +30,11 @@ Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp
 one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
-and more, so exp(-G_j) overflows within a chunk). Off-diagonal sub-blocks (i > j) split it at
-the cumulative gate R before block i: exp(G_i - R) exp(R - G_j), both factors <= 1. Diagonal
-blocks form exp(G_ic - G_jc) directly, one column at a time (16 steps of [16, K] work).
+and more, so exp(-G_j) overflows within a chunk). Every pair is split at a cumulative gate R
+between the two tokens: exp(G_i - R) exp(R - G_j), both factors <= 1, so each is a plain dot of
+decayed q or k rows: R at 16-token block boundaries for pairs in different blocks, at 4-token
+quarter boundaries inside a block, and the token before i inside a quarter (_kda_blocks,
+_kda_within).
 
 Head sizes and dtypes: HEAD_K / HEAD_V are the tiles (64, 128, 256); the head sizes K_DIM / V_DIM
 are runtime ints. Every load of q, k, v, a KDA gate and the pool and every store of the output and

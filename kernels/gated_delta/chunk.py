@@ -512,6 +512,7 @@ def gdn_chunk_prep(
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
     # (H100 JIT report, K = 128, 4 warps).
+    # KDA by channel steps (_kda_chunk_a) at 8 warps: 255 / 6 (H100 JIT report, K = 128).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)

@@ -15,15 +15,14 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
 
 Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
 A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
-16-row sub-blocks, one row block's q, k, gate live at a time, the other blocks' k reloaded where
-used), inverts I + A (GDN: by ten [64, 64] products, _inverse_doubling; KDA: cuts A into 16 x 16
-blocks, inverts the four unit-lower diagonal ones together by row substitution ([4, 16, 16]: 15
-steps) and merges them by block forward substitution, X_ij = -X_ii sum_m A_im X_mj, then
-reassembles X [64, 64]) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x
-[64, 64-column] dots, and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K)
-and Qg = scale q Gam: for KDA as a [T, HV, K] tile; for GDN, where
+chunk-wide too, in 32-channel steps, _kda_chunk_a), inverts I + A (GDN: by ten [64, 64] products,
+_inverse_doubling; KDA: the diagonal 16 x 16 blocks by batched products, then four [64, 64] ones,
+_kda_inverse) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots,
+and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K) and Qg = scale q Gam:
+for KDA as a [T, HV, K] tile; for GDN, where
 Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
-reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). Registers and
+reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). GDN at fp32 in
+the 256 tile works in 16-row sub-blocks instead (chunk_spec.prep_subblocks). Registers and
 spills of each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
@@ -31,9 +30,11 @@ Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp
 one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
-and more, so exp(-G_j) overflows within a chunk). Off-diagonal sub-blocks (i > j) split it at
-the cumulative gate R before block i: exp(G_i - R) exp(R - G_j), both factors <= 1. Diagonal
-blocks form exp(G_ic - G_jc) directly, one column at a time (16 steps of [16, K] work).
+and more, so exp(-G_j) overflows within a chunk). Every pair is split at a cumulative gate R
+between the two tokens: exp(G_i - R) exp(R - G_j), both factors <= 1, so each is a plain dot of
+decayed q or k rows: R at 16-token block boundaries for pairs in different blocks, at 4-token
+quarter boundaries inside a block, and the token before i inside a quarter (_kda_blocks,
+_kda_within).
 
 Head sizes and dtypes: HEAD_K / HEAD_V are the tiles (64, 128, 256); the head sizes K_DIM / V_DIM
 are runtime ints. Every load of q, k, v, a KDA gate and the pool and every store of the output and
@@ -53,13 +54,8 @@ from aotc.kernels.common.schedule import owner_of_block
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
+KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
-
-
-@triton.jit
-def _row(x, rows, r):
-    """Row r of a [16, D] tile as a [D] vector."""
-    return tl.sum(tl.where(rows[:, None] == r, x, 0.0), axis=0)
 
 
 @triton.jit
@@ -76,114 +72,58 @@ def _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm):
 
 
 @triton.jit
-def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA: tl.constexpr):
-    """g and beta of sub-block b; past `end` beta = g = 0 (such tokens change nothing)."""
+def _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh):
+    """g and beta of sub-block b (GDN); past `end` beta = g = 0 (such tokens change nothing)."""
     t = t0 + b * SUB + tl.arange(0, SUB)
     m = t < end
     t = t.to(tl.int64)
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
-    if KDA:
-        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + offs_k[None, :], mask=m[:, None] & (offs_k < K_DIM)[None, :],
-                    other=0.0)
-    else:
-        g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
+    g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
     return g, beta
 
 
 @triton.jit
-def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA: tl.constexpr):
+def _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, R):
     """(cumulative in-chunk log-gate, beta) of sub-block b, given R: the sum of the gates of the
-    blocks before it. Recomputed where needed: a KDA gate tile is [16, K] fp32."""
-    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
-    if KDA:
-        return tl.cumsum(g, 0) + R[None, :], beta
-    else:
-        return tl.cumsum(g, 0) + R, beta
+    blocks before it."""
+    g, beta = _load_g(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh)
+    return tl.cumsum(g, 0) + R, beta
 
 
 @triton.jit
-def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R,
-             KDA: tl.constexpr):
+def _k_gated(K, G, Beta, t0, b, end, hv, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, qk_l2norm, R):
     """(k, cumulative gate) of sub-block b, reloaded: the right operand of an off-diagonal pair."""
     k = _load_k(K, t0, b, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R, KDA)
+    Gb, _beta = _gates(G, Beta, t0, b, end, hv, s_gt, s_gh, s_bt, s_bh, R)
     return k, Gb
 
 
 @triton.jit
-def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr, KDA: tl.constexpr):
+def _store_qg_kg(Qg, Kg, q, k, Gb, RL, scale, t0, b, end, hv, HV, HEAD_K: tl.constexpr):
     """Qg = scale q exp(G) and Kg = k exp(G_last - G) rows of sub-block b (exponents <= 0)."""
-    _store_rows(Qg, q * _gate(Gb, KDA) * scale, t0, b, end, hv, HV, HEAD_K)
-    if KDA:
-        _store_rows(Kg, k * tl.exp(RL[None, :] - Gb), t0, b, end, hv, HV, HEAD_K)
-    else:
-        _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
+    _store_rows(Qg, q * tl.exp(Gb)[:, None] * scale, t0, b, end, hv, HV, HEAD_K)
+    _store_rows(Kg, k * tl.exp(RL - Gb)[:, None], t0, b, end, hv, HV, HEAD_K)
 
 
 @triton.jit
-def _gate(G, KDA: tl.constexpr):
-    """exp(G) shaped to scale a [16, K] tile."""
-    if KDA:
-        return tl.exp(G)
-    else:
-        return tl.exp(G)[:, None]
-
-
-@triton.jit
-def _pair(qi, ki, Gi, Ri, kj, Gj, beta_i, scale, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """(A_ij, Aqk_ij) for sub-blocks i > j; Ri: the cumulative gate before block i."""
-    if KDA:
-        right = tl.trans((kj * tl.exp(Ri[None, :] - Gj)).to(DT))  # <= |k|: block j ends at or before R
-        left = tl.exp(Gi - Ri[None, :])  # <= 1
-        a = _dot((ki * left).to(DT), right, TF32)
-        aq = _dot((qi * left).to(DT), right, TF32)
-    else:
-        kjd = tl.trans(kj.to(DT))
-        decay = tl.exp(Gi[:, None] - Gj[None, :])  # i > j: <= 1
-        a = _dot(ki.to(DT), kjd, TF32) * decay
-        aq = _dot(qi.to(DT), kjd, TF32) * decay
+def _pair(qi, ki, Gi, kj, Gj, beta_i, scale, DT: tl.constexpr, TF32: tl.constexpr):
+    """(A_ij, Aqk_ij) for sub-blocks i > j (GDN: a scalar gate a token, exp(G_i - G_j) <= 1)."""
+    kjd = tl.trans(kj.to(DT))
+    decay = tl.exp(Gi[:, None] - Gj[None, :])
+    a = _dot(ki.to(DT), kjd, TF32) * decay
+    aq = _dot(qi.to(DT), kjd, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
 @triton.jit
-def _diag(qi, ki, Gi, beta_i, scale, rows, cols, KDA: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+def _diag(qi, ki, Gi, beta_i, scale, rows, cols, DT: tl.constexpr, TF32: tl.constexpr):
     """(A_ii, Aqk_ii) of a diagonal sub-block: A strictly lower, Aqk lower with the diagonal."""
-    if KDA:
-        # The block as four 4-token quarters. Quarter s's rows against the quarters before it:
-        # one dot each, split at R_s, the cumulative gate just before quarter s (exp(G_i - R_s),
-        # exp(R_s - G_j) both <= 1). Within a quarter: the column method, all four quarters at
-        # once (4 steps, not 16), column 4 (r // 4) + c of row r gathered from the block.
-        # H100, KDA precompute, JIT: 1 x 8192 4.41 -> 2.79 ms, 8 x 2048 8.81 -> 5.63 (16 column
-        # steps before); W, U, Aqk move by <= 0.35% of their largest value (one bf16 step: 0.39%).
-        quarter = rows // 4
-        a = tl.zeros([SUB, SUB], tl.float32)
-        aq = tl.zeros([SUB, SUB], tl.float32)
-        for s in tl.static_range(1, 4):
-            Rs = _row(Gi, rows, 4 * s - 1)
-            left = tl.exp(tl.where((quarter == s)[:, None], Gi - Rs[None, :], float("-inf")))
-            right = tl.trans((ki * tl.exp(tl.where((quarter < s)[:, None], Rs[None, :] - Gi,
-                                                   float("-inf")))).to(DT))
-            a += _dot((ki * left).to(DT), right, TF32)
-            aq += _dot((qi * left).to(DT), right, TF32)
-        within = rows % 4
-        for c in tl.static_range(4):
-            j = quarter * 4 + c  # [16]: row r's c-th quarter token
-            idx = j[:, None] + tl.zeros([SUB, Gi.shape[1]], tl.int32)
-            kc = tl.gather(ki, idx, 0)
-            Gc = tl.gather(Gi, idx, 0)
-            e = tl.exp(tl.where((within >= c)[:, None], Gi - Gc, float("-inf"))) * kc
-            ak = tl.sum(ki * e, 1)
-            aqk = tl.sum(qi * e, 1)
-            at = cols[None, :] == j[:, None]
-            a = tl.where(at, tl.where(within > c, ak, 0.0)[:, None], a)
-            aq = tl.where(at, aqk[:, None], aq)
-    else:
-        lower = rows[:, None] >= cols[None, :]
-        decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
-        kb = ki.to(DT)
-        kt = tl.trans(kb)
-        a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
-        aq = _dot(qi.to(DT), kt, TF32) * decay
+    lower = rows[:, None] >= cols[None, :]
+    decay = tl.exp(tl.where(lower, Gi[:, None] - Gi[None, :], float("-inf")))
+    kb = ki.to(DT)
+    kt = tl.trans(kb)
+    a = tl.where(rows[:, None] > cols[None, :], _dot(kb, kt, TF32) * decay, 0.0)
+    aq = _dot(qi.to(DT), kt, TF32) * decay
     return a * beta_i[:, None], aq * scale
 
 
@@ -363,6 +303,169 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt,
 
 
 
+@triton.jit
+def _dot_acc(a, b, acc, TF32: tl.constexpr):
+    """acc + a @ b, as _dot (the accumulator stays in the MMA's registers)."""
+    if a.dtype == tl.float32:
+        if TF32:
+            return tl.dot(a, b, acc, input_precision="tf32x3")
+        else:
+            return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _pick(s: tl.constexpr, x1, x2, x3):
+    if s == 1:
+        return x1
+    elif s == 2:
+        return x2
+    else:
+        return x3
+
+
+@triton.jit
+def _kda_blocks(A, Aq, q, k, Gc, r, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs of different 16-token blocks of one channel step (rows of block s against the
+    blocks before it), into the [64, 64] accumulators: left k_r exp(G_r - E_{s-1}), right
+    k_c exp(E_{s-1} - G_c), E_{s-1} the gate at block s's last token before it; both <= 1, and
+    the rows and columns outside the pair are zeros, so each dot accumulates in place."""
+    blk = r // SUB
+    E1 = tl.sum(tl.where((r == SUB - 1)[:, None], Gc, 0.0), 0)
+    E2 = tl.sum(tl.where((r == 2 * SUB - 1)[:, None], Gc, 0.0), 0)
+    E3 = tl.sum(tl.where((r == 3 * SUB - 1)[:, None], Gc, 0.0), 0)
+    ref = tl.where((blk == 1)[:, None], E1[None, :], tl.where((blk == 2)[:, None], E2[None, :], E3[None, :]))
+    left = tl.exp(tl.where((blk >= 1)[:, None], Gc - ref, float("-inf")))
+    kl = k * left
+    ql = q * left
+    for s in tl.static_range(1, 4):
+        Es = _pick(s, E1, E2, E3)
+        right = tl.trans((k * tl.exp(tl.where((blk < s)[:, None], Es[None, :] - Gc, float("-inf")))).to(DT))
+        rows = (blk == s)[:, None]
+        A = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, A, TF32)
+        Aq = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aq, TF32)
+    return A, Aq
+
+
+@triton.jit
+def _kda_within(Ad, Aqd, q3, k3, g3, G3, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs inside each 16-token block of one channel step, as [4, 16, 16] (block, row,
+    column) by batched dots: 4-token quarters (rows of quarter s against the quarters before it,
+    split at the gate before quarter s: both factors <= 1, rows and columns outside are zeros),
+    then tokens of a quarter (row at position s against the positions before it, split at the
+    token before it: the left factor is exp(g_r); pairs across quarters meet two references and
+    are dropped after the dot)."""
+    i = tl.arange(0, SUB)
+    quar = (i // 4)[None, :, None]
+    R1 = tl.sum(tl.where(i[None, :, None] == 3, G3, 0.0), 1)
+    R2 = tl.sum(tl.where(i[None, :, None] == 7, G3, 0.0), 1)
+    R3 = tl.sum(tl.where(i[None, :, None] == 11, G3, 0.0), 1)
+    ref = tl.where(quar == 1, R1[:, None, :], tl.where(quar == 2, R2[:, None, :], R3[:, None, :]))
+    left = tl.exp(tl.where(quar >= 1, G3 - ref, float("-inf")))
+    kl = k3 * left
+    ql = q3 * left
+    for s in tl.static_range(1, 4):
+        Rs = _pick(s, R1, R2, R3)
+        right = tl.permute((k3 * tl.exp(tl.where(quar < s, Rs[:, None, :] - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = quar == s
+        Ad = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, Ad, TF32)
+        Aqd = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aqd, TF32)
+    pos = (i % 4)[None, :, None]
+    e = tl.exp(g3)
+    kl = k3 * e
+    ql = q3 * e
+    sameq = ((i // 4)[:, None] == (i // 4)[None, :])[None, :, :]
+    zi = tl.zeros(G3.shape, tl.int32)
+    for s in tl.static_range(1, 4):
+        Gref = tl.gather(G3, (i - i % 4 + s - 1)[None, :, None] + zi, 1)
+        right = tl.permute((k3 * tl.exp(tl.where(pos < s, Gref - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = pos == s
+        Ad += tl.where(sameq, _dot(tl.where(rows, kl, 0.0).to(DT), right, TF32), 0.0)
+        Aqd += tl.where(sameq, _dot(tl.where(rows, ql, 0.0).to(DT), right, TF32), 0.0)
+    return Ad, Aqd
+
+
+@triton.jit
+def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+                 K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
+    """KDA, whole chunk: writes the Aqk rows; returns (A's pairs across 16-token blocks [64, 64],
+    A's 16 x 16 diagonal blocks [4, 16, 16], both with beta, 1 / |q|, 1 / |k|) (ones without
+    qk_l2norm).
+
+    A_rc = sum_ch k_r k_c exp(G_r - G_c) needs the decay split so that no factor exceeds 1 (a
+    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP]; the
+    decay is per channel, so steps just add), plain dots at three 4-ary levels: 16-token blocks
+    (_kda_blocks), their 4-token quarters and the quarters' tokens (_kda_within). Aqk's diagonal
+    is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns after the
+    last step."""
+    r = tl.arange(0, CHUNK)
+    A = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Ad = tl.zeros([4, SUB, SUB], tl.float32)
+    Aqd = tl.zeros([4, SUB, SUB], tl.float32)
+    ssq = tl.zeros([CHUNK], tl.float32)
+    ssk = tl.zeros([CHUNK], tl.float32)
+    qkd = tl.zeros([CHUNK], tl.float32)
+    for c0 in range(0, HEAD_K, KSTEP):
+        c = c0 + tl.arange(0, KSTEP)
+        km = m[:, None] & (c < K_DIM)[None, :]
+        q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0).to(tl.float32)
+        k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0).to(tl.float32)
+        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+        Gc = tl.cumsum(g, 0)
+        ssq += tl.sum(q * q, 1)
+        ssk += tl.sum(k * k, 1)
+        qkd += tl.sum(q * k, 1)
+        A, Aq = _kda_blocks(A, Aq, q, k, Gc, r, DT, TF32)
+        Ad, Aqd = _kda_within(Ad, Aqd, tl.reshape(q, [4, SUB, KSTEP]), tl.reshape(k, [4, SUB, KSTEP]),
+                              tl.reshape(g, [4, SUB, KSTEP]), tl.reshape(Gc, [4, SUB, KSTEP]), DT, TF32)
+    if qk_l2norm != 0:
+        rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
+        rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
+    else:
+        rq = tl.full([CHUNK], 1.0, tl.float32)
+        rk = tl.full([CHUNK], 1.0, tl.float32)
+    blk = r // SUB
+    row = (t[:, None] * HV + hv) * CHUNK
+    tl.store(Aqk + row + r[None, :], (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty),
+             mask=m[:, None] & (blk[:, None] != blk[None, :]))
+    i = tl.arange(0, SUB)
+    rq3 = tl.reshape(rq * scale, [4, SUB])
+    rk3 = tl.reshape(rk, [4, SUB])
+    diag = tl.reshape(qkd, [4, SUB])[:, :, None] * rq3[:, :, None] * rk3[:, :, None]
+    Aqd = tl.where((i[:, None] == i[None, :])[None, :, :], diag, Aqd * rq3[:, :, None] * rk3[:, None, :])
+    b = tl.arange(0, 4)
+    t3 = tl.reshape(t, [4, SUB])
+    tl.store(Aqk + ((t3 * HV + hv) * CHUNK)[:, :, None] + (b[:, None, None] * SUB + i[None, None, :]),
+             Aqd.to(Aqk.dtype.element_ty), mask=tl.reshape(m, [4, SUB])[:, :, None])
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    fk = beta * rk
+    A = A * fk[:, None] * rk[None, :]
+    Ad = Ad * tl.reshape(fk, [4, SUB])[:, :, None] * rk3[:, None, :]
+    return A, Ad, rq, rk
+
+
+@triton.jit
+def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
+    """X = (I + A)^-1 with A = L + Ad: L [64, 64] the pairs across 16-token blocks, Ad [4, 16, 16]
+    the strictly lower diagonal blocks. D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) by batched
+    16 x 16 products, then as _inverse_doubling: N = D^-1 L, X = (I - N)(I + N^2) D^-1."""
+    i = tl.arange(0, SUB)
+    eye3 = tl.where((i[:, None] == i[None, :])[None, :, :], 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
+    p2 = _mm(Ad, Ad, TF, EXACT)
+    p4 = _mm(p2, p2, TF, EXACT)
+    d = _mm(_mm(eye3 - Ad, eye3 + p2, TF, EXACT), eye3 + p4, TF, EXACT)
+    d = _mm(d, eye3 + _mm(p4, p4, TF, EXACT), TF, EXACT)
+    b = tl.arange(0, 4)
+    d4 = tl.where(b[:, None, None, None] == b[None, None, :, None], d[:, :, None, :], 0.0)
+    dinv = tl.reshape(d4, [CHUNK, CHUNK])
+    r = tl.arange(0, CHUNK)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    n = _mm(dinv, L, TF, EXACT)
+    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
+
+
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
@@ -409,77 +512,80 @@ def gdn_chunk_prep(
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
     # (H100 JIT report, K = 128, 4 warps).
+    # KDA by channel steps (_kda_chunk_a) at 8 warps: 255 / 6 (H100 JIT report, K = 128).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
     TF: tl.constexpr = MERGE_TF32
     EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    if SUBBLOCKS:
-        if KDA:
-            R0 = tl.zeros([HEAD_K], tl.float32)
-        else:
-            R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
-        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+    if KDA:
+        # Per-channel gates: A and Aqk chunk-wide in KSTEP-channel steps (_kda_chunk_a), X by the
+        # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
+        tq = t0 + tl.arange(0, CHUNK)
+        tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
+        a, ad, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
+                                     s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
+        x = _kda_inverse(a, ad, TF, EXACT)
+    elif SUBBLOCKS:
+        R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
+        g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R1 = R0 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R2 = R1 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R3 = R2 + tl.sum(g, 0)
-        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, KDA)
+        g, _beta = _load_g(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh)
         RL = R3 + tl.sum(g, 0)  # the cumulative gate at the chunk's last token
-        if KDA:
-            decay = tl.exp(RL)
-        else:
-            decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
+        decay = tl.zeros([HEAD_K], tl.float32) + tl.exp(RL)
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, decay)
-        # KDA, and GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
+        # GDN where the chunk-wide dots' fp32 tiles would not fit in shared memory
         # (chunk_spec.prep_subblocks). Row block by row block: Qg, Kg rows, then A (with beta) and
         # Aqk (with scale) in 16 x 16 sub-blocks; Aqk rows go out at once. Block i holds its q, k,
         # gate; k_j, G_j are reloaded.
         zero = tl.zeros([SUB, SUB], tl.float32)
         q = _load_k(Q, t0, 0, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 0, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R0, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K, KDA)
+        Gi, bi = _gates(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh, R0)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K)
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
         q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 1, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R1, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K, KDA)
-        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 1, end, hv64, s_gt, s_gh, s_bt, s_bh, R1)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 1, end, hv64, HV, HEAD_K)
+        a11, q11 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a10, q10 = _pair(q, k, Gi, R1, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a10, q10 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q10, q11, zero, zero, t0, 1, end, hv64, HV)
         q = _load_k(Q, t0, 2, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 2, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R2, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K, KDA)
-        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 2, end, hv64, s_gt, s_gh, s_bt, s_bh, R2)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 2, end, hv64, HV, HEAD_K)
+        a22, q22 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a20, q20 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a20, q20 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R1, KDA)
-        a21, q21 = _pair(q, k, Gi, R2, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R1)
+        a21, q21 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q20, q21, q22, zero, t0, 2, end, hv64, HV)
         q = _load_k(Q, t0, 3, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
         k = _load_k(K, t0, 3, end, hk, s_kt, s_kh, offs_k, K_DIM, qk_l2norm)
-        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, offs_k, K_DIM, R3, KDA)
-        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K, KDA)
-        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, KDA, Q.dtype.element_ty, MERGE_TF32)
+        Gi, bi = _gates(G, Beta, t0, 3, end, hv64, s_gt, s_gh, s_bt, s_bh, R3)
+        _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 3, end, hv64, HV, HEAD_K)
+        a33, q33 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 0, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R0, KDA)
-        a30, q30 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R0)
+        a30, q30 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 1, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R1, KDA)
-        a31, q31 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R1)
+        a31, q31 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         kj, Gj = _k_gated(K, G, Beta, t0, 2, end, hv64, hk, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh, offs_k,
-                          K_DIM, qk_l2norm, R2, KDA)
-        a32, q32 = _pair(q, k, Gi, R3, kj, Gj, bi, scale, KDA, Q.dtype.element_ty, MERGE_TF32)
+                          K_DIM, qk_l2norm, R2)
+        a32, q32 = _pair(q, k, Gi, kj, Gj, bi, scale, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q30, q31, q32, q33, t0, 3, end, hv64, HV)
 
         # X = (I + A)^-1: diagonal blocks by substitution, then X_ij = -X_ii sum_{m=j}^{i-1} A_im X_mj.
@@ -509,10 +615,28 @@ def gdn_chunk_prep(
     # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
-    if SUBBLOCKS:  # the per-row factor of k: beta / |k| (GDN: with exp(G) too; else _gdn_chunk_a's)
+    if KDA:
+        # Column blocks of the chunk: Qg = scale q exp(G), Kg = k exp(G_last - G), the decay
+        # exp(G_last) and W = X (beta k exp(G)), k and q normalized by _kda_chunk_a's factors.
+        fk = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0) * rk
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            c = c0 + tl.arange(0, WCOL)
+            cm = m[:, None] & (c < K_DIM)[None, :]
+            gc = tl.load(G + t[:, None] * s_gt + hv64 * s_gh + c[None, :], mask=cm, other=0.0)
+            Gc = tl.cumsum(gc, 0)
+            RLc = tl.sum(gc, 0)  # the gate at the chunk's last token (past the end g reads 0)
+            tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c, tl.exp(RLc))
+            eg = tl.exp(Gc)
+            ws = (t[:, None] * HV + hv64) * HEAD_K + c[None, :]
+            qc = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+            tl.store(Qg + ws, (qc * (rq * scale)[:, None] * eg).to(Qg.dtype.element_ty), mask=m[:, None])
+            kc = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=cm, other=0.0).to(tl.float32)
+            tl.store(Kg + ws, (kc * rk[:, None] * tl.exp(RLc[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
+            kc = _wy_operand(kc * fk[:, None] * eg, W.dtype.element_ty)
+            tl.store(W + ws, _mm(xw, kc, TF, EXACT).to(W.dtype.element_ty), mask=m[:, None])
+    elif SUBBLOCKS:  # the per-row factor of k: beta exp(G) / |k| (else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        if not KDA:
-            rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
+        rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
         if qk_l2norm != 0:
             ss = tl.zeros([CHUNK], tl.float32)
             for c0 in tl.static_range(0, HEAD_K, WCOL):
@@ -521,11 +645,10 @@ def gdn_chunk_prep(
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
-    for c0 in tl.static_range(0, HEAD_K, WCOL):
-        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
-        if KDA:
-            kc = kc * tl.exp(tl.cumsum(_chunk_cols(G, t, m, s_gt, hv64 * s_gh, c0, K_DIM), 0))
-        _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    if not KDA:
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
+            _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
     bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
     for c0 in tl.static_range(0, HEAD_V, WCOL):
         vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]

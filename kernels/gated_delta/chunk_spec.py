@@ -147,12 +147,17 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # registers / spill bytes a thread, before the cap below): K = 128 at 4 warps gdn 250 / 0, kda
     # 255 / 120 (8 warps: gdn 170 / 0, the same 8 warps an SM either way); K = 256 at 8 warps gdn
     # 221 / 0, kda 255 / 272 (16 warps, an earlier version: 64 registers, 2 KB spilled). Shared
-    # memory 48 KiB (gdn) / 32 KiB (kda) at K = 128, 96 / 32 KiB at 256. Other warp counts:
+    # memory 48 KiB (gdn; kda at 8 warps: 48 KiB) at K = 128, 96 KiB (gdn) at 256. Other warp counts:
     # bench_gated_delta_prefill.py --sweep.
     # GDN at K, V <= 128: maxnreg 168. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, 4 warps, prep
     # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
-    # 1.037 (K = V = 64 and sm80 not measured). KDA keeps no cap (not measured with one).
+    # 1.037 (K = V = 64 and sm80 not measured).
+    # KDA (_kda_chunk_a's channel steps): 8 warps at every head size, no cap. H100, JIT, bf16,
+    # K = V = 128, 1 x 8192, prep ms (registers / spill bytes): 8 warps 1.746 (255 / 6), 4 warps
+    # 1.981 (255 / 64), 8 warps maxnreg 192 1.881, 16 warps 2.771 (128 / 70).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
+    if axes["gate"] == "kda":
+        return LaunchConfig(num_warps=8, num_stages=1)
     cap = 168 if axes["gate"] == "gdn" and not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 

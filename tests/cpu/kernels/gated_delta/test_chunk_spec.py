@@ -117,7 +117,8 @@ def test_prep_caps_registers_for_gdn_up_to_128():
         cfg = chunk_spec.prep_launch(axes, 90)
         small = axes["head_k"] <= 128
         assert cfg.maxnreg == (168 if axes["gate"] == "gdn" and small and axes["dtype"] != "fp32" else 0)
-        assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small else (8, 1))
+        # KDA's precompute takes 8 warps at every head size (its channel steps spill at 4)
+        assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small and axes["gate"] == "gdn" else (8, 1))
     # the cap is a CUDA compile option: dropped on AMD
     from aotc.loader import targets
 

@@ -13,7 +13,7 @@ import torch
 from aotc import loader
 from aotc.loader import dispatch, workspace
 from aotc.loader.launch import Launch
-from aotc.loader.ops import decode_plan, gated_delta, mla, mla_plan, rules, split_merge
+from aotc.loader.ops import decode_plan, gated_delta, mla, mla_plan, rules, split_merge, steady
 from aotc.loader.ops.split_merge import SplitMerge
 from tests.cpu.kernels.decode.cases import make_case
 
@@ -79,7 +79,7 @@ def rec(monkeypatch):
     current, stream = (lambda: None), (lambda index: STREAM)  # a CPU tensor's device index is None
     monkeypatch.setattr(torch._C, "_cuda_getDevice", current, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", stream, raising=False)
-    for module in (decode_plan, mla_plan, split_merge, gated_delta):
+    for module in (decode_plan, mla_plan, steady):
         monkeypatch.setattr(module, "_current_device", current)
         monkeypatch.setattr(module, "_current_stream", stream)
     monkeypatch.setitem(workspace._buffers, (None, STREAM), torch.zeros(1 << 16))
@@ -306,3 +306,68 @@ def test_gated_delta_prefill_steady_state_equals_the_checked_call_and_refuses_ov
     with pytest.raises(ValueError):
         loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False)
     dispatch.reset()
+
+
+# -- vLLM's per-token-head record (kv_align 8: K 0 and V 4 mod 8) ---------------------------------
+def _vllm_record_case():
+    from tests.cpu.kernels.decode.test_vllm_caches import _problem, vllm_inline_cache
+
+    q, k, v, table, lens = _problem([5, 17], 64, seed=64)
+    kc, vc, ks, vs, _, _ = vllm_inline_cache(k, v, "int8")
+    return q, kc, vc, ks, vs, table, lens
+
+
+def _moved(t, residue: int):
+    """t's values in a fresh buffer, t's data starting `residue` bytes past an 8-byte boundary,
+    with t's shape, strides and dtype (every metadata check passes; only the address differs)."""
+    size, offset = t.untyped_storage().nbytes(), t.storage_offset() * t.element_size()
+    big = torch.zeros(size + 16, dtype=torch.uint8)
+    by = (residue - big.data_ptr() - offset) % 8
+    raw = big[by:by + size]
+    raw.copy_(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()))
+    moved = torch.empty(0, dtype=t.dtype).set_(raw.untyped_storage(), (by + offset) // t.element_size(), t.shape,
+                                               t.stride())
+    assert moved.data_ptr() % 8 == residue and torch.equal(moved.view(torch.uint8), t.view(torch.uint8))
+    return moved
+
+
+def test_vllm_record_takes_the_fast_paths(rec, monkeypatch):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
+    assert kc.data_ptr() % 8 == 0 and vc.data_ptr() % 8 == 4
+    out = torch.empty_like(q)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
+                             out=out)
+    assert plan._plan.residues == (7, 0, 4)  # the kv_align 8 binaries
+    for _ in range(2):  # the eager full path, then its steady state made
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert len(loader.ops.decode._recent.entries) == 1
+    _no_full_path(monkeypatch, decode_plan.DecodePlan)
+
+    def no_key(*a, **k):
+        raise AssertionError("took the full path")
+
+    monkeypatch.setattr(loader.ops.decode.DECODE, "key", no_key)
+    rec.launches.clear()
+    plan.run(q, kc, vc, out, ks, vs)
+    loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert [(n, s[:3]) for n, _, _, s in rec.launches[::2]] == [("decode_split", [q.data_ptr(), kc.data_ptr(),
+                                                                                  vc.data_ptr()])] * 2
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_vllm_record_refuses_another_residue_before_any_launch(rec, which):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
+    out = torch.empty_like(q)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
+                             out=out)
+    for _ in range(2):
+        plan.run(q, kc, vc, out, ks, vs)
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    k2, v2 = (_moved(kc, 4), vc) if which == "k" else (kc, _moved(vc, 0))  # K at 4 mod 8, or V at 0 mod 8
+    assert (k2.stride(), v2.stride()) == (kc.stride(), vc.stride())
+    n = len(rec.launches)
+    with pytest.raises(ValueError, match="kv_align 8"):
+        plan.run(q, k2, v2, out, ks, vs)
+    with pytest.raises(ValueError, match="kv_align 8"):
+        loader.decode(q, k2, v2, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert len(rec.launches) == n

@@ -304,6 +304,7 @@ class _Eager(steady.Steady):
     """An unvalidated call's steady state for one input metadata (a steady.Steady): the kernel's
     pointers, in its launch's order, go straight to the plan's prepared launch."""
 
+    ARGS = ("q", "k", "v", "g", "beta", "state", "state_indices", "A_log", "a", "dt_bias", "b", "out")
     __slots__ = ("pointers", "go")
 
     def __init__(self, args: tuple, plan: _Plan, named: dict, device_index: int):

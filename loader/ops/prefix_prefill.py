@@ -424,6 +424,8 @@ class _Eager(steady.Steady):
     kernel, chosen per call by alignment, keeps the full path); an odd int8/int4 cache address
     takes the full path, which names it."""
 
+    ARGS = ("q", "k", "v", "k_cache", "v_cache", "block_table", "query_start_loc", "seq_lens", "k_scale", "v_scale",
+            "sinks", "out_scale", "out")
     __slots__ = ("go", "dummy", "halfword")
 
     def __init__(self, match, launch, apart, index, dummy, halfword):
@@ -456,7 +458,7 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     reads = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
              "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
              "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes}
-    if (not q.is_cuda or alibi_slopes is not None or block_table.shape[0] == 0 or q.shape[1] == 0
+    if (not _prepares(q) or alibi_slopes is not None or block_table.shape[0] == 0 or q.shape[1] == 0
             or not steady.grad_free((out, *reads.values()))):
         return None
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
@@ -476,6 +478,11 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         return None
     return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(),
                   int(axes["kv"] in _spec.INT_FORMATS))
+
+
+def _prepares(q) -> bool:
+    """Whether calls on q's device launch prepared binaries (CUDA; the tests' recorded launches too)."""
+    return q.is_cuda
 
 
 _recent = rules.Recent()  # unvalidated eager calls' steady states (_Eager)

@@ -186,8 +186,9 @@ class Eager(steady.Steady):
     remembered while workspace.generation stands) under the stream's lock; nothing launched on
     a stream whose workspace is not yet big enough (the full path grows it)."""
 
-    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split", "merge", "packing", "split_go", "merge_go",
-                 "split_misaligned", "merge_misaligned", "ws")
+    ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
+    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split_pack", "split_buffer", "merge_pack",
+                 "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
 
     def __init__(self, match, plan: SplitMerge, apart):
         super().__init__(match, apart, None, plan.device.index)
@@ -195,7 +196,9 @@ class Eager(steady.Steady):
         self.one = one(plan.device).data_ptr()  # fp8 without scales reads 1.0; fp16/bf16 read no scale
         self.mask, self.k_res, self.v_res = plan.residues
         self.alibi = plan.alibi
-        self.split, self.merge = split, merge = plan.fast_split, plan.fast_merge
+        split, merge = plan.fast_split, plan.fast_merge
+        self.split_pack, self.split_buffer, self.merge_pack, self.merge_buffer = \
+            split.pack, split.buffer, merge.pack, merge.buffer
         self.packing = split.lock  # the plan's buffers (the merge's shares it), also packed by calls on other streams
         self.split_go, self.merge_go = (split.go(False), split.go(True)), (merge.go(False), merge.go(True))
         self.split_misaligned, self.merge_misaligned = split.misaligned, merge.misaligned
@@ -234,18 +237,19 @@ class Eager(steady.Steady):
             ws = self._stream_workspace(stream)
             if ws is None:
                 return False
-        lock, po, pl = ws[2], ws[3], ws[4]
+        _, _, lock, po, pl = ws
         op, lsep, qp, kp, vp, tp, lp, rp, ksp, vsp, sp, ap = p
-        sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
         if self.alibi:
-            sptrs += (pl if ap is None else ap,)
+            sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl, pl if ap is None else ap)
+        else:
+            sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
         mptrs = (po, pl, pl if sp is None else sp, op, pl if lsep is None else lsep)
-        split, merge, packing = self.split, self.merge, self.packing
+        packing = self.packing
         lock.acquire()
         packing.acquire()
         try:
-            split.pack(split.buffer, 0, *sptrs)
-            merge.pack(merge.buffer, 0, *mptrs)
+            self.split_pack(self.split_buffer, 0, *sptrs)
+            self.merge_pack(self.merge_buffer, 0, *mptrs)
             self.split_go[not self.split_misaligned(sptrs)](stream)
             self.merge_go[not self.merge_misaligned(mptrs)](stream)
         finally:

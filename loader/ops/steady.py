@@ -20,19 +20,27 @@ def grad_free(tensors) -> bool:
 
 
 class Steady:
-    """match -> pointers -> overlap -> pack -> go. A subclass sets `pointers(*call) -> tuple | None`
-    (None: an address the chosen binary was not compiled for) and `go(pointers, stream)` (False:
-    it launched nothing), and passes its Apart with the pointer tuple's names (`order`: what
-    each slot holds; a name the Apart does not know is not compared). `run` returns False,
-    launching nothing, where the full path must decide and name any error: another current
-    device, a refused address, overlapping tensors, a `go` that cannot launch."""
+    """match -> pointers -> overlap -> pack -> go. A subclass names its call's arguments (`ARGS`,
+    as its op's loop passes them to `run`), sets `pointers(*ARGS) -> tuple | None` (None: an
+    address the chosen binary was not compiled for) and `go(pointers, stream)` (False: it
+    launched nothing), and passes its Apart with the pointer tuple's names (`order`: what each
+    slot holds; a name the Apart does not know is not compared; None: the Apart's own order).
+    `run` returns False, launching nothing, where the full path must decide and name any error:
+    another current device, a refused address, overlapping tensors, a `go` that cannot launch."""
 
     __slots__ = ("match", "meets", "index")
+    ARGS: tuple = ()
 
     def __init__(self, match, apart, order, index):
         self.match, self.meets, self.index = match, apart.on_pointers(order), index
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.ARGS:
+            cls.run = _run_taking(cls.ARGS)
+
     def run(self, *call) -> bool:
+        """The sequence; each subclass runs this code generated with its own ARGS (`_run_taking`)."""
         index = self.index
         if _current_device() != index:
             return False
@@ -40,6 +48,23 @@ class Steady:
         if p is None or self.meets(*p):
             return False
         return self.go(p, _current_stream(index)) is not False
+
+
+def _run_taking(args: tuple):
+    """Steady.run with `args` spelled out: a *call signature costs ~0.1-0.2 us a call (BENCHMARKS.md
+    "Launch overhead")."""
+    a = ", ".join(args)
+    src = (f"def run(self, {a}) -> bool:\n"
+           "    index = self.index\n"
+           "    if _current_device() != index:\n"
+           "        return False\n"
+           f"    p = self.pointers({a})\n"
+           "    if p is None or self.meets(*p):\n"
+           "        return False\n"
+           "    return self.go(p, _current_stream(index)) is not False\n")
+    namespace: dict = {}
+    exec(compile(src, "<aotc steady run>", "exec"), globals(), namespace)  # noqa: S102 - built from argument names
+    return namespace["run"]
 
 
 # torch's own bindings, called directly (a CPU-only torch has none, and makes no steady state)

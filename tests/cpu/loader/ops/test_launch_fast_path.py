@@ -260,10 +260,11 @@ def test_mla_plan_and_eager_steady_states(rec, monkeypatch):
 
 
 # -- gated_delta_decode --------------------------------------------------------------------------
-def test_gated_delta_decode_steady_state_and_stale_metadata(rec):
+@pytest.mark.parametrize("fused", [False, True])
+def test_gated_delta_decode_steady_state_and_stale_metadata(rec, fused):
     from tests.cpu.kernels.gated_delta.cases import make_case as gdn_case
 
-    args, kw = gdn_case(B=2, T=1, H=2, HV=4, K=64, V=64, pads=(), slots=4)
+    args, kw = gdn_case(B=2, T=1, H=2, HV=4, K=64, V=64, pads=(), slots=4, fused=fused)
     out = torch.empty_like(args["v"])
     for _ in range(2):
         loader.gated_delta_decode(**args, **kw, out=out, validate=False)
@@ -272,10 +273,17 @@ def test_gated_delta_decode_steady_state_and_stale_metadata(rec):
     q2 = args["q"].clone()
     loader.gated_delta_decode(**dict(args, q=q2), **kw, out=out, validate=False)
     (_, _, _, slots), = rec.launches
-    assert slots[0] == q2.data_ptr() and slots[3] == out.data_ptr() and slots[4] == args["state"].data_ptr()
+    gates = [kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]] if fused else [args["g"], args["beta"]] + \
+        [args["state_indices"]] * 2  # unfused: A_log's and dt_bias's slots never read
+    want = [q2, args["k"], args["v"], out, args["state"], *gates, args["state_indices"]]
+    assert slots[:10] == [t.data_ptr() for t in want]
     n = len(rec.launches)
     with pytest.raises(ValueError, match="out"):
         loader.gated_delta_decode(**args, **kw, out=args["v"], validate=False)  # out overlaps v
+    if fused:  # a gate over state's bytes: matched (same metadata), refused by address
+        with pytest.raises(ValueError, match="state"):
+            loader.gated_delta_decode(**args, **dict(kw, b=args["state"].view(-1)[:kw["b"].numel()].view(
+                kw["b"].shape)), out=out, validate=False)
     state = args["state"]
     state.set_(torch.empty(state.shape[0], state.shape[1], state.shape[2] + 1, state.shape[3]))
     with pytest.raises(ValueError, match="state"):
@@ -371,3 +379,29 @@ def test_vllm_record_refuses_another_residue_before_any_launch(rec, which):
     with pytest.raises(ValueError, match="kv_align 8"):
         loader.decode(q, k2, v2, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
     assert len(rec.launches) == n
+
+
+# -- prefix_prefill ------------------------------------------------------------------------------
+def test_prefix_prefill_steady_state_packs_its_pointers_and_refuses_overlap(rec, monkeypatch):
+    from aotc.kernels.prefix_prefill import spec as PS
+    from aotc.loader.ops import prefix_prefill as PP
+    from tests.cpu.kernels.prefix_prefill.cases import make_case as pp_case
+
+    monkeypatch.setattr(dispatch, "prepare", rec.prepare)
+    monkeypatch.setattr(PP, "_prepares", lambda q: True)  # CPU calls make steady states (recorded launches)
+    case, kw = pp_case([5, 17], [3, 4], q_heads=2, kv_heads=1, head_dim=32, block_size=16, seed=65)
+    case.update(kw)
+    out = torch.empty_like(case["q"])
+    loader.prefix_prefill(**case, out=out, validate=False)  # the full path (interpreter), then a steady state
+    assert len(PP._recent.entries) == 1 and not rec.launches
+    q2 = case["q"].clone()
+    loader.prefix_prefill(**dict(case, q=q2), out=out, validate=False)
+    (name, _, stream, slots), = rec.launches
+    want = [q2, case["k"], case["v"], case["k_cache"], case["v_cache"], out, case["block_table"],
+            case["query_start_loc"], case["seq_lens"]]
+    assert name == PS.PREFIX_PREFILL.name and stream == STREAM
+    assert slots[:9] == [t.data_ptr() for t in want]
+    assert slots[9:13] == [PP._dummy_f32(out.device).data_ptr()] * 4  # no scales, out_scale or sinks
+    with pytest.raises(ValueError, match="out"):  # another object over q's bytes: matched, then refused by address
+        loader.prefix_prefill(**case, out=case["q"].view(case["q"].shape), validate=False)
+    assert len(rec.launches) == 1

@@ -18,7 +18,8 @@ Measured against bare driver calls by bench/launch_overhead.py ("aot_plan_run").
 What run() checks, and why that is enough: a layer's q, caches, scales, out and lse must have
 the plan's dtypes, sizes and strides exactly (so the packed strides and grid fit them, and the
 page ids validated at plan time are within every layer's cache), and be on the plan's device;
-int8/int4 caches must start at even addresses; out and lse may share no byte with the layer's
+the caches must start at the address residues the plan's binary was compiled for (even for
+int8/int4; vLLM's kv_align 8 record: K 0 and V 4 mod 8, SplitMerge.residues); out and lse may share no byte with the layer's
 inputs or the step's table, lengths, req_idx and sinks (guards.Apart: their addresses compared);
 no input may require grad while grad mode is on. It does not re-read lengths or page ids: they
 were validated when the plan was made, and the table and lengths must not change while the plan
@@ -34,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import decode as D
-from . import guards, rules, split_merge
+from . import guards, rules
 from .kv_cache import FP8_DTYPES, check_page_values
 
 _MATCH_REBUILDS = 4  # a plan re-derives its matcher this often (a new dispatch mode), then keeps the full check
@@ -90,6 +91,7 @@ class DecodePlan:
         self._fp8 = d.kv.fmt in FP8_DTYPES
         self._lse_meta = rules.Meta(lse) if lse is not None else None
         self._halfword = plan.halfword
+        self._mask, self._k_res, self._v_res = plan.residues  # the cache addresses the plan's binary takes
         # out and lse apart from every layer's inputs and from the step's own tensors, by address, every run
         self._apart = guards.Apart("DecodePlan.run", {"out": out, "lse": lse}, {
             "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
@@ -106,10 +108,7 @@ class DecodePlan:
         self._bound = b = bound
         self._match = self._matcher(*tensors)
         if b is not None:  # what run() reads of it, as attributes of the plan
-            self._one = b.one
-            self._acquire, self._release, self._pack5 = b.acquire, b.release, split_merge.PACK5
-            self._split_buffer, self._merge_slots, self._split_go, self._merge_go = \
-                b.split_buffer, b.merge_slots, b.split_go, b.merge_go
+            self._one, self._launch = b.one, b.run
 
     def _matcher(self, q, k_cache, v_cache, out, k_scale, v_scale, lse):
         """The run's one-call check over these tensors, or `rules.never` where runs take the full
@@ -155,19 +154,9 @@ class DecodePlan:
             else:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
             lsep = None if lse is None else lse.data_ptr()
-            if not ((kp | vp) & self._halfword or self._meets(op, lsep, qp, kp, vp, ksp, vsp)):
-                stream = _current_stream(self._index)
-                self._acquire()  # split_merge.Bound.run, inlined: this is the hot path
-                try:
-                    self._pack5(self._split_buffer, 0, qp, kp, vp, ksp, vsp)
-                    m = self._merge_slots
-                    m[3] = op
-                    if lsep is not None:
-                        m[4] = lsep
-                    self._split_go[not (qp | kp | vp) & 15](stream)
-                    self._merge_go[not op & 15](stream)
-                finally:
-                    self._release()
+            if not (((kp - self._k_res) | (vp - self._v_res)) & self._mask
+                    or self._meets(op, lsep, qp, kp, vp, ksp, vsp)):
+                self._launch(qp, kp, vp, ksp, vsp, op, lsep, _current_stream(self._index))  # split_merge.Bound.run
                 return (out, lse) if self.return_lse else out
         return self._run_checked(q, k_cache, v_cache, out, k_scale, v_scale, lse)
 
@@ -206,7 +195,7 @@ class DecodePlan:
         bound = self._bound
         if bound is not None and torch._C._cuda_getDevice() == bound.index:
             qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-            if self._halfword and (kp | vp) & self._halfword:
+            if self._halfword:
                 self._plan.check_halfword(kp, vp)
             if k_scale is not None:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()

@@ -17,7 +17,7 @@ import torch
 from aotc.kernels.gated_delta import spec as S
 
 from ..dispatch import prepare, run_kernel
-from . import guards, library, rules
+from . import guards, library, rules, steady
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_decode"
@@ -298,41 +298,38 @@ _plans = rules.PlanCache()
 # Unvalidated eager calls' steady states (_Eager), tried before the plan key is built.
 _recent = rules.Recent()
 _compiling = torch.compiler.is_compiling
-# torch's own bindings, called directly (a CPU-only torch has none, and makes no _Eager)
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-class _Eager:
-    """An unvalidated call's steady state for one input metadata: every argument matched in one C
-    call (rules.call_matcher), each pointer read once, the overlap test on the addresses, the
-    prepared launch. `run` returns False where the full path must decide (another current
-    device, overlapping tensors: it names the error)."""
+class _Eager(steady.Steady):
+    """An unvalidated call's steady state for one input metadata (a steady.Steady): the kernel's
+    pointers, in its launch's order, go straight to the plan's prepared launch."""
 
-    __slots__ = ("match", "launch", "meets", "index", "fused")
+    ARGS = ("q", "k", "v", "g", "beta", "state", "state_indices", "A_log", "a", "dt_bias", "b", "out")
+    __slots__ = ("pointers", "go")
 
     def __init__(self, args: tuple, plan: _Plan, named: dict, device_index: int):
-        self.match = rules.call_matcher(*args)
-        self.launch, self.fused, self.index = plan.fast, plan.fused, device_index
-        self.meets = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named).on_pointers()
+        outputs = {"out": named.pop("out"), "state": named.pop("state")}
+        # A_log and dt_bias's slots hold state_indices unfused (never read): not compared
+        order = _FUSED_ORDER if plan.fused else _PLAIN_ORDER
+        super().__init__(rules.call_matcher(*args), guards.Apart(OP, outputs, named), order, device_index)
+        self.pointers = self._fused if plan.fused else self._plain
+        self.go = plan.fast
 
-    def run(self, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> bool:
-        index = self.index
-        if _current_device() != index:
-            return False
-        qp, kp, vp, op, sp, ip = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), \
-            state_indices.data_ptr()
-        if self.fused:
-            gp = bp = None
-            alp, ap, dtp, bbp = A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(), b.data_ptr()
-            ptrs = (qp, kp, vp, op, sp, ap, bbp, alp, dtp, ip)
-        else:
-            gp, bp, alp, ap, dtp, bbp = g.data_ptr(), beta.data_ptr(), None, None, None, None
-            ptrs = (qp, kp, vp, op, sp, gp, bp, ip, ip, ip)  # A_log, dt_bias never read unfused
-        if self.meets(op, sp, qp, kp, vp, gp, bp, ip, alp, ap, dtp, bbp):
-            return False
-        self.launch(ptrs, _current_stream(index))
-        return True
+    @staticmethod
+    def _plain(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out):
+        ip = state_indices.data_ptr()
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), g.data_ptr(),
+                beta.data_ptr(), ip, ip, ip)
+
+    @staticmethod
+    def _fused(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out):
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), a.data_ptr(), b.data_ptr(),
+                A_log.data_ptr(), dt_bias.data_ptr(), state_indices.data_ptr())
+
+
+# The kernel's leading pointers by name (S.DECODE's order; _launch passes the same)
+_PLAIN_ORDER = ("q", "k", "v", "out", "state", "g", "beta", "state_indices", None, None)
+_FUSED_ORDER = ("q", "k", "v", "out", "state", "a", "b", "A_log", "dt_bias", "state_indices")
 
 
 def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk_l2norm=False, out=None,
@@ -413,8 +410,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
         check_state_index_values(state_indices, state.shape[0], OP)
     _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
     named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
-    if (not (validate or matched) and out_given is out and plan.fast is not None and plan.eager_made < 4
-            and not any(t is not None and t.requires_grad for t in named.values())):
+    if (not (validate or matched) and out_given is out and plan.fast is not None
+            and plan.eager_made < steady.MAX_PER_PLAN and steady.grad_free(named.values())):
         plan.eager_made += 1  # bounded: a call unlike every steady state (another mode) re-derives one
         _recent.add(_Eager((q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
                             state_layout, out), plan, named, q.device.index))

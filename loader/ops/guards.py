@@ -89,7 +89,7 @@ class Apart:
     `fixed` tensors (kept alive by the caller, such as a DecodePlan's table) are compared by the
     addresses they had when the plan was made."""
 
-    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed", "_fast", "n")
+    __slots__ = ("op", "names", "live", "extents", "n_out", "fixed", "_fast", "n", "argnames")
 
     def __init__(self, op: str, outputs: dict, inputs: dict, fixed: dict | None = None):
         self.op = op
@@ -97,7 +97,7 @@ class Apart:
         self.n = len(tensors)
         # Which arguments hold bytes is metadata too (None and empty tensors hold none): fixed per plan.
         self.live = [i for i, t in enumerate(tensors) if byte_extent(t)]
-        names = list(outputs) + list(inputs)
+        self.argnames = names = list(outputs) + list(inputs)
         self.names = [names[i] for i in self.live]
         self.extents = [byte_extent(tensors[i]) for i in self.live]
         self.n_out = sum(i < len(outputs) for i in self.live)
@@ -112,17 +112,25 @@ class Apart:
         if self._fast(*tensors):  # some pair meets: the general comparison names it
             self.compare([tensors[i].data_ptr() for i in self.live])
 
-    def on_pointers(self):
+    def on_pointers(self, order=None):
         """A straight-line `meets(p0, ..., pn) -> bool` over the call's addresses (ints, outputs
-        then inputs in the constructor's order; slots that hold no bytes are not read): True where
-        an output's bytes meet another's. For launch paths that read each pointer once; on True,
-        `compare` names the pair."""
-        return self._generate(self.n, pointers=True)
+        then inputs in the constructor's order, or in `order`: the tensors' names, one a slot, a
+        name not given here marking a slot not compared; slots that hold no bytes are not read):
+        True where an output's bytes meet another's. For launch paths that read each pointer
+        once (a launch's own pointer tuple, with `order`); on True, `compare` names the pair."""
+        if order is None:
+            return self._generate(self.n, pointers=True)
+        slot = {name: i for i, name in reversed(list(enumerate(order)))}
+        missing = [self.argnames[i] for i in self.live if self.argnames[i] not in slot]
+        if missing:
+            raise ValueError(f"{self.op}: the pointer order names no slot for {missing}")
+        return self._generate(len(order), pointers=True, slots=[slot[self.argnames[i]] for i in self.live])
 
-    def _generate(self, n: int, pointers: bool = False):
+    def _generate(self, n: int, pointers: bool = False, slots=None):
         """A straight-line `apart(t0, ..., tn) -> bool` (True where an output's bytes meet another's):
-        the per-call half of a plan runs on every call, and a loop over pairs costs microseconds."""
-        live, ext = self.live, self.extents
+        the per-call half of a plan runs on every call, and a loop over pairs costs microseconds.
+        slots: the argument each live tensor is read from (default: the constructor's order)."""
+        live, ext = (self.live if slots is None else slots), self.extents
         lines = [f"    p{k} = t{i}" + ("" if pointers else ".data_ptr()") for k, i in enumerate(live)]
         names = [f"p{k}" for k in range(len(live))]
         ends = [f"p{k} + {e}" for k, e in enumerate(ext)]

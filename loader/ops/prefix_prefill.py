@@ -13,7 +13,7 @@ import torch
 
 from aotc.kernels.prefix_prefill import spec as _spec
 
-from . import guards, library, rules
+from . import guards, library, rules, steady
 from .value_checks import skip_value_checks
 
 OP = "prefix_prefill"
@@ -452,43 +452,35 @@ def _prefix_prefill_fake(q, k, v, k_cache, v_cache, block_table, query_start_loc
     return None  # the public function validated every argument before calling the op
 
 
-class _Eager:
-    """An unvalidated call's steady state for one input metadata: every argument matched in one C
-    call (rules.call_matcher), each pointer read once, out's overlap tested on the addresses, the
-    Triton kernel's prepared launch (the Gluon kernel, chosen per call by alignment, keeps the
-    full path). `run` returns False where the full path must decide (another current device,
-    overlap, an odd int8/int4 cache address: it names the error)."""
+class _Eager(steady.Steady):
+    """An unvalidated call's steady state for one input metadata (a steady.Steady): the Triton
+    kernel's leading pointers, in its launch's order, go to its prepared launch (the Gluon
+    kernel, chosen per call by alignment, keeps the full path); an odd int8/int4 cache address
+    takes the full path, which names it."""
 
-    __slots__ = ("match", "launch", "meets", "index", "dummy", "halfword")
+    ARGS = ("q", "k", "v", "k_cache", "v_cache", "block_table", "query_start_loc", "seq_lens", "k_scale", "v_scale",
+            "sinks", "out_scale", "out")
+    __slots__ = ("go", "dummy", "halfword")
 
-    def __init__(self, match, launch, meets, index, dummy, halfword):
-        self.match, self.launch, self.meets, self.index, self.dummy, self.halfword = \
-            match, launch, meets, index, dummy, halfword
+    def __init__(self, match, launch, apart, index, dummy, halfword):
+        super().__init__(match, apart, _ORDER, index)
+        self.go, self.dummy, self.halfword = launch, dummy, halfword
 
-    def run(self, q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, k_scale, v_scale, sinks,
-            out_scale, out) -> bool:
-        index = self.index
-        if _current_device() != index:
-            return False
-        qp, kcp, vcp, op = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
-        if k is None:
-            kp = vp = None
-        else:
-            kp, vp = k.data_ptr(), v.data_ptr()
-        bp, qlp, slp = block_table.data_ptr(), query_start_loc.data_ptr(), seq_lens.data_ptr()
-        dummy = self.dummy
-        if k_scale is None:
-            ksp = vsp = None
-        else:
-            ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
-        snp = None if sinks is None else sinks.data_ptr()
-        osp = None if out_scale is None else out_scale.data_ptr()
-        if (kcp | vcp) & self.halfword or self.meets(op, qp, kp, vp, kcp, vcp, bp, qlp, slp, ksp, vsp, snp, osp, None):
-            return False
-        self.launch((qp, qp if kp is None else kp, qp if vp is None else vp, kcp, vcp, op, bp, qlp, slp,
-                     dummy if ksp is None else ksp, dummy if vsp is None else vsp, dummy if osp is None else osp,
-                     dummy if snp is None else snp), _current_stream(index))
-        return True
+    def pointers(self, q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, k_scale, v_scale, sinks,
+                 out_scale, out):
+        kcp, vcp = k_cache.data_ptr(), v_cache.data_ptr()
+        if (kcp | vcp) & self.halfword:
+            return None
+        qp, dummy = q.data_ptr(), self.dummy
+        return (qp, qp if k is None else k.data_ptr(), qp if v is None else v.data_ptr(), kcp, vcp, out.data_ptr(),
+                block_table.data_ptr(), query_start_loc.data_ptr(), seq_lens.data_ptr(),
+                dummy if k_scale is None else k_scale.data_ptr(), dummy if v_scale is None else v_scale.data_ptr(),
+                dummy if out_scale is None else out_scale.data_ptr(), dummy if sinks is None else sinks.data_ptr())
+
+
+# The Triton kernel's leading pointers by name (spec.PREFIX_PREFILL's order); absent ones hold stand-ins
+_ORDER = ("q", "k", "v", "k_cache", "v_cache", "out", "block_table", "query_start_loc", "seq_lens", "k_scale", "v_scale",
+          "out_scale", "sinks")
 
 
 def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
@@ -500,8 +492,8 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     reads = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
              "query_start_loc": query_start_loc, "seq_lens": seq_lens, "k_scale": k_scale, "v_scale": v_scale,
              "sinks": sinks, "out_scale": out_scale, "alibi_slopes": alibi_slopes}
-    if (not q.is_cuda or alibi_slopes is not None or block_table.shape[0] == 0 or q.shape[1] == 0
-            or any(t is not None and t.requires_grad for t in (out, *reads.values()))):
+    if (not _prepares(q) or alibi_slopes is not None or block_table.shape[0] == 0 or q.shape[1] == 0
+            or not steady.grad_free((out, *reads.values()))):
         return None
     sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     axes, grid, kargs = launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, out, kv_layout,
@@ -518,17 +510,18 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     launch = prepare(spec, axes, grid, scalars, q.device.index)
     if launch is None:
         return None
-    meets = guards.Apart(OP, {"out": out}, reads).on_pointers()
-    return _Eager(match, launch, meets, q.device.index, dummy.data_ptr(),
+    return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(),
                   int(axes["kv"] in _spec.INT_FORMATS))
+
+
+def _prepares(q) -> bool:
+    """Whether calls on q's device launch prepared binaries (CUDA; the tests' recorded launches too)."""
+    return q.is_cuda
 
 
 _recent = rules.Recent()  # unvalidated eager calls' steady states (_Eager)
 _refused = rules.Recent(16)  # matchers of calls that keep the full path (no _Eager made for them)
 _compiling = torch.compiler.is_compiling
-# torch's own bindings, called directly (a CPU-only torch has none, and makes no _Eager)
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 PREFIX_PREFILL = library.Op(

@@ -11,8 +11,8 @@ workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
   `run_kernel` (the JIT fallback, the CPU interpreter, another current device);
 - `bind(...)`: a plan's private launches (`Bound`), its own workspace and the step's table,
   lengths, rows and sinks packed once; `Bound.run` packs a layer's five or six pointers;
-- `Eager`: an unvalidated eager call's steady state (one C call matches the arguments, each
-  pointer read once, both prepared launches on the stream's workspace).
+- `Eager`: an unvalidated eager call's steady state (a steady.Steady: one C call matches the
+  arguments, each pointer read once, both prepared launches on the stream's workspace).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 
 from .. import workspace
 from ..dispatch import prepare, programs_per_sm, run_kernel
-from . import rules
+from . import rules, steady
 
 _ones: dict = {}
 
@@ -48,17 +48,19 @@ class SplitMerge:
     """What a split+merge launch needs that follows from the inputs' metadata alone.
 
     fp8: the scales are fp8's (1.0 where absent). byte_view: the cache is read as int8 bytes (fp8,
-    int4). halfword: the address bits the cache must have clear, checked every call (a plan is
-    keyed by metadata, not by address): 1 for int16 words (int8, int4), 3 for decode's kv_align 4
-    binaries (4-byte words), 7 for its kv_align 8 ones (K 8-byte aligned, V 4 bytes past: the check
-    takes V's residue into account), 0 for none. alibi: the split kernel takes ALiBi slopes after the
-    partial lse (decode's). fast_split / fast_merge: the
-    prepared launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
+    int4). halfword: the address mask of the cache, checked every call (a plan is keyed by
+    metadata, not by address): 1 for int16 words (int8, int4), 3 for decode's kv_align 4 binaries
+    (4-byte words), 7 for its kv_align 8 ones, 0 for none. residues: (mask, K's residue, V's
+    residue) the binary was compiled for (`address_residues`): a call's cache addresses must have
+    `(kp & mask) == k_res and (vp & mask) == v_res`, which the fast paths test as one expression,
+    `((kp - k_res) | (vp - v_res)) & mask` zero (mask + 1 a power of two). alibi: the split kernel
+    takes ALiBi slopes after the partial lse (decode's). fast_split / fast_merge: the prepared
+    launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
     """
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
-                 "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "fast_split",
-                 "fast_merge", "apart", "alibi", "eager_made")
+                 "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "residues",
+                 "fast_split", "fast_merge", "apart", "alibi", "eager_made")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
                  halfword: int):
@@ -68,6 +70,7 @@ class SplitMerge:
         self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
         self.n_o, self.n_lse, self.device, self.fmt = n_o, n_lse, device, fmt
         self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
+        self.residues = address_residues(halfword)
         self.fast_split = self.fast_merge = None
         self.apart = None
         self.eager_made = 0  # Eager steady states made for this plan (bounded: see Eager.make)
@@ -86,9 +89,10 @@ class SplitMerge:
                 prepare(self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints, index))
 
     def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
-        mask = int(self.halfword)
+        """ValueError naming the cache whose address the plan's binary was not compiled for."""
+        mask, k_res, v_res = address_residues(self.halfword)
         if mask == 7:  # decode's kv_align 8: vLLM's per-token-head record (decode._vllm_record)
-            if k_ptr & 7 or (v_ptr & 7) != 4:
+            if (k_ptr & mask) != k_res or (v_ptr & mask) != v_res:
                 raise ValueError(f"k_cache/v_cache: this plan reads vLLM's per-token-head record (kv_align 8): k_cache "
                                  f"must start at a multiple of 8 bytes and v_cache 4 bytes past one, got addresses "
                                  f"{k_ptr:#x} / {v_ptr:#x}")
@@ -166,26 +170,35 @@ class SplitMerge:
         return Bound(self, split_l, merge_l, table, seq_lens, req_idx, sinks, return_lse)
 
 
-class Eager:
-    """An eager call's steady state for one input metadata (decode's and mla_decode's): the call
-    matched in one C call (`match`, rules.call_matcher over every argument), each pointer read
-    once, the overlap test on the addresses (guards.Apart.on_pointers), both prepared launches
-    packed and issued on the stream's workspace (its address remembered while
-    workspace.generation stands) under the stream's lock. `run` returns False, launching
-    nothing, where the full path must decide: another current device, overlapping or odd
-    addresses (that path names the error), a stream whose workspace is not yet big enough."""
+def address_residues(halfword: int) -> tuple:
+    """(mask, K's residue, V's residue) of a SplitMerge's cache addresses: decode's kv_align 8
+    binaries read vLLM's per-token-head record (decode._vllm_record: K 8-byte aligned, V 4 bytes
+    past an 8-byte boundary); every other mask wants both residues 0."""
+    mask = int(halfword)
+    return mask, 0, (4 if mask == 7 else 0)
 
-    __slots__ = ("match", "plan", "meets", "index", "one", "halfword", "alibi", "split", "merge", "packing",
-                 "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
 
-    MAX_PER_PLAN = 4  # a plan gets this many (a new dispatch mode re-derives one), then calls take the full path
+class Eager(steady.Steady):
+    """An eager call's steady state for one input metadata (decode's and mla_decode's, a
+    steady.Steady): pointers in the Apart's order (out, lse, then the inputs as decode._inputs
+    names them), the cache's address residues those of the plan's binary (SplitMerge.residues),
+    then `go`: both prepared launches packed and issued on the stream's workspace (its address
+    remembered while workspace.generation stands) under the stream's lock; nothing launched on
+    a stream whose workspace is not yet big enough (the full path grows it)."""
 
-    def __init__(self, match, plan: SplitMerge, meets):
-        self.match, self.plan, self.meets = match, plan, meets
-        self.index = plan.device.index
+    ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
+    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split_pack", "split_buffer", "merge_pack",
+                 "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
+
+    def __init__(self, match, plan: SplitMerge, apart):
+        super().__init__(match, apart, None, plan.device.index)
+        self.plan = plan
         self.one = one(plan.device).data_ptr()  # fp8 without scales reads 1.0; fp16/bf16 read no scale
-        self.halfword, self.alibi = plan.halfword, plan.alibi
-        self.split, self.merge = split, merge = plan.fast_split, plan.fast_merge
+        self.mask, self.k_res, self.v_res = plan.residues
+        self.alibi = plan.alibi
+        split, merge = plan.fast_split, plan.fast_merge
+        self.split_pack, self.split_buffer, self.merge_pack, self.merge_buffer = \
+            split.pack, split.buffer, merge.pack, merge.buffer
         self.packing = split.lock  # the plan's buffers (the merge's shares it), also packed by calls on other streams
         self.split_go, self.merge_go = (split.go(False), split.go(True)), (merge.go(False), merge.go(True))
         self.split_misaligned, self.merge_misaligned = split.misaligned, merge.misaligned
@@ -197,48 +210,46 @@ class Eager:
         it must keep the full path: no prepared launches, a tensor that requires grad, fp8 scales
         not in fp32 (converted per call), or the plan's quota spent. args: the call's arguments
         in the order `match` will take them; tensors: every tensor argument."""
-        if (plan.fast_split is None or plan.eager_made >= Eager.MAX_PER_PLAN
-                or any(t is not None and t.requires_grad for t in tensors)
+        if (plan.fast_split is None or plan.eager_made >= steady.MAX_PER_PLAN or not steady.grad_free(tensors)
                 or (plan.fp8 and any(s is not None and s.dtype != torch.float32 for s in scales))):
             return None
         plan.eager_made += 1
         from .guards import Apart
 
-        return Eager(rules.call_matcher(*args), plan, Apart("eager", outputs, inputs).on_pointers())
+        return Eager(rules.call_matcher(*args), plan, Apart("eager", outputs, inputs))
 
-    def run(self, q, k, v, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse, alibi) -> bool:
-        index = self.index
-        if _current_device() != index:
-            return False
-        qp, kp, vp, tp, lp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(), seq_lens.data_ptr(), \
-            out.data_ptr()
-        rp = lp if req_idx is None else req_idx.data_ptr()
+    def pointers(self, q, k, v, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse, alibi):
+        kp, vp = k.data_ptr(), v.data_ptr()
+        if ((kp - self.k_res) | (vp - self.v_res)) & self.mask:
+            return None
+        lp = seq_lens.data_ptr()
         if k_scale is None:
             ksp = vsp = self.one
         else:
             ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
-        sp = None if sinks is None else sinks.data_ptr()
-        lsep = None if lse is None else lse.data_ptr()
-        ap = None if alibi is None else alibi.data_ptr()
-        if (kp | vp) & self.halfword or self.meets(op, lsep, qp, kp, vp, tp, lp, rp, ksp, vsp, sp, ap):
-            return False
-        stream = _current_stream(index)
+        return (out.data_ptr(), None if lse is None else lse.data_ptr(), q.data_ptr(), kp, vp, table.data_ptr(), lp,
+                lp if req_idx is None else req_idx.data_ptr(), ksp, vsp, None if sinks is None else sinks.data_ptr(),
+                None if alibi is None else alibi.data_ptr())
+
+    def go(self, p, stream) -> bool:
         ws = self.ws
         if ws[0] != stream or ws[1] != workspace.generation:
             ws = self._stream_workspace(stream)
             if ws is None:
                 return False
-        lock, po, pl = ws[2], ws[3], ws[4]
-        sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
+        _, _, lock, po, pl = ws
+        op, lsep, qp, kp, vp, tp, lp, rp, ksp, vsp, sp, ap = p
         if self.alibi:
-            sptrs += (pl if ap is None else ap,)
+            sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl, pl if ap is None else ap)
+        else:
+            sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
         mptrs = (po, pl, pl if sp is None else sp, op, pl if lsep is None else lsep)
-        split, merge, packing = self.split, self.merge, self.packing
+        packing = self.packing
         lock.acquire()
         packing.acquire()
         try:
-            split.pack(split.buffer, 0, *sptrs)
-            merge.pack(merge.buffer, 0, *mptrs)
+            self.split_pack(self.split_buffer, 0, *sptrs)
+            self.merge_pack(self.merge_buffer, 0, *mptrs)
             self.split_go[not self.split_misaligned(sptrs)](stream)
             self.merge_go[not self.merge_misaligned(mptrs)](stream)
         finally:
@@ -257,20 +268,16 @@ class Eager:
         return ws
 
 
-# torch's own bindings, called directly (a CPU-only torch has none, and makes no Eager)
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 PACK5 = struct.Struct("<5Q").pack_into  # a plan's per-layer split pointers: q, k, v and the two scales
 
 
 class Bound:
     """A plan's two launches: its own workspace (split partials), the step's table, lengths, rows
-    and sinks packed once; `run` packs a layer's q, k, v, scales (split) and out, lse (merge)."""
+    and sinks packed once; `run(qp, kp, vp, ksp, vsp, op, lsep, stream)` packs a layer's q, k, v,
+    scales (split) and out, lse (merge; lsep None for a plan without lse) and launches both: the
+    one copy of a plan's launch, which DecodePlan.run and MLADecodePlan.run call."""
 
-    __slots__ = ("split", "merge", "split_go", "merge_go", "index", "workspace", "dummy", "one", "lock", "acquire",
-                 "release", "split_buffer", "merge_slots")
+    __slots__ = ("split", "merge", "index", "workspace", "dummy", "one", "lock", "run")
 
     def __init__(self, sm: SplitMerge, split, merge, table, seq_lens, req_idx, sinks, return_lse):
         dev = sm.device
@@ -287,31 +294,33 @@ class Bound:
         merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
         merge.per_call(3, 2 if return_lse else 1)
         self.split, self.merge, self.index = split, merge, dev.index
-        # The driver calls, by alignment (GENERIC, ALIGNED), resolved here: run() only indexes them.
-        self.split_go = (split.go(False), split.go(True))
-        self.merge_go = (merge.go(False), merge.go(True))
         self.dummy = part_lse  # a scale pointer never read (fp16/bf16 caches)
         self.one = one(dev).data_ptr() if sm.fp8 else part_lse  # fp8 without scales reads 1.0
         self.lock = threading.Lock()
-        # The cheapest writes (BENCHMARKS.md "Launch overhead"): one pack_into for the split's five
-        # slots, an item store for the merge's one or two; acquire/release, not `with` (half the cost).
-        self.acquire, self.release = self.lock.acquire, self.lock.release
-        self.split_buffer = split.buffer
-        self.merge_slots = (ctypes.c_uint64 * 5).from_buffer(merge.buffer)
+        self.run = _bound_run(self.lock, split, merge)
 
-    def run(self, qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
-        """One layer's launches; lsep None for a plan without lse (DecodePlan.run inlines this)."""
-        self.acquire()
+
+def _bound_run(lock, split, merge):
+    """A Bound's `run`: a closure, so that every name it reads is a local cell (a plan's hot path).
+    The cheapest writes (BENCHMARKS.md "Launch overhead"): one pack_into for the split's five
+    slots, an item store for the merge's one or two; acquire/release, not `with` (half the cost).
+    The driver calls, by alignment (GENERIC, ALIGNED), resolved once: a run only indexes them."""
+    acquire, release, pack5, split_buffer = lock.acquire, lock.release, PACK5, split.buffer
+    merge_slots = (ctypes.c_uint64 * 5).from_buffer(merge.buffer)
+    split_go, merge_go = (split.go(False), split.go(True)), (merge.go(False), merge.go(True))
+
+    def run(qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
+        acquire()
         try:
-            PACK5(self.split_buffer, 0, qp, kp, vp, ksp, vsp)
-            m = self.merge_slots
-            m[3] = op
+            pack5(split_buffer, 0, qp, kp, vp, ksp, vsp)
+            merge_slots[3] = op
             if lsep is not None:
-                m[4] = lsep
-            self.split_go[not (qp | kp | vp) & 15](stream)
-            self.merge_go[not op & 15](stream)
+                merge_slots[4] = lsep
+            split_go[not (qp | kp | vp) & 15](stream)
+            merge_go[not op & 15](stream)
         finally:
-            self.release()
+            release()
+    return run
 
 
 def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, ints,

@@ -13,7 +13,7 @@ import torch
 from aotc import loader
 from aotc.loader import dispatch, workspace
 from aotc.loader.launch import Launch
-from aotc.loader.ops import decode_plan, gated_delta, mla, mla_plan, rules, split_merge
+from aotc.loader.ops import decode_plan, gated_delta, mla, mla_plan, rules, split_merge, steady
 from aotc.loader.ops.split_merge import SplitMerge
 from tests.cpu.kernels.decode.cases import make_case
 
@@ -79,7 +79,7 @@ def rec(monkeypatch):
     current, stream = (lambda: None), (lambda index: STREAM)  # a CPU tensor's device index is None
     monkeypatch.setattr(torch._C, "_cuda_getDevice", current, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", stream, raising=False)
-    for module in (decode_plan, mla_plan, split_merge, gated_delta):
+    for module in (decode_plan, mla_plan, steady):
         monkeypatch.setattr(module, "_current_device", current)
         monkeypatch.setattr(module, "_current_stream", stream)
     monkeypatch.setitem(workspace._buffers, (None, STREAM), torch.zeros(1 << 16))
@@ -260,10 +260,11 @@ def test_mla_plan_and_eager_steady_states(rec, monkeypatch):
 
 
 # -- gated_delta_decode --------------------------------------------------------------------------
-def test_gated_delta_decode_steady_state_and_stale_metadata(rec):
+@pytest.mark.parametrize("fused", [False, True])
+def test_gated_delta_decode_steady_state_and_stale_metadata(rec, fused):
     from tests.cpu.kernels.gated_delta.cases import make_case as gdn_case
 
-    args, kw = gdn_case(B=2, T=1, H=2, HV=4, K=64, V=64, pads=(), slots=4)
+    args, kw = gdn_case(B=2, T=1, H=2, HV=4, K=64, V=64, pads=(), slots=4, fused=fused)
     out = torch.empty_like(args["v"])
     for _ in range(2):
         loader.gated_delta_decode(**args, **kw, out=out, validate=False)
@@ -272,10 +273,17 @@ def test_gated_delta_decode_steady_state_and_stale_metadata(rec):
     q2 = args["q"].clone()
     loader.gated_delta_decode(**dict(args, q=q2), **kw, out=out, validate=False)
     (_, _, _, slots), = rec.launches
-    assert slots[0] == q2.data_ptr() and slots[3] == out.data_ptr() and slots[4] == args["state"].data_ptr()
+    gates = [kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]] if fused else [args["g"], args["beta"]] + \
+        [args["state_indices"]] * 2  # unfused: A_log's and dt_bias's slots never read
+    want = [q2, args["k"], args["v"], out, args["state"], *gates, args["state_indices"]]
+    assert slots[:10] == [t.data_ptr() for t in want]
     n = len(rec.launches)
     with pytest.raises(ValueError, match="out"):
         loader.gated_delta_decode(**args, **kw, out=args["v"], validate=False)  # out overlaps v
+    if fused:  # a gate over state's bytes: matched (same metadata), refused by address
+        with pytest.raises(ValueError, match="state"):
+            loader.gated_delta_decode(**args, **dict(kw, b=args["state"].view(-1)[:kw["b"].numel()].view(
+                kw["b"].shape)), out=out, validate=False)
     state = args["state"]
     state.set_(torch.empty(state.shape[0], state.shape[1], state.shape[2] + 1, state.shape[3]))
     with pytest.raises(ValueError, match="state"):
@@ -306,3 +314,94 @@ def test_gated_delta_prefill_steady_state_equals_the_checked_call_and_refuses_ov
     with pytest.raises(ValueError):
         loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False)
     dispatch.reset()
+
+
+# -- vLLM's per-token-head record (kv_align 8: K 0 and V 4 mod 8) ---------------------------------
+def _vllm_record_case():
+    from tests.cpu.kernels.decode.test_vllm_caches import _problem, vllm_inline_cache
+
+    q, k, v, table, lens = _problem([5, 17], 64, seed=64)
+    kc, vc, ks, vs, _, _ = vllm_inline_cache(k, v, "int8")
+    return q, kc, vc, ks, vs, table, lens
+
+
+def _moved(t, residue: int):
+    """t's values in a fresh buffer, t's data starting `residue` bytes past an 8-byte boundary,
+    with t's shape, strides and dtype (every metadata check passes; only the address differs)."""
+    size, offset = t.untyped_storage().nbytes(), t.storage_offset() * t.element_size()
+    big = torch.zeros(size + 16, dtype=torch.uint8)
+    by = (residue - big.data_ptr() - offset) % 8
+    raw = big[by:by + size]
+    raw.copy_(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()))
+    moved = torch.empty(0, dtype=t.dtype).set_(raw.untyped_storage(), (by + offset) // t.element_size(), t.shape,
+                                               t.stride())
+    assert moved.data_ptr() % 8 == residue and torch.equal(moved.view(torch.uint8), t.view(torch.uint8))
+    return moved
+
+
+def test_vllm_record_takes_the_fast_paths(rec, monkeypatch):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
+    assert kc.data_ptr() % 8 == 0 and vc.data_ptr() % 8 == 4
+    out = torch.empty_like(q)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
+                             out=out)
+    assert plan._plan.residues == (7, 0, 4)  # the kv_align 8 binaries
+    for _ in range(2):  # the eager full path, then its steady state made
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert len(loader.ops.decode._recent.entries) == 1
+    _no_full_path(monkeypatch, decode_plan.DecodePlan)
+
+    def no_key(*a, **k):
+        raise AssertionError("took the full path")
+
+    monkeypatch.setattr(loader.ops.decode.DECODE, "key", no_key)
+    rec.launches.clear()
+    plan.run(q, kc, vc, out, ks, vs)
+    loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert [(n, s[:3]) for n, _, _, s in rec.launches[::2]] == [("decode_split", [q.data_ptr(), kc.data_ptr(),
+                                                                                  vc.data_ptr()])] * 2
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_vllm_record_refuses_another_residue_before_any_launch(rec, which):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
+    out = torch.empty_like(q)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
+                             out=out)
+    for _ in range(2):
+        plan.run(q, kc, vc, out, ks, vs)
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    k2, v2 = (_moved(kc, 4), vc) if which == "k" else (kc, _moved(vc, 0))  # K at 4 mod 8, or V at 0 mod 8
+    assert (k2.stride(), v2.stride()) == (kc.stride(), vc.stride())
+    n = len(rec.launches)
+    with pytest.raises(ValueError, match="kv_align 8"):
+        plan.run(q, k2, v2, out, ks, vs)
+    with pytest.raises(ValueError, match="kv_align 8"):
+        loader.decode(q, k2, v2, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
+    assert len(rec.launches) == n
+
+
+# -- prefix_prefill ------------------------------------------------------------------------------
+def test_prefix_prefill_steady_state_packs_its_pointers_and_refuses_overlap(rec, monkeypatch):
+    from aotc.kernels.prefix_prefill import spec as PS
+    from aotc.loader.ops import prefix_prefill as PP
+    from tests.cpu.kernels.prefix_prefill.cases import make_case as pp_case
+
+    monkeypatch.setattr(dispatch, "prepare", rec.prepare)
+    monkeypatch.setattr(PP, "_prepares", lambda q: True)  # CPU calls make steady states (recorded launches)
+    case, kw = pp_case([5, 17], [3, 4], q_heads=2, kv_heads=1, head_dim=32, block_size=16, seed=65)
+    case.update(kw)
+    out = torch.empty_like(case["q"])
+    loader.prefix_prefill(**case, out=out, validate=False)  # the full path (interpreter), then a steady state
+    assert len(PP._recent.entries) == 1 and not rec.launches
+    q2 = case["q"].clone()
+    loader.prefix_prefill(**dict(case, q=q2), out=out, validate=False)
+    (name, _, stream, slots), = rec.launches
+    want = [q2, case["k"], case["v"], case["k_cache"], case["v_cache"], out, case["block_table"],
+            case["query_start_loc"], case["seq_lens"]]
+    assert name == PS.PREFIX_PREFILL.name and stream == STREAM
+    assert slots[:9] == [t.data_ptr() for t in want]
+    assert slots[9:13] == [PP._dummy_f32(out.device).data_ptr()] * 4  # no scales, out_scale or sinks
+    with pytest.raises(ValueError, match="out"):  # another object over q's bytes: matched, then refused by address
+        loader.prefix_prefill(**case, out=case["q"].view(case["q"].shape), validate=False)
+    assert len(rec.launches) == 1

@@ -621,8 +621,8 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
                    k_scale, v_scale, sm, int(window or 0), sinks, out_scale, bool(skip_decode), bool(validate),
                    int(v_pack), alibi_slopes, bool(alibi_sqrt), float(softcap), int(chunk_lookback), mm_prefix_range,
                    bool(mm_clamp))
-    steady = mm_prefix_range is None and chunk_lookback == -1  # the steady state passes neither
-    if validate is False and steady and not matched and out_given is out and not _compiling():  # the next such call: steady state
+    plain_masks = mm_prefix_range is None and chunk_lookback == -1  # the steady state passes neither
+    if validate is False and plain_masks and not matched and out_given is out and not _compiling():  # the next such call: steady state
         args = (q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
                 v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
         if not any(r(*args) for r in _refused.entries):

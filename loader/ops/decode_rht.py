@@ -1,0 +1,58 @@
+"""decode over vLLM's INT4_PER_TOKEN_HEAD cache (`kv_format="int4_rht"`): its stored values are
+rotated (kernels/common/int4_rht.py: x_rot = x @ R, R = blockdiag(diag(s) H_b), R R^T = b I), so
+the query is rotated before the split kernel reads the codes ("int4_zp") and the output rotated
+back after:
+  q' = q @ R / sqrt(b) (orthonormal, q's magnitude), scores q' . k_rot * sm_scale / sqrt(b) = q . k * sm_scale,
+  out = out_rot @ R^T / b.
+Both are one torch matmul by a cached D x D float32 matrix (made on the first call for a head
+size and device: make that call before capturing a CUDA graph). The log-sum-exp needs no
+rotation. Every check runs before the first launch (decode's own, on q itself)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aotc.kernels.decode import spec as S
+
+from . import rules
+
+ZP = S.ZP_FORMATS[0]
+_rotations: dict = {}  # (head_dim, device) -> (q's matrix R / sqrt(b), the output's R^T / b, b)
+
+
+def rotations(head_dim: int, device):
+    key = (head_dim, str(device))
+    r = _rotations.get(key)
+    if r is None:
+        from aotc.kernels.common.int4_rht import rht_block, rht_matrix
+
+        m, b = rht_matrix(head_dim), rht_block(head_dim)
+        r = ((m / math.sqrt(b)).to(device), (m.T / b).contiguous().to(device), b)
+        _rotations[key] = r
+    return r
+
+
+def decode_rht(q, k_cache, v_cache, table, seq_lens, *, req_idx, k_scale, v_scale, sm_scale, window, sinks, out,
+               num_splits, return_lse, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap, validate):
+    from .decode import check_decode, decode
+
+    if scale_layout != "group":
+        raise ValueError(f"scale_layout={scale_layout!r}: an int4_rht cache has one scale word a token ('group')")
+    if lse is not None and not return_lse:
+        raise ValueError("lse is written only with return_lse=True")
+    rules.tensor("decode", "q", q, (torch.float16, torch.bfloat16), dim=3)
+    check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, ZP, sm_scale, window, sinks,
+                 num_splits, out, lse, "group", alibi_slopes, alibi_sqrt, softcap)
+    head_dim = q.shape[-1]
+    r_q, r_o, b = rotations(head_dim, q.device)
+    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / math.sqrt(b)
+    q_rot = (q.float() @ r_q).to(q.dtype)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    res = decode(q_rot, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
+                 kv_format=ZP, sm_scale=scale, window=window, sinks=sinks, out=out, num_splits=num_splits,
+                 return_lse=return_lse, lse=lse, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,
+                 validate=validate)
+    out.copy_(out.float() @ r_o)
+    return (out, res[1]) if return_lse else out

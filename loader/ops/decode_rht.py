@@ -2,11 +2,14 @@
 rotated (kernels/common/int4_rht.py: x_rot = x @ R, R = blockdiag(diag(s) H_b), R R^T = b I), so
 the query is rotated before the split kernel reads the codes ("int4_zp") and the output rotated
 back after:
-  q' = q @ R / sqrt(b) (orthonormal, q's magnitude), scores q' . k_rot * sm_scale / sqrt(b) = q . k * sm_scale,
+  q' = q @ R / 2^e (2^e the power of two nearest below sqrt(b): within sqrt(2) of orthonormal, and
+       exact in q's dtype), scores q' . k_rot * sm_scale * 2^e / b = q . k * sm_scale,
   out = out_rot @ R^T / b.
-Both are one torch matmul by a cached D x D float32 matrix (made on the first call for a head
-size and device: make that call before capturing a CUDA graph). The log-sum-exp needs no
-rotation. Every check runs before the first launch (decode's own, on q itself)."""
+Each is one torch matmul in q's dtype (fp32 accumulation, one rounding, as a float32 product
+rounded to q's dtype) by a cached D x D matrix whose entries are +-2^-k, exact in fp16/bf16
+(made on the first call for a head size, dtype and device: make that call before capturing a
+CUDA graph). The log-sum-exp needs no rotation. Every check runs before the first launch
+(decode's own, on q itself)."""
 from __future__ import annotations
 
 import math
@@ -18,17 +21,18 @@ from aotc.kernels.decode import spec as S
 from . import rules
 
 ZP = S.ZP_FORMATS[0]
-_rotations: dict = {}  # (head_dim, device) -> (q's matrix R / sqrt(b), the output's R^T / b, b)
+_rotations: dict = {}  # (head_dim, dtype, device) -> (q's matrix R / 2^e, the output's R^T / b, b / 2^e)
 
 
-def rotations(head_dim: int, device):
-    key = (head_dim, str(device))
+def rotations(head_dim: int, dtype, device):
+    key = (head_dim, dtype, str(device))
     r = _rotations.get(key)
     if r is None:
         from aotc.kernels.common.int4_rht import rht_block, rht_matrix
 
         m, b = rht_matrix(head_dim), rht_block(head_dim)
-        r = ((m / math.sqrt(b)).to(device), (m.T / b).contiguous().to(device), b)
+        e = 2.0 ** ((b.bit_length() - 1) // 2)
+        r = ((m / e).to(dtype).to(device), (m.T / b).contiguous().to(dtype).to(device), b / e)
         _rotations[key] = r
     return r
 
@@ -45,14 +49,14 @@ def decode_rht(q, k_cache, v_cache, table, seq_lens, *, req_idx, k_scale, v_scal
     check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, ZP, sm_scale, window, sinks,
                  num_splits, out, lse, "group", alibi_slopes, alibi_sqrt, softcap)
     head_dim = q.shape[-1]
-    r_q, r_o, b = rotations(head_dim, q.device)
-    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / math.sqrt(b)
-    q_rot = (q.float() @ r_q).to(q.dtype)
+    r_q, r_o, gain = rotations(head_dim, q.dtype, q.device)
+    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / gain
+    q_rot = q @ r_q
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     res = decode(q_rot, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
                  kv_format=ZP, sm_scale=scale, window=window, sinks=sinks, out=out, num_splits=num_splits,
                  return_lse=return_lse, lse=lse, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,
                  validate=validate)
-    out.copy_(out.float() @ r_o)
+    out.copy_(out @ r_o)
     return (out, res[1]) if return_lse else out

@@ -3,7 +3,8 @@ unified_attention decode rows): against the float32 reference over the dequantiz
 cache at batch 32 and lengths around tiles up to 4K + 1 (aotc's writer, kernels/common/int4_rht.py),
 AOT == JIT bit for bit on both tiles, and, when vLLM's files are at hand (AOTC_VLLM_PEER: its sdist
 or an extracted folder; skipped otherwise), against vLLM's own writer and reader on the same
-buffers. Tolerance: 3e-2 absolute and relative (bf16/fp16 output, as the CPU tests); outputs NaN first."""
+buffers. Tolerance: 2e-2 absolute and relative (bf16/fp16 output, as the CPU tests), 3e-2 for vLLM's
+reader; outputs NaN first."""
 import os
 import tempfile
 
@@ -19,7 +20,7 @@ from tests.gpu.aot_jit import aot, jit_only  # noqa: F401 - the fixture
 
 DEV = "cuda"
 LENS = [1, 63, 64, 65, 4097, 100, 2048, 3000] * 4  # batch 32
-TOL = dict(atol=3e-2, rtol=3e-2)
+TOL = dict(atol=2e-2, rtol=2e-2)
 
 
 def _problem(head_dim, dtype, lens=LENS, seed=0, kv_heads=8, group=4, page=16):
@@ -105,4 +106,4 @@ def test_same_buffers_as_vllm(head_dim, vllm_ops):
     ua.unified_attention(q, kc, vc, theirs, **{**args, "kv_quant_mode": ua.KVQuantMode.INT4_PER_TOKEN_HEAD})
     torch.cuda.synchronize()
     torch.testing.assert_close(ours.float(), want, **TOL)
-    torch.testing.assert_close(theirs.float(), want, **TOL)
+    torch.testing.assert_close(theirs.float(), want, atol=3e-2, rtol=3e-2)

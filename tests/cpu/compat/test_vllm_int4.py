@@ -1,7 +1,7 @@
 """vLLM 0.33's INT4_PER_TOKEN_HEAD through aotc.compat.vllm on the interpreter: the cache writer
 (`reshape_and_cache_int4`) against the format's reference, and `unified_attention`'s decode rows
 (aotc's decode, kv_format "int4_rht") against the float32 reference over the dequantized, unrotated
-cache. Tolerance: 3e-2 absolute and relative (bf16 output; see tests/cpu/kernels/decode/
+cache. Tolerance: 2e-2 absolute and relative (bf16 output; see tests/cpu/kernels/decode/
 test_vllm_int4.py); outputs start NaN. Prefill rows raise NotImplementedError."""
 import pytest
 import torch
@@ -80,7 +80,7 @@ def test_decode_rows(head_dim, pad):
     vllm.unified_attention(**args)
     want = R.decode_reference(args["q"], k_real, v_real, args["block_table"], args["seqused_k"],
                               sm_scale=head_dim ** -0.5)
-    torch.testing.assert_close(args["out"].float(), want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(args["out"].float(), want, atol=2e-2, rtol=2e-2)
 
 
 def test_decode_rows_window_and_sinks():
@@ -89,7 +89,7 @@ def test_decode_rows_window_and_sinks():
     vllm.unified_attention(**{**args, "window_size": (31, 0), "sinks": sinks})
     want = R.decode_reference(args["q"], k_real, v_real, args["block_table"], args["seqused_k"],
                               sm_scale=64 ** -0.5, window=32, sinks=sinks)
-    torch.testing.assert_close(args["out"].float(), want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(args["out"].float(), want, atol=2e-2, rtol=2e-2)
 
 
 def test_refusals():

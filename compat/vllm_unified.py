@@ -21,7 +21,7 @@ vLLM's conventions, as its kernel reads them:
     or INT4_PER_TOKEN_HEAD (vllm/v1/attention/ops/int4_per_token_head.py; aotc's reference:
     kernels/common/int4_rht.py): uint8 caches of head_size // 2 nibble pairs (the first bytes of a
     row) of values rotated by a randomized Hadamard transform, the scale caches fp32 words holding
-    each (token, head)'s zero point in their 4 low mantissa bits; decode rows only.
+    each (token, head)'s zero point in their 4 low mantissa bits.
 Rows: when every request has one query (max_seqlen_q == 1, one row a request) and the output is
 q's dtype, the call is aotc's decode (flash-decoding, split over the sequence); else one
 prefix_prefill over all rows.
@@ -165,8 +165,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
 
     Supported: causal attention over varlen queries, window_size, softcap, sinks, alibi_slopes
     (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE, FP8_PER_TENSOR,
-    INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD; INT4_PER_TOKEN_HEAD for decode rows (decode's
-    kv_format "int4_rht": q rotated before the kernel, the output after; no softcap/ALiBi). Decode
+    INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD; INT4_PER_TOKEN_HEAD at head sizes 64 and 128
+    (decode's and prefix_prefill's kv_format "int4_rht": q rotated before the kernel, the output
+    after; no softcap/ALiBi, no output_scale). Decode
     rows only (see the module docstring): one aotc decode call (per-token-head modes: at head sizes
     64 and 128).
     Prefill rows: FP8_PER_TOKEN_HEAD, and INT8_PER_TOKEN_HEAD with softcap or ALiBi, raise
@@ -177,7 +178,7 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     aotc's grid depends on no length), use_td (an Intel load path), mm_prefix_clamp_sliding_window
     without mm_prefix_range. Cost (estimated): in a mixed batch a one-token request takes a 128-row
     query tile, as in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see
-    _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD with prefill rows (or softcap/ALiBi),
+    _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD with softcap/ALiBi or output_scale,
     causal=False or per-sequence, qq_bias,
     mm_prefix_range, rswa_*, chunk_lookback. Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
@@ -196,12 +197,12 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     k_scale = v_scale = None
     mode = int(kv_quant_mode)
     if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
-        if not _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode):
-            raise NotImplementedError(
-                "unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD is implemented for decode rows only (one "
-                "query a request, max_seqlen_q == 1, head size 64 or 128, q's dtype out, no output_scale, a "
-                "power-of-two block size); prefill rows (a query of more than one token) need an int4_rht context "
-                "format in prefix_prefill, which aotc does not implement")
+        if output_scale is not None:
+            raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD with output_scale (fp8 "
+                                      "output) is not implemented in aotc")
+        if softcap or alibi_slopes is not None:
+            raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD with softcap or "
+                                      "alibi_slopes is not implemented in aotc")
         k, v, k_scale, v_scale, fmt = _int4_per_token_head(q, k, v, k_scale_cache, v_scale_cache)
     elif mode in _PER_TOKEN_HEAD:
         k, v, k_scale, v_scale, fmt = _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache)

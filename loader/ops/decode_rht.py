@@ -1,4 +1,4 @@
-"""decode over vLLM's INT4_PER_TOKEN_HEAD cache (`kv_format="int4_rht"`): its stored values are
+"""decode and prefix_prefill over vLLM's INT4_PER_TOKEN_HEAD cache (`kv_format="int4_rht"`): its stored values are
 rotated (kernels/common/int4_rht.py: x_rot = x @ R, R = blockdiag(diag(s) H_b), R R^T = b I), so
 the query is rotated before the split kernel reads the codes ("int4_zp") and the output rotated
 back after:
@@ -60,3 +60,30 @@ def decode_rht(q, k_cache, v_cache, table, seq_lens, *, req_idx, k_scale, v_scal
                  validate=validate)
     out.copy_(out @ r_o)
     return (out, res[1]) if return_lse else out
+
+
+def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout, k_scale,
+                       v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes,
+                       alibi_sqrt, softcap):
+    """prefix_prefill's int4_rht: every key read from the cache (k = v = None), rotated as decode_rht."""
+    from .prefix_prefill import _validate, prefix_prefill
+
+    if k is not None or v is not None:
+        raise NotImplementedError("prefix_prefill: kv_format='int4_rht' with the new tokens' k/v passed apart is not "
+                                  "implemented (pass k = v = None: their keys and values read from the cache)")
+    for on, name in ((out_scale is not None, "out_scale (fp8 output)"), (skip_decode, "skip_decode")):
+        if on:
+            raise NotImplementedError(f"prefix_prefill: {name} with kv_format='int4_rht' is not implemented")
+    _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, ZP, k_scale, v_scale,
+              sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
+    head_dim = q.shape[-1]
+    r_q, r_o, gain = rotations(head_dim, q.dtype, q.device)
+    scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / gain
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    prefix_prefill(q @ r_q, None, None, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout=kv_layout,
+                   kv_format=ZP, k_scale=k_scale, v_scale=v_scale, sm_scale=scale, window=window, sinks=sinks,
+                   out=out, validate=validate, v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
+                   softcap=softcap)
+    out.copy_(out @ r_o)
+    return out

@@ -1,14 +1,16 @@
 """vLLM 0.33's INT4_PER_TOKEN_HEAD through aotc.compat.vllm on the interpreter: the cache writer
 (`reshape_and_cache_int4`) against the format's reference, and `unified_attention`'s decode rows
 (aotc's decode, kv_format "int4_rht") against the float32 reference over the dequantized, unrotated
-cache. Tolerance: 2e-2 absolute and relative (bf16 output; see tests/cpu/kernels/decode/
-test_vllm_int4.py); outputs start NaN. Prefill rows raise NotImplementedError."""
+cache, and its prefill rows (aotc's prefix_prefill, kv_format "int4_rht") against the prefix-prefill
+reference over the same values. Tolerance: 2e-2 absolute and relative (bf16 output; see
+tests/cpu/kernels/decode/test_vllm_int4.py); outputs start NaN."""
 import pytest
 import torch
 
 from aotc.compat import vllm
 from aotc.kernels.common import int4_rht as F
 from aotc.kernels.decode import reference as R
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
 
 INT4 = vllm.KVQuantMode.INT4_PER_TOKEN_HEAD
 
@@ -92,10 +94,34 @@ def test_decode_rows_window_and_sinks():
     torch.testing.assert_close(args["out"].float(), want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("pad", [0, 4], ids=["separate", "padded"])
+def test_prefill_rows(head_dim, pad):
+    # a mixed batch (prefill, decode and a fresh prompt): one prefix_prefill over the int4 cache
+    q_lens, ctx = [3, 1, 20, 17], [5, 9, 0, 47]
+    args, k_real, v_real = _problem(q_lens, ctx, head_dim=head_dim, pad=pad, seed=head_dim + 1)
+    vllm.unified_attention(**args)
+    want = prefix_prefill_ref(args["q"], None, None, k_real, v_real, args["block_table"], args["cu_seqlens_q"],
+                              args["seqused_k"], sm_scale=head_dim ** -0.5)
+    torch.testing.assert_close(args["out"].float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_prefill_rows_window_and_sinks():
+    args, k_real, v_real = _problem([9, 1, 30], [40, 3, 7], seed=4)
+    sinks = torch.randn(args["q"].shape[1])
+    vllm.unified_attention(**{**args, "window_size": (15, 0), "sinks": sinks})
+    want = prefix_prefill_ref(args["q"], None, None, k_real, v_real, args["block_table"], args["cu_seqlens_q"],
+                              args["seqused_k"], sm_scale=64 ** -0.5, window=16, sinks=sinks)
+    torch.testing.assert_close(args["out"].float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_refusals():
     args, _, _ = _problem([3, 1], [5, 9], seed=1)
-    with pytest.raises(NotImplementedError, match="INT4_PER_TOKEN_HEAD is implemented for decode rows only"):
-        vllm.unified_attention(**args)
+    for extra, match in ((dict(softcap=10.0), "INT4_PER_TOKEN_HEAD with softcap"),
+                         (dict(alibi_slopes=torch.ones(8)), "INT4_PER_TOKEN_HEAD with softcap or alibi"),
+                         (dict(output_scale=torch.tensor(1.0)), "INT4_PER_TOKEN_HEAD with output_scale")):
+        with pytest.raises(NotImplementedError, match=match):
+            vllm.unified_attention(**{**args, **extra})
     args, _, _ = _problem([1, 1], [5, 9], seed=1)
     with pytest.raises(NotImplementedError, match="softcap"):
         vllm.unified_attention(**{**args, "softcap": 10.0})

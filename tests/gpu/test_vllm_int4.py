@@ -1,7 +1,9 @@
-"""decode over vLLM 0.33's INT4_PER_TOKEN_HEAD cache on a GPU (kv_format "int4_rht"; compat.vllm's
-unified_attention decode rows): against the float32 reference over the dequantized, unrotated
-cache at batch 32 and lengths around tiles up to 4K + 1 (aotc's writer, kernels/common/int4_rht.py),
-AOT == JIT bit for bit on both tiles, and, when vLLM's files are at hand (AOTC_VLLM_PEER: its sdist
+"""decode and prefix_prefill over vLLM 0.33's INT4_PER_TOKEN_HEAD cache on a GPU (kv_format
+"int4_rht"; compat.vllm's unified_attention): against the float32 references over the dequantized,
+unrotated cache (decode at batch 32 and lengths around tiles up to 4K + 1; a mixed prefill batch
+with contexts up to 4K), written by aotc's writers (kernels/common/int4_rht.py, and
+compat.vllm.reshape_and_cache_int4), AOT == JIT bit for bit (decode's two tiles, prefill), and,
+when vLLM's files are at hand (AOTC_VLLM_PEER: its sdist
 or an extracted folder; skipped otherwise), against vLLM's own writer and reader on the same
 buffers. Tolerance: 2e-2 absolute and relative (bf16/fp16 output, as the CPU tests), 3e-2 for vLLM's
 reader; outputs NaN first."""
@@ -15,6 +17,7 @@ from aotc import loader
 from aotc.compat import vllm as compat
 from aotc.kernels.common import int4_rht as F
 from aotc.kernels.decode import reference as R
+from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
 from tests.cpu.kernels.decode.test_vllm_int4 import int4_cache
 from tests.gpu.aot_jit import aot, jit_only  # noqa: F401 - the fixture
 
@@ -107,3 +110,72 @@ def test_same_buffers_as_vllm(head_dim, vllm_ops):
     torch.cuda.synchronize()
     torch.testing.assert_close(ours.float(), want, **TOL)
     torch.testing.assert_close(theirs.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def _mixed(head_dim, seed=0, q_lens=(300, 1, 129, 64, 1), ctx=(1000, 4097, 0, 200, 63), kv_heads=4, heads=16, bs=16):
+    """unified_attention's arguments over a cache filled by compat.vllm.reshape_and_cache_int4, and
+    the real values it holds."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    full = [c + n for c, n in zip(ctx, q_lens)]
+    pages = [-(-n // bs) for n in full]
+    nb = sum(pages) + 3
+    order = torch.randperm(nb, generator=g, device=DEV)
+    table = torch.zeros(len(full), max(pages), dtype=torch.int32, device=DEV)
+    i = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = order[i:i + n].to(torch.int32)
+        i += n
+    kc = torch.zeros(nb, bs, kv_heads, head_dim // 2, dtype=torch.uint8, device=DEV)
+    vc = torch.zeros_like(kc)
+    ks = torch.zeros(nb, bs, kv_heads, device=DEV)
+    vs = torch.zeros_like(ks)
+    slots = torch.cat([table[b, torch.arange(n, device=DEV) // bs].long() * bs + torch.arange(n, device=DEV) % bs
+                       for b, n in enumerate(full)])
+    key = torch.randn(len(slots), kv_heads, head_dim, generator=g, device=DEV).bfloat16()
+    value = torch.randn(len(slots), kv_heads, head_dim, generator=g, device=DEV).bfloat16()
+    compat.reshape_and_cache_int4(key, value, kc, vc, slots, k_scale_cache=ks, v_scale_cache=vs)
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=g, device=DEV).bfloat16()
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    lens = torch.tensor(full, dtype=torch.int32, device=DEV)
+    args = dict(cu_seqlens_q=qsl, max_seqlen_q=max(q_lens), seqused_k=lens, max_seqlen_k=max(full),
+                softmax_scale=head_dim ** -0.5, causal=True, window_size=(-1, -1), block_table=table, softcap=0,
+                q_descale=None, k_descale=None, v_descale=None, kv_quant_mode=compat.KVQuantMode.INT4_PER_TOKEN_HEAD,
+                k_scale_cache=ks, v_scale_cache=vs)
+    return q, kc, vc, args, F.dequantize(kc, ks), F.dequantize(vc, vs)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_rows_reference(head_dim):
+    q, kc, vc, args, k_real, v_real = _mixed(head_dim, seed=head_dim)
+    out = torch.full_like(q, float("nan"))
+    aot(lambda: compat.unified_attention(q, kc, vc, out, **args))
+    want = prefix_prefill_ref(q, None, None, k_real, v_real, args["block_table"], args["cu_seqlens_q"],
+                              args["seqused_k"], sm_scale=head_dim ** -0.5)
+    torch.testing.assert_close(out.float(), want.float(), **TOL)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_rows_aot_equals_jit(head_dim, jit_only):  # noqa: F811
+    q, kc, vc, args, _, _ = _mixed(head_dim, seed=3, q_lens=(70, 1, 33), ctx=(500, 90, 0))
+
+    def run():
+        out = torch.full_like(q, float("nan"))
+        compat.unified_attention(q, kc, vc, out, **args)
+        return out
+
+    assert torch.equal(aot(run), jit_only(run))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_rows_as_vllm(head_dim, vllm_ops):
+    """vLLM's unified_attention and aotc's on the same mixed batch (aotc's writer), against the reference."""
+    _, ua = vllm_ops
+    q, kc, vc, args, k_real, v_real = _mixed(head_dim, seed=5)
+    ours, theirs = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    aot(lambda: compat.unified_attention(q, kc, vc, ours, **args))
+    ua.unified_attention(q, kc, vc, theirs, **{**args, "kv_quant_mode": ua.KVQuantMode.INT4_PER_TOKEN_HEAD})
+    torch.cuda.synchronize()
+    want = prefix_prefill_ref(q, None, None, k_real, v_real, args["block_table"], args["cu_seqlens_q"],
+                              args["seqused_k"], sm_scale=head_dim ** -0.5)
+    torch.testing.assert_close(ours.float(), want.float(), **TOL)
+    torch.testing.assert_close(theirs.float(), want.float(), atol=3e-2, rtol=3e-2)

@@ -23,7 +23,7 @@ def int4_cache(k, v, inline=False):
     (kp, kw), (vp, vw) = F.write(k), F.write(v)
     d2 = kp.shape[-1]
     if inline:
-        raw = torch.zeros(*kp.shape[:-1], 2 * (d2 + 4), dtype=torch.uint8)
+        raw = torch.zeros(*kp.shape[:-1], 2 * (d2 + 4), dtype=torch.uint8, device=k.device)
         raw[..., :d2], raw[..., d2 + 4:2 * d2 + 4] = kp, vp
         f32 = raw.view(torch.float32)
         f32[..., d2 // 4], f32[..., (2 * d2 + 4) // 4] = kw, vw

@@ -9,7 +9,9 @@ Each is one torch matmul in q's dtype (fp32 accumulation, one rounding, as a flo
 rounded to q's dtype) by a cached D x D matrix whose entries are +-2^-k, exact in fp16/bf16
 (made on the first call for a head size, dtype and device: make that call before capturing a
 CUDA graph). The log-sum-exp needs no rotation. Every check runs before the first launch
-(decode's own, on q itself)."""
+(decode's own, on q itself), once per call metadata (decode's plan key): later calls like it rely
+on the inner decode's plan-hit checks (pointers apart, grad), which run before its kernels and
+before out is written, though after q's rotation."""
 from __future__ import annotations
 
 import math
@@ -21,6 +23,7 @@ from aotc.kernels.decode import spec as S
 from . import rules
 
 ZP = S.ZP_FORMATS[0]
+_checked = rules.PlanCache(1024)  # decode plan keys whose calls passed check_decode (value unused)
 _rotations: dict = {}  # (head_dim, dtype, device) -> (q's matrix R / 2^e, the output's R^T / b, b / 2^e)
 
 
@@ -39,21 +42,30 @@ def rotations(head_dim: int, dtype, device):
 
 def decode_rht(q, k_cache, v_cache, table, seq_lens, *, req_idx, k_scale, v_scale, sm_scale, window, sinks, out,
                num_splits, return_lse, lse, scale_layout, alibi_slopes, alibi_sqrt, softcap, validate):
-    from .decode import check_decode, decode
+    from .decode import DECODE, check_decode, decode
 
     if scale_layout != "group":
         raise ValueError(f"scale_layout={scale_layout!r}: an int4_rht cache has one scale word a token ('group')")
     if lse is not None and not return_lse:
         raise ValueError("lse is written only with return_lse=True")
     rules.tensor("decode", "q", q, (torch.float16, torch.bfloat16), dim=3)
-    check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, ZP, sm_scale, window, sinks,
-                 num_splits, out, lse, "group", alibi_slopes, alibi_sqrt, softcap)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if return_lse and lse is None:
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    try:
+        key = DECODE.key(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, ZP, sm_scale, window, sinks,
+                         num_splits, out, lse, "group", alibi_slopes, alibi_sqrt, softcap)
+    except (AttributeError, TypeError):  # not tensors, or unhashable extras: the checks say what is wrong
+        key = None
+    if key is None or key not in _checked:
+        check_decode(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, ZP, sm_scale, window, sinks,
+                     num_splits, out, lse, "group", alibi_slopes, alibi_sqrt, softcap)
+        _checked.put(key, True)
     head_dim = q.shape[-1]
     r_q, r_o, gain = rotations(head_dim, q.dtype, q.device)
     scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / gain
     q_rot = q @ r_q
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     res = decode(q_rot, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
                  kv_format=ZP, sm_scale=scale, window=window, sinks=sinks, out=out, num_splits=num_splits,
                  return_lse=return_lse, lse=lse, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,

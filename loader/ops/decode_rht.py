@@ -1,7 +1,7 @@
-"""decode and prefix_prefill over vLLM's INT4_PER_TOKEN_HEAD cache (`kv_format="int4_rht"`): its stored values are
-rotated (kernels/common/int4_rht.py: x_rot = x @ R, R = blockdiag(diag(s) H_b), R R^T = b I), so
-the query is rotated before the split kernel reads the codes ("int4_zp") and the output rotated
-back after:
+"""decode and prefix_prefill over vLLM's INT4_PER_TOKEN_HEAD cache (`kv_format="int4_rht"`): its
+stored values are rotated (kernels/common/int4_rht.py: x_rot = x @ R, R = blockdiag(diag(s) H_b),
+R R^T = b I), so the query is rotated before the kernels read the codes ("int4_zp") and the output
+rotated back after:
   q' = q @ R / 2^e (2^e the power of two nearest below sqrt(b): within sqrt(2) of orthonormal, and
        exact in q's dtype), scores q' . k_rot * sm_scale * 2^e / b = q . k * sm_scale,
   out = out_rot @ R^T / b.

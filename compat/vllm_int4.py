@@ -41,7 +41,8 @@ def reshape_and_cache_int4(key, value, key_cache, value_cache, slot_mapping, *, 
                              f"got {tuple(t.shape)}")
     for name, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
         if tuple(t.shape) != tuple(key_cache.shape[:3]):
-            raise ValueError(f"reshape_and_cache_int4: {name} must be {list(key_cache.shape[:3])}, got {tuple(t.shape)}")
+            raise ValueError(f"reshape_and_cache_int4: {name} must be {list(key_cache.shape[:3])}, "
+                             f"got {tuple(t.shape)}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != tokens:
         raise ValueError(f"reshape_and_cache_int4: slot_mapping must be [{tokens}], got {tuple(slot_mapping.shape)}")
     slots = slot_mapping.long()

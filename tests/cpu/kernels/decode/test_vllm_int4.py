@@ -4,8 +4,9 @@ Caches are written by the reference writer (kernels/common/int4_rht.write: rotat
 nibbles, zero point in the scale word), in two layouts: codes and scale words apart, and one
 buffer per (token, head) [K codes | K scale | V codes | V scale] (D // 2 + 4 bytes each: V and the
 scales 4-byte aligned only). The reference is decode_reference over the dequantized, unrotated
-values. Tolerance: 2e-2 absolute and relative (measured: <= 0.009 bf16, 0.0016 fp16 at |out| ~3; q', the rotated output and the output are each
-rounded to q's dtype, the probabilities times V's scale to fp16); outputs start NaN.
+values. Tolerance: 2e-2 absolute and relative (measured: <= 0.009 bf16, 0.0016 fp16 at |out|
+~3; q', the rotated output and the output are each rounded to q's dtype, the probabilities times
+V's scale to fp16); outputs start NaN.
 """
 import pytest
 import torch

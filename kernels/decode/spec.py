@@ -6,8 +6,8 @@ holding the zero point, head dims 64 and 128, see ZP_FORMATS), `scale` (fp16, bf
 int8/int4; fp32 otherwise: fp8's per-head scale, or an unused placeholder for fp16/bf16
 caches), `head_dim` (64, 96, 128, 256), `scales` (int8/int4: "token" for one scale a token,
 group == head_dim, and "chunk" for int8 groups of 64 at head_dim 128, which share a loop in
-the kernel that scales exact code dots; "group" for the other groups of 32 channels and more at head dims 128 and 256, "small_group" for
-the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
+the kernel that scales exact code dots; "group" for the other groups of 32 channels and more
+at head dims 128 and 256, "small_group" for the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
 (kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel, [kv_heads, D]
 (the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's into the
 output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's launch

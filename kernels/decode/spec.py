@@ -3,26 +3,25 @@
 Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
 fp8_e4m3, fp8_e5m2, and int4_zp: vLLM's INT4_PER_TOKEN_HEAD codes, "token" scales in fp32 words
 holding the zero point, head dims 64 and 128, see ZP_FORMATS), `scale` (fp16, bf16, fp32 for
-int8/int4; fp32 otherwise: fp8's per-head scale, or an unused placeholder for fp16/bf16
-caches), `head_dim` (64, 96, 128, 256), `scales` (int8/int4: "token" for one scale a token,
-group == head_dim, and "chunk" for int8 groups of 64 at head_dim 128, which share a loop in
-the kernel that scales exact code dots; "group" for the other groups of 32 channels and more
-at head dims 128 and 256, "small_group" for the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
-(kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel, [kv_heads, D]
-(the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's into the
-output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's launch
-geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
-int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
-fill the GPU with it; see `split_tiles`), `score` and `kv_align` (vLLM's variants only, absent from
-the others' keys: "mod" applies softcap and ALiBi to the scores, their values runtime; kv_align 4
-marks per-token caches whose rows start 4-byte aligned only, vLLM's inline-scale layout, whose K
+int8/int4; fp32 otherwise: fp8's per-head scale, or an unused placeholder for fp16/bf16 caches),
+`head_dim` (64, 96, 128, 256), `scales` (int8/int4: "token" for one scale a token, group ==
+head_dim, and "chunk" for int8 groups of 64 at head_dim 128, which share a loop in the kernel that
+scales exact code dots; "group" for the other groups of 32 channels and more at head dims 128 and
+256, "small_group" for the other groups (8-16, and 32 at head dims 64 and 96), which read their
+scales differently (kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel,
+[kv_heads, D] (the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's
+into the output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's
+launch geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles,
+which int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid
+can fill the GPU with it; see `split_tiles`), `score` and `kv_align` (vLLM's variants only, absent
+from the others' keys: "mod" applies softcap and ALiBi to the scores, their values runtime; kv_align
+4 marks per-token caches whose rows start 4-byte aligned only, vLLM's inline-scale layout, whose K
 and V tiles are then read as 4-byte vectors at either specialization level; see `vllm_variants`),
-plus `cache`,
-the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
-bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
-`splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the smallest that
-holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a loop over
-tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
+plus `cache`, the element type the kernel reads the cache as, which follows from `kv` (fp8 is read
+as raw int8 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16),
+`head_dim`, `splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the
+smallest that holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a
+loop over tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """

@@ -4,7 +4,10 @@ on the same buffers, against the copy bandwidth of the same run.
 vLLM's Triton backend stores per (token, kv head) [K codes (D) | K scale fp32 | V codes (D) | V
 scale fp32] in one buffer (NHD, vllm/v1/attention/backends/triton_attn.py: customize_spec,
 _ensure_scale_caches), so V starts 4 bytes past a 16-byte boundary and the scale caches are
-strided float32 views. Built here exactly so (codes and scales random, scales positive), then:
+strided float32 views. INT4_PER_TOKEN_HEAD: nibbles and fp32 scale words in separate tensors
+(int4_cache); aotc's decode with kv_format "int4_rht" (q and the output rotated by torch matmuls
+around the split kernel, both timed), and aotc_unrotated: kv_format "int4_zp", the same kernels
+without the rotations. Built here exactly so (codes and scales random, scales positive), then:
   vllm         vLLM's unified_attention (INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD), with the
                backend's split-K threshold (128 // kv_heads sequences) and 16 softmax segments
   aotc         aotc.loader.decode on the same buffers (k[..., :D] views, scale views [..., None]):
@@ -39,7 +42,8 @@ from harness import Rows, copy_bandwidth, device_time, kernel_time
 
 HEADS, KV_HEADS, D, BS, CTX = 32, 8, 128, 16, 8192
 BATCHES = (32, 64)
-MODES = {"INT8_PER_TOKEN_HEAD": (2, torch.int8, "int8"), "FP8_PER_TOKEN_HEAD": (3, torch.float8_e4m3fn, "fp8_e4m3")}
+MODES = {"INT8_PER_TOKEN_HEAD": (2, torch.int8, "int8"), "FP8_PER_TOKEN_HEAD": (3, torch.float8_e4m3fn, "fp8_e4m3"),
+         "INT4_PER_TOKEN_HEAD": (4, torch.uint8, "int4_rht")}
 
 
 def vllm_module(peer: str):
@@ -53,6 +57,21 @@ def vllm_module(peer: str):
     from vllm.v1.attention.ops import triton_unified_attention
 
     return triton_unified_attention
+
+
+def int4_cache(blocks: int, gen):
+    """INT4_PER_TOKEN_HEAD: random nibbles [blocks, BS, KV_HEADS, D // 2] uint8 and scale caches
+    [blocks, BS, KV_HEADS] fp32 words (scale 0.01-0.02, a random zero point in the low 4 bits),
+    codes and scales apart as vLLM's tests pass them (vLLM 0.33's backend layout for int4 is not
+    among the files used here)."""
+    k = torch.randint(0, 256, (blocks, BS, KV_HEADS, D // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    v = torch.randint(0, 256, (blocks, BS, KV_HEADS, D // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    words = []
+    for _ in range(2):
+        scale = 0.01 + 0.01 * torch.rand(blocks, BS, KV_HEADS, device="cuda", generator=gen)
+        zp = torch.randint(0, 16, scale.shape, dtype=torch.int32, device="cuda", generator=gen)
+        words.append(((scale.view(torch.int32) & -16) | zp).view(torch.float32))
+    return k, k, v, words[0], words[1]
 
 
 def inline_cache(blocks: int, dtype, gen):
@@ -128,6 +147,7 @@ def main():
     ap.add_argument("--peer", default=os.environ.get("AOTC_VLLM_PEER"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--stages", default="", help="sweep the kv_align 4 binaries' num_stages, e.g. 2,3,4")
+    ap.add_argument("--modes", default=",".join(MODES), help="the kv_quant_modes to time, e.g. INT4_PER_TOKEN_HEAD")
     ap.add_argument("--kv-align", default="", help="time the split kernel's KV_ALIGN 4 and 8 reads, e.g. 4,8")
     a = ap.parse_args()
     sweep = [("stages", int(x)) for x in a.stages.split(",")] if a.stages else [None]
@@ -139,11 +159,14 @@ def main():
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s")
     gen = torch.Generator("cuda").manual_seed(0)
     print(f"{'mode':20s} {'batch':>5s} {'provider':12s} {'event us':>9s} {'kernel us':>9s} {'% copy':>7s}")
-    for name, (mode, dtype, fmt) in MODES.items():
+    for name, (mode, dtype, fmt) in ((n, MODES[n]) for n in a.modes.split(",")):
         for batch in BATCHES:
             pages = CTX // BS
             blocks = batch * pages + 1
-            raw, k, v, ks, vs = inline_cache(blocks, dtype, gen)
+            if dtype == torch.uint8:
+                raw, k, v, ks, vs = int4_cache(blocks, gen)
+            else:
+                raw, k, v, ks, vs = inline_cache(blocks, dtype, gen)
             table = torch.randperm(blocks - 1, device="cuda", generator=gen)[:batch * pages].view(batch, pages)
             table = table.to(torch.int32)
             lens = torch.full((batch,), CTX, dtype=torch.int32, device="cuda")
@@ -179,7 +202,15 @@ def main():
                     loader.decode(q, k_n, v_n, table, lens, k_scale=ks_n, v_scale=vs_n, out=out_n, validate=False)
 
                 calls["aotc_native"] = native_call
-            nbytes = batch * CTX * KV_HEADS * 2 * (D + 4)
+            if dtype == torch.uint8:
+                out_z = torch.empty_like(q)
+
+                def zp_call():  # the same split and merge without the two rotations: what fusing them could save
+                    loader.decode(q, kc, vc, table, lens, k_scale=ksv, v_scale=vsv, kv_format="int4_zp", out=out_z,
+                                  validate=False)
+
+                calls["aotc_unrotated"] = zp_call
+            nbytes = batch * CTX * KV_HEADS * 2 * ((D // 2 if dtype == torch.uint8 else D) + 4)
             ceiling = nbytes / copy_bw
             shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
             for choice in sweep:

@@ -11,6 +11,8 @@
     vllm.unified_attention(q, k_cache, v_cache, out, cu_seqlens_q, max_seqlen_q, seqused_k,
                            max_seqlen_k, softmax_scale, causal, window_size, block_table, softcap,
                            q_descale, k_descale, v_descale)
+    vllm.reshape_and_cache_int4(key, value, key_cache, value_cache, slot_mapping,
+                                k_scale_cache=k_scale_cache, v_scale_cache=v_scale_cache)
     o, final_state = fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                                 output_final_state=True, cu_seqlens=cu_seqlens)
     lightllm.token_decode_attention_flash_decoding(q, infer_state, cache_k, cache_k_scale, cache_v,

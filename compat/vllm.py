@@ -261,3 +261,4 @@ def chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_
 
 
 from .vllm_unified import KVQuantMode, unified_attention  # noqa: E402,F401  (vLLM's Triton attention backend)
+from .vllm_int4 import reshape_and_cache_int4  # noqa: E402,F401  (vLLM's INT4_PER_TOKEN_HEAD cache writer)

@@ -17,7 +17,11 @@ vLLM's conventions, as its kernel reads them:
     k_scale_cache / v_scale_cache [num_blocks, block_size, kv_heads] fp32, one scale a token and
     head, any strides (vLLM's Triton backend carves them from the cache itself: per (token, head)
     [K codes | K scale | V codes | V scale], so k and v arrive padded by one scale's width, and
-    their first head_size channels are the codes; triton_attn.py, _ensure_scale_caches).
+    their first head_size channels are the codes; triton_attn.py, _ensure_scale_caches);
+    or INT4_PER_TOKEN_HEAD (vllm/v1/attention/ops/int4_per_token_head.py; aotc's reference:
+    kernels/common/int4_rht.py): uint8 caches of head_size // 2 nibble pairs (the first bytes of a
+    row) of values rotated by a randomized Hadamard transform, the scale caches fp32 words holding
+    each (token, head)'s zero point in their 4 low mantissa bits.
 Rows: when every request has one query (max_seqlen_q == 1, one row a request) and the output is
 q's dtype, the call is aotc's decode (flash-decoding, split over the sequence); else one
 prefix_prefill over all rows.
@@ -64,11 +68,7 @@ _PER_TOKEN_HEAD = {KVQuantMode.INT8_PER_TOKEN_HEAD: (torch.int8, "int8"),
 def _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, k) -> None:
     """NotImplementedError naming the first option aotc does not implement."""
     mode = int(kv_quant_mode)
-    if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
-        raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD (nibbles with a randomized "
-                                  "Hadamard rotation, zero point in the scale's low mantissa bits) is not "
-                                  "implemented in aotc")
-    if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR, *_PER_TOKEN_HEAD):
+    if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR, KVQuantMode.INT4_PER_TOKEN_HEAD, *_PER_TOKEN_HEAD):
         raise NotImplementedError(f"unified_attention: kv_quant_mode={mode} is not implemented in aotc")
     if isinstance(causal, torch.Tensor):
         raise NotImplementedError("unified_attention: causal as a per-sequence tensor is not implemented in aotc")
@@ -108,6 +108,28 @@ def _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache):
     return k[..., :d], v[..., :d], k_scale_cache.unsqueeze(-1), v_scale_cache.unsqueeze(-1), fmt
 
 
+def _int4_per_token_head(q, k, v, k_scale_cache, v_scale_cache):
+    """(k codes, v codes, k scale words, v scale words [.., 1], "int4_rht") for INT4_PER_TOKEN_HEAD:
+    uint8 (or int8) caches whose first head_size // 2 bytes a (token, head) are the nibbles, and
+    [num_blocks, block_size, kv_heads] fp32 scale words (zero point in the low mantissa bits)."""
+    d = q.shape[-1]
+    for n, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.uint8, torch.int8):
+            raise TypeError(f"unified_attention: kv_quant_mode INT4_PER_TOKEN_HEAD needs torch.uint8 caches (two "
+                            f"nibbles a byte), got {n} {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() != 4 or t.shape[-1] < d // 2:
+            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads, >= head_size // 2 = "
+                             f"{d // 2}], got {tuple(t.shape)}")
+    for n, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"unified_attention: kv_quant_mode INT4_PER_TOKEN_HEAD needs {n} (a [num_blocks, "
+                             f"block_size, kv_heads] float32 tensor), got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape) != tuple(k.shape[:3]):
+            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads] = "
+                             f"{list(k.shape[:3])}, got {tuple(t.shape)}")
+    return k[..., :d // 2], v[..., :d // 2], k_scale_cache.unsqueeze(-1), v_scale_cache.unsqueeze(-1), "int4_rht"
+
+
 def _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode) -> bool:
     """Whether the call is decode rows only: one query a request (max_seqlen_q == 1 and as many rows
     as requests), q's dtype out, a page size and head size decode reads (a power of two; 64, 96,
@@ -116,7 +138,7 @@ def _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale,
 
     bs = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
     d = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else 0
-    dims = S.PER_TOKEN_HEAD_DIMS if mode in _PER_TOKEN_HEAD else S.HEAD_DIMS
+    dims = S.PER_TOKEN_HEAD_DIMS if mode in (*_PER_TOKEN_HEAD, KVQuantMode.INT4_PER_TOKEN_HEAD) else S.HEAD_DIMS
     return (isinstance(max_seqlen_q, int) and max_seqlen_q == 1 and output_scale is None and d in dims
             and isinstance(q, torch.Tensor) and isinstance(seqused_k, torch.Tensor)
             and isinstance(cu_seqlens_q, torch.Tensor) and q.dim() == 3
@@ -137,8 +159,10 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     Supported: causal attention over varlen queries, window_size, chunk_lookback (chunked local
     attention), mm_prefix_range (bidirectional ranges, mm_prefix_clamp_sliding_window), softcap,
     sinks, alibi_slopes (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE,
-    FP8_PER_TENSOR, INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD. Decode rows only (see the module docstring): one
-    aotc decode call (per-token-head modes: at head sizes 64 and 128).
+    FP8_PER_TENSOR, INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD; INT4_PER_TOKEN_HEAD at head sizes
+    64 and 128 (decode's and prefix_prefill's kv_format "int4_rht": q rotated before the kernel,
+    the output after; no softcap/ALiBi, no output_scale). Decode rows only (see the module
+    docstring): one aotc decode call (per-token-head modes: at head sizes 64 and 128).
     Prefill rows: FP8_PER_TOKEN_HEAD, and INT8_PER_TOKEN_HEAD with softcap or ALiBi, raise
     NotImplementedError.
     Converted: an fp8 q becomes q * q_descale in out's dtype (bfloat16 for an fp8 out): one copy
@@ -148,9 +172,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     without mm_prefix_range. Calls with chunk_lookback or mm_prefix_range go to prefix_prefill,
     decode rows too. Cost (estimated): in a mixed batch a one-token request takes a 128-row
     query tile, as in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see
-    _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD, causal=False or per-sequence, qq_bias,
-    rswa_*; per-token-head int8 caches with chunk_lookback or mm_prefix_range (prefix_prefill's).
-    Other limits are
+    _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD with softcap/ALiBi or output_scale,
+    causal=False or per-sequence, qq_bias, rswa_*; per-token-head int8/int4 caches with
+    chunk_lookback or mm_prefix_range (prefix_prefill's). Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
     """
     from aotc.loader.ops.decode import decode
@@ -170,18 +194,27 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     fmt = "auto"
     k_scale = v_scale = None
     mode = int(kv_quant_mode)
-    if mode in _PER_TOKEN_HEAD:
+    if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
+        if output_scale is not None:
+            raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD with output_scale (fp8 "
+                                      "output) is not implemented in aotc")
+        if softcap or alibi_slopes is not None:
+            raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD with softcap or "
+                                      "alibi_slopes is not implemented in aotc")
+        k, v, k_scale, v_scale, fmt = _int4_per_token_head(q, k, v, k_scale_cache, v_scale_cache)
+    elif mode in _PER_TOKEN_HEAD:
         k, v, k_scale, v_scale, fmt = _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache)
     elif k_scale_cache is not None or v_scale_cache is not None:
         raise ValueError("unified_attention: k_scale_cache / v_scale_cache are read with kv_quant_mode "
-                         "INT8_PER_TOKEN_HEAD or FP8_PER_TOKEN_HEAD only")
+                         "INT8_PER_TOKEN_HEAD, FP8_PER_TOKEN_HEAD or INT4_PER_TOKEN_HEAD only")
     if mode == KVQuantMode.FP8_PER_TENSOR:
         if k.dtype not in _FP8:
             raise TypeError(f"unified_attention: kv_quant_mode FP8_PER_TENSOR needs float8 caches, got {k.dtype}")
         fmt = _FP8_NAMES[k.dtype]
         k_scale, v_scale = _first_scale(k_descale, "k_descale", q.device), _first_scale(v_descale, "v_descale",
                                                                                            q.device)
-    elif isinstance(k, torch.Tensor) and k.dtype in _FP8 and mode not in _PER_TOKEN_HEAD:
+    elif isinstance(k, torch.Tensor) and k.dtype in _FP8 and mode not in _PER_TOKEN_HEAD \
+            and mode != KVQuantMode.INT4_PER_TOKEN_HEAD:
         raise ValueError(f"unified_attention: a {k.dtype} cache needs kv_quant_mode FP8_PER_TENSOR")
     if isinstance(q, torch.Tensor) and q.dtype in _FP8:
         dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16

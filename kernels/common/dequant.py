@@ -169,6 +169,31 @@ def _i4x4_codes16(x, PTX: tl.constexpr):
 
 
 @triton.jit
+def _u4x4_codes16(x, PTX: tl.constexpr):
+    # Unsigned nibbles (vLLM's int4 codes, zero point apart), exact in fp16: n in parts 0 and 2,
+    # 16 n in parts 1 and 3 (masked in place, as _i4x4_biased), for the V dots of int4_zp.
+    if _INTERPRET or not PTX:
+        return (x & 15).to(tl.float16), (x & 240).to(tl.float16), \
+            ((x >> 8) & 15).to(tl.float16), ((x >> 8) & 240).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, t, m;
+            mov.b32 m, 0x64006400;
+            lop3.b32 a, $4, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 b, $4, 0x00F000F0, 0x64006400, 0xEA;
+            shr.b32 t, $4, 8;
+            lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+            sub.rn.f16x2 $0, a, m;
+            sub.rn.f16x2 $1, b, m;
+            sub.rn.f16x2 $2, c, m;
+            sub.rn.f16x2 $3, d, m;
+            }""",
+            "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
 def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr):
     # x: int8 bytes of fp8 values -> fp16 holding the value (e5m2) or the value * 2^-8 (e4m3, whose
     # exponent bias is 7 to fp16's 15), subnormals included. e5m2 is the top byte of an fp16.

@@ -35,6 +35,10 @@ selects how a tile is dequantized:
   3, 4: fp8 e4m3 / e5m2, read as raw bytes and widened to fp16 with integer ops (Triton has no
      e4m3 type on sm80), with the per-head scale and the 2^8 exponent rebias of e4m3 folded into
      the score and output scales.
+  5 (PER_TOKEN): int4_zp, vLLM's INT4_PER_TOKEN_HEAD codes: unsigned nibbles (2i low, 2i+1 high)
+     and one fp32 word a token and KV head, the scale with the zero point in its 4 low mantissa
+     bits; value = (nibble - zp) * scale. _attend_chunked's int4 loop with the zero point folded
+     into the score and output corrections. The values are rotated: the op rotates q and the output.
   3 with PER_TOKEN: fp8 e4m3 with one fp32 scale a token and KV head (vLLM's FP8_PER_TOKEN_HEAD):
      K's scales multiply the scores, V's the probabilities, as the int8 per-token loop does.
 SCORE_MOD binaries apply softcap and ALiBi (kernels/common/score_mod.py, runtime values) to the
@@ -56,7 +60,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from aotc.kernels.common.dequant import (
     _INTERPRET, _expand, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
-    _i8x2_dequant,
+    _i8x2_dequant, _u4x4_codes16,
 )
 from aotc.kernels.common.schedule import split_tokens
 from aotc.kernels.common.score_mod import _score_mod
@@ -278,7 +282,7 @@ def decode_split_kernel(
     if SCORE_MOD:
         slopes = tl.load(Alibi + heads, mask=h_mask & (alibi_mode != 0), other=0.0)
     last = seq_len - 1  # the query's position: ALiBi's key positions are relative to it
-    if (KV_KIND == 1 or KV_KIND == 2) and (PER_TOKEN or CHUNK_SCALES or CHANNEL_SCALES):
+    if (KV_KIND == 1 or KV_KIND == 2 or KV_KIND == 5) and (PER_TOKEN or CHUNK_SCALES or CHANNEL_SCALES):
         m_i, l_i = _attend_chunked(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
@@ -393,6 +397,15 @@ def _chunk_scales(S_row, page, offs_t, hi, page_shift, sp, st, quant_shift, CHUN
 
 
 @triton.jit
+def _zp_scales(S_row, page, offs_t, hi, page_shift, sp, st):
+    # int4_zp's scale words of tokens offs_t: (the scale, its 4 low mantissa bits cleared; the zero
+    # point those bits hold), fp32 [len(offs_t)], 0 past hi.
+    slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
+    w = tl.load(S_row.to(tl.pointer_type(tl.int32)) + page * sp + slot * st, mask=offs_t < hi, other=0)
+    return (w & -16).to(tl.float32, bitcast=True), (w & 15).to(tl.float32)
+
+
+@triton.jit
 def _code_dots(q, x, INT4: tl.constexpr, PTX: tl.constexpr):
     # Scores of one chunk over biased codes (see k_bias): q a tuple of the chunk's PARTS query slices.
     if INT4:
@@ -426,7 +439,12 @@ def _attend_chunked(
     # it saves (int4: 11 -> 5 instructions a register of eight channels). A constexpr loop, not a
     # runtime branch beside the per-element one: with both loops in one binary the per-group loop
     # lost 7 points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
-    INT4: tl.constexpr = KV_KIND == 2
+    # ZP (KV_KIND 5, int4_zp, PER_TOKEN): unsigned nibbles n and a zero point zp a token in the fp32
+    # scale word (_zp_scales): value = (n - zp) * scale. The biased dots take offsets 1024 and 64
+    # (no +7), and q's sum times each token's zp joins k_bias; V's dots read n exactly
+    # (_u4x4_codes16) and the probabilities' sum times zp (zacc) is subtracted from the output.
+    ZP: tl.constexpr = KV_KIND == 5
+    INT4: tl.constexpr = KV_KIND == 2 or ZP
     PARTS: tl.constexpr = 4 if INT4 else 2
     WORDS: tl.constexpr = BLOCK_D // PARTS
     # CHANNEL (int8, scales [kv_heads, D] at KS/VS + kvh * stride_ksh, channel stride 1): q times
@@ -457,8 +475,13 @@ def _attend_chunked(
             q2 = tl.load(q_cols + 2, mask=qm, other=0.0).to(tl.float16)
             q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
             qs = qs + ((q0, q1, q2, q3),)
-            k_bias = k_bias + (1031.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1))
-                               + 71.0 * (tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)),)
+            s02 = tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
+            s13 = tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)
+            if ZP:
+                k_bias = k_bias + (1024.0 * s02 + 64.0 * s13,)
+                q_sum = s02 + s13
+            else:
+                k_bias = k_bias + (1031.0 * s02 + 71.0 * s13,)
         else:
             qs = qs + ((q0, q1),)
             k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
@@ -468,26 +491,35 @@ def _attend_chunked(
     offs_tail = tl.arange(0, TAIL_WORDS)
     acc_t0 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
     acc_t1 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
+    zacc = tl.zeros([BLOCK_H], dtype=tl.float32)  # ZP: the probabilities' sum times V's zero points
 
     ks_row = KS + kvh64 * stride_ksh
     vs_row = VS + kvh64 * stride_vsh
     if not CHANNEL:
         offs_n = lo + tl.arange(0, BLOCK_N)
         page_n = _pages(table_row, offs_n, hi, page_shift)
-        ks = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift, CHUNKS,
-                           CHUNK_CH, tl.float32)
-        vs = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift, CHUNKS,
-                           CHUNK_CH, tl.float16)
+        if ZP:
+            ks, kz = _zp_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst)
+            vs, vz = _zp_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst)
+        else:
+            ks = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift, CHUNKS,
+                               CHUNK_CH, tl.float32)
+            vs = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift, CHUNKS,
+                               CHUNK_CH, tl.float16)
         page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
         if not CHANNEL:
             offs_n = offs_t + BLOCK_N
-            ks_next = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift,
-                                    CHUNKS, CHUNK_CH, tl.float32)
-            vs_next = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift,
-                                    CHUNKS, CHUNK_CH, tl.float16)
+            if ZP:
+                ks_next, kz_next = _zp_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst)
+                vs_next, vz_next = _zp_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst)
+            else:
+                ks_next = _chunk_scales(ks_row, page_n, offs_n, hi, page_shift, stride_ksp, stride_kst, quant_shift,
+                                        CHUNKS, CHUNK_CH, tl.float32)
+                vs_next = _chunk_scales(vs_row, page_n, offs_n, hi, page_shift, stride_vsp, stride_vst, quant_shift,
+                                        CHUNKS, CHUNK_CH, tl.float16)
             page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
         page = _pages(table_row, offs_t, hi, page_shift)
         for c in tl.static_range(CHUNKS):
@@ -496,6 +528,9 @@ def _attend_chunked(
                         cols < HEAD_DIM // PARTS, KV_ALIGN)
             if CHANNEL:
                 term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * qk_scale
+            elif ZP:
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None] - q_sum[:, None] * kz[None, :]) \
+                    * (ks * qk_scale)[None, :]
             else:
                 term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
             if c == 0:
@@ -521,10 +556,16 @@ def _attend_chunked(
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
             if CHANNEL:
                 pd = p.to(tl.float16)
+            elif ZP:
+                pd = (p * vs[None, :]).to(tl.float16)
+                zacc = zacc * alpha + tl.sum(pd.to(tl.float32) * vz[None, :], 1)
             else:
                 pd = (p * vs[c].to(tl.float32)[None, :]).to(tl.float16)
-            if INT4:
+            if ZP:
+                v0, v1, v2, v3 = _u4x4_codes16(vx, PTX)
+            elif INT4:
                 v0, v1, v2, v3 = _i4x4_codes16(vx, PTX)
+            if INT4:
                 # parts 2, 3 first: the order the int4 per-token binaries were timed in
                 a2 = acc[PARTS * c + 2] * alpha[:, None] + tl.dot(pd, v2)
                 a3 = acc[PARTS * c + 3] * alpha[:, None] + tl.dot(pd, v3)
@@ -542,6 +583,9 @@ def _attend_chunked(
         if not CHANNEL:
             ks = ks_next
             vs = vs_next
+            if ZP:
+                kz = kz_next
+                vz = vz_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     if KV_ALIGN == 8:
@@ -559,6 +603,8 @@ def _attend_chunked(
                 # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
                 scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
                 o = acc[PARTS * c + i] * scale[:, None]
+                if ZP:
+                    o = o - (zacc * inv_l)[:, None]
                 if CHANNEL:
                     vc = tl.load(vs_row + PARTS * cols + i, mask=cols < HEAD_DIM // PARTS, other=0.0)
                     o = o * vc[None, :]

@@ -1,27 +1,27 @@
 """Variant table and launch geometry of the flash-decoding family (`kernel.py`).
 
 Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
-fp8_e4m3, fp8_e5m2), `scale` (fp16, bf16, fp32 for int8/int4; fp32 otherwise: fp8's per-head
-scale, or an unused placeholder for fp16/bf16 caches), `head_dim` (64, 96, 128, 256), `scales`
-(int8/int4: "token" for one scale a token, group == head_dim, and "chunk" for int8 groups of 64
-at head_dim 128, which share a loop in the kernel that scales exact code dots; "group" for the
-other groups of 32 channels and more at head dims 128 and 256, "small_group" for
-the other groups (8-16, and 32 at head dims 64 and 96), which read their scales differently
-(kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel, [kv_heads, D]
-(the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's into the
-output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's launch
-geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles, which
-int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid can
-fill the GPU with it; see `split_tiles`), `score` and `kv_align` (vLLM's variants only, absent from
-the others' keys: "mod" applies softcap and ALiBi to the scores, their values runtime; kv_align 4
-marks per-token caches whose rows start 4-byte aligned only, vLLM's inline-scale layout, whose K
+fp8_e4m3, fp8_e5m2, and int4_zp: vLLM's INT4_PER_TOKEN_HEAD codes, "token" scales in fp32 words
+holding the zero point, head dims 64 and 128, see ZP_FORMATS), `scale` (fp16, bf16, fp32 for
+int8/int4; fp32 otherwise: fp8's per-head scale, or an unused placeholder for fp16/bf16 caches),
+`head_dim` (64, 96, 128, 256), `scales` (int8/int4: "token" for one scale a token, group ==
+head_dim, and "chunk" for int8 groups of 64 at head_dim 128, which share a loop in the kernel that
+scales exact code dots; "group" for the other groups of 32 channels and more at head dims 128 and
+256, "small_group" for the other groups (8-16, and 32 at head dims 64 and 96), which read their
+scales differently (kernel._scales); "channel" for int8 with one fp32 scale a KV head and channel,
+[kv_heads, D] (the Iluvatar library's layout: exact code dots, K's scales folded into the query, V's
+into the output; fp32 scales only, 8 variants); "none" for other formats), `tile` (the program's
+launch geometry: "wide", 4 warps over 128-token tiles, or "narrow", 2 warps over 64-token tiles,
+which int4 takes at head_dim 64 and, with one scale a token at head_dim 128, when the call's grid
+can fill the GPU with it; see `split_tiles`), `score` and `kv_align` (vLLM's variants only, absent
+from the others' keys: "mod" applies softcap and ALiBi to the scores, their values runtime; kv_align
+4 marks per-token caches whose rows start 4-byte aligned only, vLLM's inline-scale layout, whose K
 and V tiles are then read as 4-byte vectors at either specialization level; see `vllm_variants`),
-plus `cache`,
-the element type the kernel reads the cache as, which follows from `kv` (fp8 is read as raw int8
-bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16), `head_dim`,
-`splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the smallest that
-holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a loop over
-tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
+plus `cache`, the element type the kernel reads the cache as, which follows from `kv` (fp8 is read
+as raw int8 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16),
+`head_dim`, `splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the
+smallest that holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a
+loop over tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
 """
@@ -31,8 +31,12 @@ from ..common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP, ptx_constexprs  #
 from ..variants import Arg, KernelSpec, LaunchConfig
 
 Q_DTYPES = ("fp16", "bf16")
-KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
+KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2", "int4_zp")
 INT_FORMATS = ("int8", "int4")
+# vLLM's INT4_PER_TOKEN_HEAD codes (kernels/common/int4_rht.py): unsigned nibbles, one fp32 scale
+# word a token and KV head holding the zero point in its 4 low mantissa bits. The kernel reads the
+# stored (rotated) values; the op rotates q before and the output after (loader/ops/decode_rht.py).
+ZP_FORMATS = ("int4_zp",)
 SCALE_DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 96, 128, 256)
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
@@ -44,9 +48,9 @@ CHUNK_CHANNELS = 64
 CHUNK_HEAD_DIMS = (128,)
 WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with a "group" variant (groups of 32+ that are not one a token)
 
-KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
+KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "int4_zp": 5}
 CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
-               "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
+               "fp8_e4m3": "int8", "fp8_e5m2": "int8", "int4_zp": "int4"}
 
 BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
 # Splits a request at most: what the merge reads and an explicit num_splits may ask for. The
@@ -78,9 +82,9 @@ NARROW_PROGRAMS_PER_SM = 6
 
 def split_tiles(kv: str, head_dim: int, scales: str) -> tuple[str, ...]:
     """The tiles declared for a variant, preferred first when the grid is large enough."""
-    if kv == "int4" and head_dim == 64:
+    if kv in ("int4",) + ZP_FORMATS and head_dim == 64:
         return ("narrow",)
-    if kv == "int4" and head_dim == 128 and scales == "token":
+    if kv in ("int4",) + ZP_FORMATS and head_dim == 128 and scales == "token":
         return ("narrow", "wide")
     return ("wide",)
 
@@ -125,7 +129,10 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         raise ValueError(f"a {kv} cache takes fp32 scales (placeholder for fp16/bf16), got {scale}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if per_token and (kv not in INT_FORMATS + FP8_PER_TOKEN_FORMATS or head_dim not in PER_TOKEN_HEAD_DIMS):
+    if kv in ZP_FORMATS and not per_token:
+        raise ValueError(f"an {kv} cache has one scale a token (per_token=True)")
+    if per_token and (kv not in INT_FORMATS + FP8_PER_TOKEN_FORMATS + ZP_FORMATS
+                      or head_dim not in PER_TOKEN_HEAD_DIMS):
         raise ValueError(f"one scale a token is for int8/int4/{'/'.join(FP8_PER_TOKEN_FORMATS)} caches of head_dim "
                          f"{PER_TOKEN_HEAD_DIMS}, not {kv} at head_dim {head_dim}")
     if per_token and kv in FP8_PER_TOKEN_FORMATS and kv_align == 16:
@@ -315,10 +322,16 @@ def vllm_variants(q: str):
     """The variants vLLM's unified_attention needs beyond the others, for one query dtype: scores
     with softcap/ALiBi over fp16/bf16/fp8 caches (4 head dims x 3 formats), and its per-token-head
     int8 / fp8 e4m3 caches with fp32 scales at kv_align 4 and 8, plain and "mod" (2 head dims x 2 x
-    2 x 2): 28 a query dtype."""
+    2 x 2), and its INT4_PER_TOKEN_HEAD codes ("int4_zp": head dim 64's narrow tile, 128's narrow
+    and wide): 31 a query dtype."""
     for kv in (q, "fp8_e4m3", "fp8_e5m2"):
         for hd in HEAD_DIMS:
             yield split_axes(q, kv, "fp32", hd, score="mod")
+    for kv in ZP_FORMATS:  # vLLM's INT4_PER_TOKEN_HEAD: plain scores, any 2-byte-aligned rows
+        for hd in PER_TOKEN_HEAD_DIMS:
+            axes = split_axes(q, kv, "fp32", hd, per_token=True)
+            for tile in split_tiles(kv, hd, axes["scales"]):
+                yield dict(axes, tile=tile)
     for kv in ("int8",) + FP8_PER_TOKEN_FORMATS:
         for hd in PER_TOKEN_HEAD_DIMS:
             for score in SCORES:

@@ -25,6 +25,8 @@ scores through qk_scale) and P is rounded to fp16. The scales go where they cost
   group    as per token, code * scale rounded once to fp16, with a scale a run of 8 channels
            ([BLOCK_N, BLOCK_D // 8], each group's read group / 8 times in place), repeated over
            the run's words in registers; loaded a tile ahead the same way;
+  token_zp int4 only (vLLM's INT4_PER_TOKEN_HEAD codes): as per token, the value (n - zp) * scale
+           from one fp32 word a token (zero point in its 4 low mantissa bits);
   channel  K: on q, once per program; V: on the context's accumulator, once after the loop
            (later online-softmax rescaling is linear, as for fp8's scalar scale). The parts hold
            exact codes; int4 parts 1 and 3 come out as 16 * code (dequant._i4x4_codes16), their
@@ -42,7 +44,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.common.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant
+from aotc.kernels.common.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant, _u4x4_codes16
 
 
 @triton.jit
@@ -131,7 +133,7 @@ def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb
         return z, z
     else:
         n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, True)
-        if SCALES == 1:
+        if SCALES == 1 or SCALES == 4:  # 4: the fp32 scale words, their bits kept (_i4_parts splits them)
             return _token_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind)
         else:
             return _group_scales(KS, VS, blk, slot, kv_head, s_sb, s_st, s_sh, n_valid, scale_kind, quant_shift,
@@ -154,8 +156,17 @@ def _i8_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr):
 @triton.jit
 def _i4_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr):
     """fp16 parts (channels 4j + i) of int4 words: with per-token or per-group scales the values
-    code * scale, else the codes with parts 1 and 3 times 16 (_i4x4_codes16)."""
-    if SCALES == 1:
+    code * scale, else the codes with parts 1 and 3 times 16 (_i4x4_codes16). SCALES 4 (int4_zp):
+    unsigned nibbles n and one fp32 word a token, its 4 low mantissa bits the zero point zp and the
+    rest the scale: (n - zp) * scale, rounded once to fp16 as per token."""
+    if SCALES == 4:
+        bits = sc.to(tl.int32, bitcast=True)
+        s = (bits & -16).to(tl.float32, bitcast=True)[:, None]
+        z = (bits & 15).to(tl.float32)[:, None]
+        c0, c1, c2, c3 = _u4x4_codes16(words, PTX)  # parts 1, 3: 16 n
+        return ((c0.to(tl.float32) - z) * s).to(tl.float16), ((c1.to(tl.float32) * 0.0625 - z) * s).to(tl.float16), \
+            ((c2.to(tl.float32) - z) * s).to(tl.float16), ((c3.to(tl.float32) * 0.0625 - z) * s).to(tl.float16)
+    elif SCALES == 1:
         return _i4x4_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape), PTX)
     elif SCALES == 3:
         return _i4x4_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]), PTX)

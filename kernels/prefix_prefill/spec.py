@@ -6,7 +6,10 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             int8, int4 (decode's formats: codes * scale, int4 as code + 7 nibbles)
   scales    int8/int4: "token" (one scale a token and kv head: group == head_dim), "group" (one a
             token, kv head and group of 8..128 channels, the group size runtime: decode's and
-            store_kv's per-group format) or "channel" ([kv_heads, D]: the Iluvatar layout's); "none"
+            store_kv's per-group format) or "channel" ([kv_heads, D]: the Iluvatar layout's); int4
+            also "token_zp" (vLLM's INT4_PER_TOKEN_HEAD codes, kernels/common/int4_rht.py: unsigned
+            nibbles, one fp32 word a token and kv head holding the scale and, in its 4 low mantissa
+            bits, the zero point; block_d 64 and 128; the op rotates q and the output); "none"
             for the other formats
   block_d   the tile width, a power of two: head_dim is runtime, masked to it (any multiple of 8
             in (block_d / 2, block_d], and 8..32 in 32); int4 starts at 64 (a 16-wide dot a part)
@@ -19,8 +22,9 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             have "plain" only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
 dtype (and the int group size), V's pack factor, kv_from_cache (new keys read from the
-cache), chunked local attention and vLLM's bidirectional ranges are runtime, so they cost no binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus
-2 * 3 * (4 + 3) = 42 int8/int4 ones, 138 in all, each built at two specialization levels per arch
+cache), chunked local attention and vLLM's bidirectional ranges are runtime, so they cost no
+binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus 2 * 3 * (4 + 3) + 2 * 2 = 46 int8/int4
+ones, 142 in all, each built at two specialization levels per arch
 (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
@@ -40,7 +44,8 @@ from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig
 DTYPES = ("fp16", "bf16")
 KV_FORMATS = ("same", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
 INT_FORMATS = ("int8", "int4")
-SCALES = ("none", "token", "channel", "group")
+SCALES = ("none", "token", "channel", "group", "token_zp")
+ZP_BLOCK_DS = (64, 128)  # "token_zp" (vLLM's INT4_PER_TOKEN_HEAD codes) at head sizes 64 and 128
 BLOCK_DS = (32, 64, 128, 256)
 MAX_HEAD_DIM = 256
 LAYOUTS = ("nhd", "vllm")
@@ -122,9 +127,10 @@ def constexprs(axes) -> dict:
 def variants():
     for dtype in DTYPES:
         for kv in KV_FORMATS:
-            for scales in (("token", "channel", "group") if kv in INT_FORMATS else ("none",)):
+            for scales in (("token", "channel", "group") + (("token_zp",) if kv == "int4" else ())
+                           if kv in INT_FORMATS else ("none",)):
                 for bd in BLOCK_DS:
-                    if kv == "int4" and bd < 64:
+                    if (kv == "int4" and bd < 64) or (scales == "token_zp" and bd not in ZP_BLOCK_DS):
                         continue
                     for layout in (("nhd",) if kv in INT_FORMATS else LAYOUTS):
                         for score in (("plain",) if kv in INT_FORMATS else SCORES):
@@ -192,7 +198,7 @@ def ws_variant(axes) -> bool:
     channel), 128-wide tiles (head dims 72..128; ws_serves keeps the multiples of 16), nhd-family
     caches, plain scores."""
     return (axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
-            and axes.get("score", "plain") == "plain")
+            and axes.get("score", "plain") == "plain" and axes["scales"] != "token_zp")
 
 
 def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -> bool:

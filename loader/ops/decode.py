@@ -50,6 +50,8 @@ def _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, d
     elif alibi_sqrt:
         raise ValueError("alibi_sqrt=True needs alibi_slopes")
     mode = 0 if alibi_slopes is None else 2 if alibi_sqrt else 1
+    if (mode or softcap) and kv.fmt in S.ZP_FORMATS:
+        raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} (int4_rht) cache are not implemented")
     if (mode or softcap) and kv.fmt in S.INT_FORMATS and not (kv.fmt == "int8" and kv.group == head_dim
                                                                  and not kv.channel):
         raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} cache is implemented for int8 with one "
@@ -149,7 +151,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     tiles = S.split_tiles(kv.fmt, head_dim, split_axes["scales"])
     split_axes["tile"] = S.choose_tile(tiles, batch * kv_heads * S.head_blocks(group), _sm_count(q.device))
     fp8 = kv.fmt in FP8_DTYPES
-    byte_view = fp8 or kv.fmt == "int4"
+    byte_view = fp8 or kv.fmt in ("int4",) + S.ZP_FORMATS
     splits = d.splits
     if not splits:
         per_sm = split_programs_per_sm(S.SPLIT, split_axes, fp8, byte_view, q, kv.k, kv.v, kv.ks, kv.vs, table,
@@ -163,7 +165,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
                       (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes),
                        merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view,
-                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS)))
+                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS + S.ZP_FORMATS)))
 
 
 def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
@@ -286,7 +288,14 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
       scale_layout  "group" (the above) or "channel": int8 only, k_scale and v_scale [Hk, D] fp32
                (one scale a KV head and channel, constant over tokens, channels contiguous), value
                = code * scale[head, channel]. Said explicitly, so no scale shape is read two ways.
-      kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2".
+      kv_format  "auto" (from dtype and last dim), "fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2",
+               "int4_rht" or "int4_zp" (never inferred).
+               "int4_rht": vLLM 0.33's INT4_PER_TOKEN_HEAD cache (kernels/common/int4_rht.py) at D 64
+               or 128: Dc = D // 2 uint8/int8 (unsigned nibbles, channel 2i low), k_scale/v_scale the
+               cache's shape with last dim 1, fp32 scale words (zero point in the 4 low mantissa
+               bits; vLLM's k_scale_cache[..., None]), any strides; the stored values are rotated
+               and decode rotates q before the kernel and the output after (decode_rht.py).
+               "int4_zp": the same codes read without the rotation (the kernel's format).
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
       softcap  > 0: natural-log scores s become softcap * tanh(s / softcap); then alibi_slopes [H]
@@ -322,6 +331,13 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
     head NaN in out and lse; other heads are unaffected).
     """
+    if kv_format == "int4_rht":
+        from .decode_rht import decode_rht
+
+        return decode_rht(q, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
+                          sm_scale=sm_scale, window=window, sinks=sinks, out=out, num_splits=num_splits,
+                          return_lse=return_lse, lse=lse, scale_layout=scale_layout, alibi_slopes=alibi_slopes,
+                          alibi_sqrt=alibi_sqrt, softcap=softcap, validate=validate)
     matched = False
     if not validate and not _compiling():
         for e in _recent.entries:  # one C call matches every argument; pointers read once

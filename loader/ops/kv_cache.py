@@ -19,6 +19,7 @@ STORAGE = {  # dtypes a cache of each format may have (fp8 also as its raw bytes
     "int4": (torch.int8, torch.uint8),
     "fp8_e4m3": (torch.float8_e4m3fn, torch.int8, torch.uint8),
     "fp8_e5m2": (torch.float8_e5m2, torch.int8, torch.uint8),
+    "int4_zp": (torch.uint8, torch.int8),
 }
 rules.I32_MAX = 2 ** 31 - 1
 
@@ -61,7 +62,7 @@ def resolve_format(kv_format: str, cache: torch.Tensor, head_dim: int, name: str
         raise ValueError(f"kv_format must be 'auto' or one of {S.KV_FORMATS}, got {kv_format!r}")
     else:
         fmt = check_storage(name, kv_format, cache)
-    want = head_dim // 2 if fmt == "int4" else head_dim
+    want = head_dim // 2 if fmt in ("int4",) + S.ZP_FORMATS else head_dim
     if last != want:
         raise ValueError(f"{name}: last dim {last}, expected {want} for a {fmt} cache with head_dim {head_dim}")
     return fmt
@@ -106,6 +107,25 @@ def _fp8_token_scales(op, k_scale, v_scale, cache, fmt, device):
         if tuple(t.shape) != tuple(cache.shape[:-1]) + (1,):
             raise ValueError(f"{name}: one fp32 scale a token and head is the cache's shape {tuple(cache.shape[:-1])} "
                              f"plus a last dim of 1, got {tuple(t.shape)}")
+
+
+def _zp_scales(op, kv, k_scale, v_scale, cache, head_dim, device) -> None:
+    """int4_zp (vLLM's INT4_PER_TOKEN_HEAD codes): even strides (read two bytes at a time), one fp32
+    scale word a token and head, the cache's shape with last dim 1, any strides; set on kv."""
+    if head_dim not in S.PER_TOKEN_HEAD_DIMS:
+        raise ValueError(f"q: head_dim {head_dim}: an {kv.fmt} cache is read at head dims {S.PER_TOKEN_HEAD_DIMS}")
+    for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
+        if any(st % 2 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+            raise ValueError(f"{name}: an {kv.fmt} cache is read two bytes at a time, so its strides must be even; "
+                             f"got {t.stride()}")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            raise ValueError(f"an {kv.fmt} cache needs k_scale and v_scale (fp32 scale words)")
+        rules.tensor(op, name, t, (torch.float32,), device=device)
+        if tuple(t.shape) != tuple(cache.shape[:-1]) + (1,):
+            raise ValueError(f"{name}: one fp32 scale word a token and head is the cache's shape "
+                             f"{tuple(cache.shape[:-1])} plus a last dim of 1, got {tuple(t.shape)}")
+    kv.ks, kv.vs, kv.group, kv.token = as_paged(k_scale), as_paged(v_scale), head_dim, True
 
 
 class KV:
@@ -172,6 +192,8 @@ def check_cache(op, k_cache, v_cache, k_scale, v_scale, kv_format, head_dim, dev
         if v_scale.shape != k_scale.shape or v_scale.dtype != k_scale.dtype:
             raise ValueError("v_scale must have k_scale's shape and dtype")
         kv.ks, kv.vs, kv.scale_name = as_paged(k_scale), as_paged(v_scale), FLOAT_NAMES[k_scale.dtype]
+    elif fmt in S.ZP_FORMATS:
+        _zp_scales(op, kv, k_scale, v_scale, k_cache, head_dim, device)
     elif (fmt in FP8_DTYPES and isinstance(k_scale, torch.Tensor) and k_scale.dim() == k_cache.dim()
           and k_scale.shape[-1] == 1 and k_scale.numel() > 1):
         _fp8_token_scales(op, k_scale, v_scale, k_cache, fmt, device)  # one scale a token and head

@@ -25,6 +25,7 @@ _FORMATS = {  # kv_format -> the cache dtypes that may hold it (fp8 also as its 
     "fp8_e4m3": (torch.float8_e4m3fn, torch.uint8, torch.int8),
     "fp8_e5m2": (torch.float8_e5m2, torch.uint8, torch.int8),
     "int8": (torch.int8,), "int4": (torch.int8, torch.uint8),
+    "int4_zp": (torch.uint8, torch.int8),  # vLLM's INT4_PER_TOKEN_HEAD codes: the int4 path, scales "token_zp"
 }
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8)
 _SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the kernel's scale_kind
@@ -70,7 +71,7 @@ def _format(kv_format, k_cache, q, head_dim, kv_layout) -> str:
         if k_cache.dtype not in storage:
             raise TypeError(f"prefix_prefill: k_cache must have dtype in {[str(d) for d in storage]} for a "
                             f"{kv_format} cache, got {k_cache.dtype}")
-        return "same" if kv_format in ("fp16", "bf16") else kv_format
+        return "same" if kv_format in ("fp16", "bf16") else "int4" if kv_format == "int4_zp" else kv_format
     if k_cache.dtype == q.dtype:
         return "same"
     if k_cache.dtype in _FP8:
@@ -142,6 +143,12 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
     scales, sc, quant_shift = "none", (0, 0, 0), 0
     if fmt in _spec.INT_FORMATS:
         scales, sc, quant_shift = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
+        if kv_format == "int4_zp":
+            rules.need(OP, scales == "token" and k_scale.dtype == torch.float32, "k_scale",
+                       "one float32 scale word a token and head (the cache's shape with last dim 1) for an int4_zp "
+                       "cache", f"{tuple(k_scale.shape)} {k_scale.dtype}")
+            rules.need(OP, head_dim in (64, 128), "q.shape[2] (head_dim)", "64 or 128 for an int4_zp cache", head_dim)
+            scales = "token_zp"
     else:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if fmt in _FP8_FORMATS:
@@ -559,6 +566,13 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             reads them; last dim 1: one scale a token and head), or per channel `[kv_heads, D]`.
             Caches are read two bytes at a time: even strides and an even start address.
             Dequantization happens on the tiles inside the attention loop: nothing is allocated.
+          int4_rht: vLLM 0.33's INT4_PER_TOKEN_HEAD cache (uint8, Dc = D // 2, D 64 or 128, nhd/hnd;
+            k_scale/v_scale the cache's shape with last dim 1, fp32 words holding the zero point in
+            their 4 low mantissa bits; kernels/common/int4_rht.py), with k = v = None (every key from
+            the cache): the values are rotated, so q is rotated before the kernel and out after
+            (loader/ops/decode_rht.py); every row of out is rotated in place afterwards (rows the
+            kernel does not write included). No out_scale, skip_decode, softcap or ALiBi.
+            int4_zp: the same codes read without the rotation (the kernel's format).
             With per-token and per-group scales the values are code * scale rounded to fp16 (as
             decode): scales below fp16's normals (~6.1e-5) lose precision gradually, and values
             past 65504 overflow. On sm90 (H100/H200), D 80..128 (multiples of 16, 16-byte
@@ -594,6 +608,18 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     not checked: NaN in, NaN out (a non-finite q row, or k/v row it attends to, gives that row
     non-finite values; other rows are unaffected).
     """
+    if kv_format == "int4_rht":
+        from .decode_rht import prefix_prefill_rht
+
+        for on, name in ((chunk_lookback != -1, "chunk_lookback"), (mm_prefix_range is not None, "mm_prefix_range")):
+            if on:  # the int path's masks are causal and window only
+                raise NotImplementedError(f"prefix_prefill: {name} with an int4_rht cache is not implemented (fp16, "
+                                          f"bf16 and fp8 caches)")
+
+        return prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
+                                  kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale, window=window,
+                                  sinks=sinks, out_scale=out_scale, skip_decode=skip_decode, out=out, validate=validate,
+                                  v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap)
     matched = False
     if validate is False and not _compiling() and mm_prefix_range is None and chunk_lookback == -1:
         for e in _recent.entries:  # one C call matches every argument; pointers read once

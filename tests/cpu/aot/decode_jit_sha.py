@@ -2,7 +2,8 @@
 a call of decode's new variants, beside the AOT build's compile of the same keys: aligned calls
 of the int8 per-channel split, the merge kernel that writes the LSE and a bf16 "mod" split
 (softcap/ALiBi); GENERIC calls (every specializable argument off 16, as vLLM's inline-scale cache
-is: rows 4-byte aligned) of the kv_align 4 and 8 int8 and fp8 per-token splits. Prints pairs, one a line."""
+is: rows 4-byte aligned) of the kv_align 4 and 8 int8 and fp8 per-token splits; int4_zp (vLLM's
+INT4_PER_TOKEN_HEAD codes) aligned (narrow tile) and GENERIC (wide tile). Prints pairs, one a line."""
 import hashlib
 import os
 import sys
@@ -33,12 +34,12 @@ def split_args(cache=torch.int8):
             1024, 128, 4096, 256, 128, 4096, 256, 128, 0, 0, 128, 0, 0, 128, 30.0, 2]
 
 
-def vllm_split_args(cache):
+def vllm_split_args(cache, q_dtype=torch.bfloat16):
     """vLLM's per-token-head layout: K at a 16-byte-aligned base + 8, V 4 bytes past a 16-byte
     boundary, block/token/head strides off 16 (264 a head); q, the workspace and their strides off 16."""
     base = aligned(1 << 18, torch.uint8)
     k, v = base[8:].view(cache), base[132:].view(cache)
-    q = aligned(8192, torch.bfloat16)[2:]
+    q = aligned(8192, q_dtype)[2:]
     ks, vs = aligned(256, torch.float32)[1:], aligned(256, torch.float32)[2:]
     ints = [aligned(64, torch.int32)[1:] for _ in range(3)]
     part_o, part_lse, alibi = (aligned(n, torch.float32)[1:] for n in (8192, 512, 32))
@@ -62,11 +63,15 @@ if __name__ == "__main__":
     fp8_a4 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, kv_align=4)
     int8_a8 = S.split_axes("bf16", "int8", "fp32", 128, per_token=True, kv_align=8)
     fp8_a8 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, score="mod", kv_align=8)
+    zp_narrow = dict(S.split_axes("bf16", "int4_zp", "fp32", 128, per_token=True), tile="narrow")
+    zp_wide = dict(S.split_axes("fp16", "int4_zp", "fp32", 128, per_token=True), tile="wide")
     for spec, axes, args, level in ((S.SPLIT, split, split_args(), "aligned"), (S.MERGE, merge, merge_args(), "aligned"),
                                     (S.SPLIT, mod, split_args(torch.bfloat16), "aligned"),
                                     (S.SPLIT, int8_a4, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, fp8_a4, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, int8_a8, vllm_split_args(torch.int8), "generic"),
-                                    (S.SPLIT, fp8_a8, vllm_split_args(torch.int8), "generic")):
+                                    (S.SPLIT, fp8_a8, vllm_split_args(torch.int8), "generic"),
+                                    (S.SPLIT, zp_narrow, split_args(), "aligned"),
+                                    (S.SPLIT, zp_wide, vllm_split_args(torch.int8, torch.float16), "generic")):
         aot = compile_variant(spec, VariantKey.make(spec.name, axes, level), arch)
         print(hashlib.sha256(aot.cubin).hexdigest(), jit_sha(spec.name, axes, args, arch))

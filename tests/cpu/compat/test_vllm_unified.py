@@ -63,7 +63,12 @@ def test_fp8_output():
 
 
 UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
-    ("INT4_PER_TOKEN_HEAD", dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD)),
+    # INT4_PER_TOKEN_HEAD itself: tests/cpu/compat/test_vllm_int4.py
+    ("INT4_PER_TOKEN_HEAD with softcap", dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD, softcap=5.0)),
+    ("INT4_PER_TOKEN_HEAD with softcap or alibi_slopes",
+     dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD, alibi_slopes=torch.ones(4))),
+    ("INT4_PER_TOKEN_HEAD with output_scale",
+     dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD, output_scale=torch.tensor(1.0))),
     ("causal=False", dict(causal=False)),
     ("per-sequence", dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool))),
     ("qq_bias", dict(qq_bias=torch.zeros(1))),

@@ -22,10 +22,13 @@ from aotc.kernels.variants import VariantKey
 def test_variant_count_and_keys():
     variants = list(spec.variants())
     # 96 float/fp8 (dtype x format x block_d x layout x score) + 42 int8/int4 (dtype x 3 scales x
-    # block_d, nhd, plain scores).
-    assert len(variants) == 138
+    # block_d, nhd, plain scores) + 4 int4 "token_zp" (dtype x block_d 64, 128: vLLM's INT4_PER_TOKEN_HEAD).
+    assert len(variants) == 142
+    assert sorted((a["dtype"], a["block_d"]) for a in variants if a["scales"] == "token_zp") == [
+        ("bf16", 64), ("bf16", 128), ("fp16", 64), ("fp16", 128)]
+    assert not any(spec.ws_variant(a) for a in variants if a["scales"] == "token_zp")  # kernel.py's only
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 276
+    assert len(set(map(str, keys))) == 284
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
 

@@ -119,7 +119,9 @@ def test_refusals():
     args, _, _ = _problem([3, 1], [5, 9], seed=1)
     for extra, match in ((dict(softcap=10.0), "INT4_PER_TOKEN_HEAD with softcap"),
                          (dict(alibi_slopes=torch.ones(8)), "INT4_PER_TOKEN_HEAD with softcap or alibi"),
-                         (dict(output_scale=torch.tensor(1.0)), "INT4_PER_TOKEN_HEAD with output_scale")):
+                         (dict(output_scale=torch.tensor(1.0)), "INT4_PER_TOKEN_HEAD with output_scale"),
+                         (dict(window_size=(7, 0), chunk_lookback=0), "chunk_lookback"),
+                         (dict(mm_prefix_range=torch.zeros(2, 1, 2, dtype=torch.int32)), "mm_prefix_range")):
         with pytest.raises(NotImplementedError, match=match):
             vllm.unified_attention(**{**args, **extra})
     args, _, _ = _problem([1, 1], [5, 9], seed=1)

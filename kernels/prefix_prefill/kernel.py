@@ -401,13 +401,15 @@ def prefix_prefill_kernel(
         ctx_hi = ctx_len + last_row + 1
         inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
         # Bidirectional ranges (kv_from_cache only) that hold one of the tile's queries widen its keys
-        # to the range's end (and, unclamped by the window, down to its start); their tiles are masked.
+        # to the range's end and down to its start (clamped: to the window's); their tiles are masked.
         for i in range(n_mm):
             start = tl.load(mm_row + 2 * i)
             end = tl.load(mm_row + 2 * i + 1)
             hit = (start < end) & (start <= ctx_len + last_row) & (end >= ctx_len + qblk * BLOCK_M)
             ctx_hi = tl.where(hit, tl.maximum(ctx_hi, tl.minimum(end + 1, ctx_len + q_len)), ctx_hi)
-            key_lo = tl.where(hit & (mm_clamp == 0), tl.maximum(tl.minimum(key_lo, start), 0), key_lo)
+            # clamped: from the window's edge, which lies below the first row's chunk in chunked attention
+            mm_lo = tl.where(mm_clamp != 0, tl.maximum(start, ctx_len + qblk * BLOCK_M - win + 1), start)
+            key_lo = tl.where(hit, tl.maximum(tl.minimum(key_lo, mm_lo), 0), key_lo)
     first = key_lo // BLOCK_N * BLOCK_N
     inner_lo = tl.maximum(inner_lo, first)
     slope = tl.load(Alibi_slopes + head, mask=alibi_mode != 0, other=0.0)

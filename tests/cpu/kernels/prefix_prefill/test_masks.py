@@ -66,12 +66,14 @@ def test_bidirectional_ranges(window, clamp, layout, cache_dtype):
     assert (causal - ref).abs().max() > 10 * TOL[torch.float16]  # the ranges changed the answer
 
 
-def test_vllm_clamped_ranges_with_chunks():
-    # vLLM's Gemma-4 case in small: chunked local attention (chunk 32 = window) plus clamped ranges
-    ctx, q_lens = [0, 60], [96, 40]
-    case, kw = cache_holds_all(ctx, q_lens, q_heads=4, kv_heads=2, head_dim=64, dtype=torch.bfloat16, seed=33)
-    mm = _ranges([[(8, 87)], [(70, 95)]], 1)
-    got, ref = masked_run(case, kw, window=32, chunk_lookback=0, mm_prefix_range=mm, mm_clamp=True)
+@pytest.mark.parametrize("window", [32, 64])
+def test_vllm_clamped_ranges_with_chunks(window):
+    # vLLM's Gemma-4 case in small: chunked local attention (chunk = window) plus clamped ranges; in
+    # the second 128-row q block of request 0 the clamped range reaches below the block's first chunk
+    ctx, q_lens = [0, 60], [200, 40]
+    case, kw = cache_holds_all(ctx, q_lens, q_heads=4, kv_heads=2, head_dim=32, dtype=torch.bfloat16, seed=33)
+    mm = _ranges([[(8, 87), (100, 180)], [(70, 95)]], 2)
+    got, ref = masked_run(case, kw, window=window, chunk_lookback=0, mm_prefix_range=mm, mm_clamp=True)
     assert_matches(got, ref, torch.bfloat16)
 
 

@@ -35,12 +35,12 @@ def rht_signs(b: int) -> torch.Tensor:
     seeded SIGN_SEED, one Bernoulli(0.5) draw a channel, 1 -> +1 and 0 -> -1."""
     g = torch.Generator(device="cpu")
     g.manual_seed(SIGN_SEED)
-    return torch.bernoulli(torch.full((b,), 0.5), generator=g) * 2.0 - 1.0
+    return torch.bernoulli(torch.full((b,), 0.5, device="cpu"), generator=g) * 2.0 - 1.0
 
 
 def hadamard(b: int) -> torch.Tensor:
     """The unnormalized Sylvester Hadamard matrix [b, b] float32: entry (i, j) = (-1)^popcount(i & j)."""
-    i = torch.arange(b)
+    i = torch.arange(b, device="cpu")  # whatever torch's default device (vLLM's tests set CUDA)
     bits = i[:, None] & i[None, :]
     parity = torch.zeros_like(bits)
     while bool(bits.any()):

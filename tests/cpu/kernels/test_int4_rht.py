@@ -94,3 +94,11 @@ def test_nibble_order():
     packed = F.pack_nibbles(codes)
     assert packed.tolist() == [[0x21, 0x0F]]
     assert F.unpack_nibbles(packed).tolist() == [[1, 2, 15, 0]]
+
+
+def test_matrices_are_built_on_the_cpu_under_another_default_device():
+    # vLLM's tests set torch's default device to CUDA; the seeded CPU generator must still draw the signs
+    want = F.rht_matrix(128)
+    with torch.device("meta"):
+        got = F.rht_matrix(128)
+    assert got.device.type == "cpu" and torch.equal(got, want)

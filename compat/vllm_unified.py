@@ -85,6 +85,17 @@ def _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, 
                                   f"implemented in aotc")
 
 
+def _check_scale_caches(mode_name, k, k_scale_cache, v_scale_cache) -> None:
+    """ValueError unless both scale caches are tensors shaped [num_blocks, block_size, kv_heads] as k."""
+    for n, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"unified_attention: kv_quant_mode {mode_name} needs {n} (a [num_blocks, block_size, "
+                             f"kv_heads] float32 tensor), got {type(t).__name__}")
+        if t.dim() != 3 or tuple(t.shape) != tuple(k.shape[:3]):
+            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads] = "
+                             f"{list(k.shape[:3])}, got {tuple(t.shape)}")
+
+
 def _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache):
     """(k codes, v codes, k scales, v scales [.., 1], kv_format) for a per-token-head mode: the
     codes are the caches' first head_size channels (vLLM pads them by one inline scale)."""
@@ -97,13 +108,7 @@ def _per_token_head(mode, q, k, v, k_scale_cache, v_scale_cache):
         if t.dim() != 4 or t.shape[-1] < q.shape[-1]:
             raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads, >= head_size "
                              f"{q.shape[-1]}], got {tuple(t.shape)}")
-    for n, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"unified_attention: kv_quant_mode {name} needs {n} (a [num_blocks, block_size, "
-                             f"kv_heads] float32 tensor), got {type(t).__name__}")
-        if t.dim() != 3 or tuple(t.shape) != tuple(k.shape[:3]):
-            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads] = "
-                             f"{list(k.shape[:3])}, got {tuple(t.shape)}")
+    _check_scale_caches(name, k, k_scale_cache, v_scale_cache)
     d = q.shape[-1]
     return k[..., :d], v[..., :d], k_scale_cache.unsqueeze(-1), v_scale_cache.unsqueeze(-1), fmt
 
@@ -120,13 +125,7 @@ def _int4_per_token_head(q, k, v, k_scale_cache, v_scale_cache):
         if t.dim() != 4 or t.shape[-1] < d // 2:
             raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads, >= head_size // 2 = "
                              f"{d // 2}], got {tuple(t.shape)}")
-    for n, t in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"unified_attention: kv_quant_mode INT4_PER_TOKEN_HEAD needs {n} (a [num_blocks, "
-                             f"block_size, kv_heads] float32 tensor), got {type(t).__name__}")
-        if t.dim() != 3 or tuple(t.shape) != tuple(k.shape[:3]):
-            raise ValueError(f"unified_attention: {n} must be [num_blocks, block_size, kv_heads] = "
-                             f"{list(k.shape[:3])}, got {tuple(t.shape)}")
+    _check_scale_caches("INT4_PER_TOKEN_HEAD", k, k_scale_cache, v_scale_cache)
     return k[..., :d // 2], v[..., :d // 2], k_scale_cache.unsqueeze(-1), v_scale_cache.unsqueeze(-1), "int4_rht"
 
 

@@ -11,6 +11,7 @@ from aotc.compat import vllm
 from aotc.kernels.common import int4_rht as F
 from aotc.kernels.decode import reference as R
 from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref
+from tests.cpu.kernels.prefix_prefill.cases import random_block_table
 
 INT4 = vllm.KVQuantMode.INT4_PER_TOKEN_HEAD
 
@@ -48,14 +49,7 @@ def _problem(q_lens, ctx_lens, head_dim=64, pad=0, seed=0, bs=16):
     g = torch.Generator().manual_seed(seed)
     q_heads, kv_heads = 8, 2
     full = [c + n for c, n in zip(ctx_lens, q_lens)]
-    pages = [-(-n // bs) for n in full]
-    nb = sum(pages) + 2
-    order = torch.randperm(nb, generator=g)
-    table = torch.zeros(len(full), max(pages + [1]), dtype=torch.int32)
-    i = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = order[i:i + n].to(torch.int32)
-        i += n
+    table, nb = random_block_table(full, bs, g)
     kc, vc, ks, vs = _caches(nb, bs, kv_heads, head_dim, pad)
     for b, n in enumerate(full):  # every token of each request, written as vLLM's tests do
         t = torch.arange(n)

@@ -9,7 +9,7 @@ import torch
 
 from aotc.compat import vllm
 from aotc.kernels.prefix_prefill.reference import prefix_prefill_ref, quantize_fp8_ref
-from tests.cpu.kernels.prefix_prefill.cases import TOL, assert_matches, make_case
+from tests.cpu.kernels.prefix_prefill.cases import TOL, assert_matches, make_case, random_block_table
 
 # decode rows (q 1), a chunk past a 128-row tile, a request of no tokens, contexts around a page
 Q_LENS, CTX_LENS = [1, 130, 0, 5, 1], [0, 17, 0, 15, 40]
@@ -125,14 +125,7 @@ def _per_token_head_problem(mode, q_lens, ctx_lens, head_dim=64, seed=0, padded=
     g = torch.Generator().manual_seed(seed)
     q_heads, kv_heads, bs = 4, 2, 16
     full = [c + n for c, n in zip(ctx_lens, q_lens)]
-    pages = [-(-n // bs) for n in full]
-    nb = sum(pages) + 2
-    order = torch.randperm(nb, generator=g)
-    table = torch.zeros(len(full), max(pages + [1]), dtype=torch.int32)
-    i = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = order[i:i + n].to(torch.int32)
-        i += n
+    table, nb = random_block_table(full, bs, g)
     k = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
     v = torch.randn(nb, bs, kv_heads, head_dim, generator=g)
     fmt = "int8" if mode == vllm.KVQuantMode.INT8_PER_TOKEN_HEAD else "fp8_e4m3"

@@ -46,6 +46,20 @@ def _quantize_int(cache, used, fmt, scales, scale_dtype, head_gain, group):
     return (pack_int4(codes) if fmt == "int4" else codes), s
 
 
+def random_block_table(lengths, block_size, generator, spare=2):
+    """(block_table [len(lengths), max pages] int32 of distinct random pages, num_blocks): each
+    sequence's pages drawn from a shuffled pool with `spare` pages never used."""
+    pages = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(pages) + spare
+    order = torch.randperm(num_blocks, generator=generator)
+    table = torch.zeros(len(lengths), max(pages + [1]), dtype=torch.int32)
+    i = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = order[i:i + n].to(torch.int32)
+        i += n
+    return table, num_blocks
+
+
 def make_case(ctx_lens, q_lens, *, q_heads=4, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float16,
               layout="nhd", cache_dtype=None, device="cpu", seed=0, scale=1.0, kv_format=None, scales="token",
               scale_dtype=torch.float32, head_gain=None, x=None, group=16):

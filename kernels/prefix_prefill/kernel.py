@@ -210,21 +210,24 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n
     if KV_FORMAT != 0:
         k = _fp8_bits_to_half(k, KV_FORMAT, PTX).to(q.dtype)
         v = _fp8_bits_to_half(v, KV_FORMAT, PTX).to(q.dtype)
-    mask = (n[None, :] <= q_pos[:, None]) & (n[None, :] >= lo_row[:, None])
-    if n_mm > 0:  # vLLM's order: (causal and window) or a bidirectional range
-        mask |= _mm_pairs(q_pos, n, Mm, n_mm, mm_clamp, win)
-    mask &= n_valid[None, :]
+    if SCORE_MOD:  # "mod" binaries alone take chunked attention and bidirectional ranges
+        mask = (n[None, :] <= q_pos[:, None]) & (n[None, :] >= lo_row[:, None])
+        if n_mm > 0:  # vLLM's order: (causal and window) or a bidirectional range
+            mask |= _mm_pairs(q_pos, n, Mm, n_mm, mm_clamp, win)
+        mask &= n_valid[None, :]
+    else:  # the per-row bound and the range branch cost plain binaries ~5% (BENCHMARKS.md, session 27)
+        mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, q_pos - ctx0, n - ctx0, softcap, slope, alibi_mode,
                    MASKED, SCORE_MOD)
 
 
 @triton.jit
-def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
+def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, win, K, V, q_start, kv_head,
               stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope, alibi_mode,
               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SCORE_MOD: tl.constexpr):
     """New keys start..start+BLOCK_N of the request, read from K/V; unmasked tiles lie below
-    the diagonal and inside every row's window. lo_rel: each row's lowest visible key, counted
-    from the first new token."""
+    the diagonal and inside every row's window. lo_rel ("mod" binaries; plain ones test win):
+    each row's lowest visible key, counted from the first new token."""
     offs_d = tl.arange(0, BLOCK_D)
     n = start + tl.arange(0, BLOCK_N)
     n_valid = (n < new_hi) & (n >= new_lo)
@@ -234,7 +237,10 @@ def _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_s
                  MASKED)
     v = _load_kv(V + (kv_rows * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :], n_valid, d_valid,
                  MASKED)
-    mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (n[None, :] >= lo_rel[:, None])
+    if SCORE_MOD:
+        mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (n[None, :] >= lo_rel[:, None])
+    else:
+        mask = n_valid[None, :] & (n[None, :] <= offs_m[:, None]) & (offs_m[:, None] - n[None, :] < win)
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, offs_m, n, softcap, slope, alibi_mode, MASKED,
                    SCORE_MOD)
 
@@ -402,14 +408,15 @@ def prefix_prefill_kernel(
         inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
         # Bidirectional ranges (kv_from_cache only) that hold one of the tile's queries widen its keys
         # to the range's end and down to its start (clamped: to the window's); their tiles are masked.
-        for i in range(n_mm):
-            start = tl.load(mm_row + 2 * i)
-            end = tl.load(mm_row + 2 * i + 1)
-            hit = (start < end) & (start <= ctx_len + last_row) & (end >= ctx_len + qblk * BLOCK_M)
-            ctx_hi = tl.where(hit, tl.maximum(ctx_hi, tl.minimum(end + 1, ctx_len + q_len)), ctx_hi)
-            # clamped: from the window's edge, which lies below the first row's chunk in chunked attention
-            mm_lo = tl.where(mm_clamp != 0, tl.maximum(start, ctx_len + qblk * BLOCK_M - win + 1), start)
-            key_lo = tl.where(hit, tl.maximum(tl.minimum(key_lo, mm_lo), 0), key_lo)
+        if SCORE_MOD:  # "mod" binaries alone read the ranges
+            for i in range(n_mm):
+                start = tl.load(mm_row + 2 * i)
+                end = tl.load(mm_row + 2 * i + 1)
+                hit = (start < end) & (start <= ctx_len + last_row) & (end >= ctx_len + qblk * BLOCK_M)
+                ctx_hi = tl.where(hit, tl.maximum(ctx_hi, tl.minimum(end + 1, ctx_len + q_len)), ctx_hi)
+                # clamped: from the window's edge, which lies below the first row's chunk in chunked attention
+                mm_lo = tl.where(mm_clamp != 0, tl.maximum(start, ctx_len + qblk * BLOCK_M - win + 1), start)
+                key_lo = tl.where(hit, tl.maximum(tl.minimum(key_lo, mm_lo), 0), key_lo)
     first = key_lo // BLOCK_N * BLOCK_N
     inner_lo = tl.maximum(inner_lo, first)
     slope = tl.load(Alibi_slopes + head, mask=alibi_mode != 0, other=0.0)
@@ -461,15 +468,15 @@ def prefix_prefill_kernel(
         inner_lo = new_hi
         inner_hi = new_hi
     for start in range(first, tl.minimum(inner_lo, inner_hi), BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
     for start in range(inner_lo, inner_hi, BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, False, SCORE_MOD)
     for start in range(tl.maximum(inner_hi, first), new_hi, BLOCK_N):
-        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, K, V, q_start, kv_head,
+        acc, m_i, l_i = _new_tile(acc, m_i, l_i, q, offs_m, start, new_lo, new_hi, lo_rel, win, K, V, q_start, kv_head,
                                   stride_kt, stride_kh, stride_vt, stride_vh, head_dim, qk_scale, softcap, slope,
                                   alibi_mode, BLOCK_D, BLOCK_N, True, SCORE_MOD)
 

@@ -17,7 +17,8 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             or vllm (K split in groups of x, x runtime; V transposed, or vLLM's interleaved V with
             its pack factor runtime); int8/int4 nhd only
   score     float/fp8 caches: "plain", or "mod": softcap and ALiBi applied to the scores (their
-            values runtime). A runtime switch inside the tile loop cost shared memory (sm80's fp8
+            values runtime), and the masks beyond causal and window (chunked local attention,
+            vLLM's bidirectional ranges; runtime too, they cost plain binaries ~5%). A runtime switch inside the tile loop cost shared memory (sm80's fp8
             vllm d128 binary 160 -> 232 KiB, over its 163) and would cost every call; int8/int4
             have "plain" only
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'

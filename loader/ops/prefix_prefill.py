@@ -356,7 +356,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     if from_cache:  # never read (kv_from_cache): q stands in for the pointers and strides
         k = v = q
     axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd",
-                          "mod" if softcap or alibi_slopes is not None else "plain")
+                          "mod" if softcap or alibi_slopes is not None or chunk_lookback >= 0
+                          or mm_prefix_range is not None else "plain")
     block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8

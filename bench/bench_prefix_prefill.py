@@ -251,7 +251,7 @@ def main():
         def jit_of(k):
             fn, cx = jit_function(k), k.compile_constexprs(axes, arch)
             opts = k.launch_config(axes, arch).triton_options()
-            return lambda: fn[grid](*args, **cx, **opts)
+            return lambda: fn[grid](*args[:len(k.args)], **cx, **opts)  # the Gluon kernel takes spec.ARGS only
         t_jit = device_time(jit_of(kernel))
         t_triton = device_time(jit_of(pp_spec.PREFIX_PREFILL)) if kernel is not pp_spec.PREFIX_PREFILL else None
 

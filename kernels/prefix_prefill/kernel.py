@@ -166,10 +166,12 @@ def _ctx_fetch(start, blk, key_lo, ctx_len, Kc, Vc, block_size, kv_head, stride_
 
 
 @triton.jit
-def _lowest_key(pos, win, chunk_size, chunk_lookback):
+def _lowest_key(pos, win, chunk_size, chunk_lookback, CHUNKS: tl.constexpr):
     """The lowest key position a query at `pos` sees: pos - win + 1 in a sliding window (win is
-    2**31 - 1 without one), or in chunked local attention (chunk_size > 0) the first key of the
-    chunk chunk_lookback chunks back."""
+    2**31 - 1 without one), or in chunked local attention (CHUNKS binaries, chunk_size > 0) the
+    first key of the chunk chunk_lookback chunks back."""
+    if not CHUNKS:  # plain binaries: the window alone (the chunk test's division costs them)
+        return pos - win + 1
     c = tl.maximum(chunk_size, 1)
     return tl.where(chunk_size > 0, (pos // c - chunk_lookback) * c, pos - win + 1)
 
@@ -390,13 +392,13 @@ def prefix_prefill_kernel(
     qk_scale = sm_scale * LOG2E
     q_pos = ctx_len + offs_m  # absolute positions of this tile's queries
     last_row = tl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
-    lo_row = _lowest_key(q_pos, win, chunk_size, chunk_lookback)  # each row's lowest visible key
+    lo_row = _lowest_key(q_pos, win, chunk_size, chunk_lookback, SCORE_MOD)  # each row's lowest visible key
     # Lowest absolute key position any row of this tile may see: tiles below it are skipped.
-    key_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback), 0)
+    key_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback, SCORE_MOD), 0)
     bt_row = Block_table + req.to(tl.int64) * stride_bt
     # Tiles [first, inner_lo) and [inner_hi, end) need masks; [inner_lo, inner_hi) are whole,
     # inside the context and inside the window of every row, so they run mask-free.
-    inner_lo = tl.cdiv(tl.maximum(_lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback), 0),
+    inner_lo = tl.cdiv(tl.maximum(_lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback, SCORE_MOD), 0),
                        BLOCK_N) * BLOCK_N
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
     # kv_from_cache: the new tokens' keys come from the cache too, after the context: keys up to
@@ -456,10 +458,10 @@ def prefix_prefill_kernel(
             acc = acc * (tl.load(V_scale.to(tl.pointer_type(tl.float32), bitcast=True)) * fp8_unit)
 
     # ---- the request's own new tokens, causal ----
-    new_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback) - ctx_len, 0)
+    new_lo = tl.maximum(_lowest_key(ctx_len + qblk * BLOCK_M, win, chunk_size, chunk_lookback, SCORE_MOD) - ctx_len, 0)
     new_hi = last_row + 1
     first = new_lo // BLOCK_N * BLOCK_N
-    last_lo = _lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback) - ctx_len
+    last_lo = _lowest_key(ctx_len + last_row, win, chunk_size, chunk_lookback, SCORE_MOD) - ctx_len
     inner_lo = tl.maximum(tl.cdiv(tl.maximum(last_lo, 0), BLOCK_N) * BLOCK_N, first)
     lo_rel = lo_row - ctx_len
     inner_hi = qblk * BLOCK_M  # keys below the tile's first row: no causal mask (BLOCK_N divides BLOCK_M)

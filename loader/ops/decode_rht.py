@@ -76,8 +76,9 @@ def decode_rht(q, k_cache, v_cache, table, seq_lens, *, req_idx, k_scale, v_scal
 
 def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, *, kv_layout, k_scale,
                        v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes,
-                       alibi_sqrt, softcap):
-    """prefix_prefill's int4_rht: every key read from the cache (k = v = None), rotated as decode_rht."""
+                       alibi_sqrt, softcap, chunk_lookback=-1, mm_prefix_range=None, mm_clamp=False):
+    """prefix_prefill's int4_rht: every key read from the cache (k = v = None), rotated as decode_rht;
+    the int4_zp call's checks name what that format lacks."""
     from .prefix_prefill import _validate, prefix_prefill
 
     if k is not None or v is not None:
@@ -87,7 +88,8 @@ def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         if on:
             raise NotImplementedError(f"prefix_prefill: {name} with kv_format='int4_rht' is not implemented")
     _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, ZP, k_scale, v_scale,
-              sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap)
+              sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap, chunk_lookback,
+              mm_prefix_range, mm_clamp)
     head_dim = q.shape[-1]
     r_q, r_o, gain = rotations(head_dim, q.dtype, q.device)
     scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / gain
@@ -96,6 +98,6 @@ def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     prefix_prefill(q @ r_q, None, None, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout=kv_layout,
                    kv_format=ZP, k_scale=k_scale, v_scale=v_scale, sm_scale=scale, window=window, sinks=sinks,
                    out=out, validate=validate, v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
-                   softcap=softcap)
+                   softcap=softcap, chunk_lookback=chunk_lookback, mm_prefix_range=mm_prefix_range, mm_clamp=mm_clamp)
     out.copy_(out @ r_o)
     return out

@@ -593,6 +593,12 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
       s -= slope * sqrt(query position - key position) (vLLM's two ALiBi forms; float and fp8
       caches); v_pack (vllm layout): vLLM's interleaved V cache, tokens in groups of v_pack
       (`[num_blocks, kv_heads, block_size // v_pack, D, v_pack]` in V's 4-D shape);
+      chunk_lookback L >= 0 (needs a window w > L): chunked local attention, chunks of C = w // (L + 1)
+      positions: a query at p sees, causally, keys k with p // C - k // C <= L (vLLM's convention);
+      mm_prefix_range `[B, ranges, 2]` int32, inclusive (start, end) positions a request (start >= end:
+      unused): a query inside a range also sees every key of it, later ones included; mm_clamp: only
+      those with p - k < w. Both run in the kernel's "mod" binaries, on fp16, bf16 and fp8 caches,
+      mm_prefix_range with k = v = None and no alibi_slopes (NotImplementedError otherwise);
       out: the result tensor (like q, or float8_e4m3fn with out_scale); allocated when None.
       validate: copy the lengths and the used block-table entries to the host and check them
       (query_start_loc non-decreasing from 0, contexts within block_table's width, block ids
@@ -612,15 +618,11 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
     if kv_format == "int4_rht":
         from .decode_rht import prefix_prefill_rht
 
-        for on, name in ((chunk_lookback != -1, "chunk_lookback"), (mm_prefix_range is not None, "mm_prefix_range")):
-            if on:  # the int path's masks are causal and window only
-                raise NotImplementedError(f"prefix_prefill: {name} with an int4_rht cache is not implemented (fp16, "
-                                          f"bf16 and fp8 caches)")
-
         return prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
                                   kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale, window=window,
                                   sinks=sinks, out_scale=out_scale, skip_decode=skip_decode, out=out, validate=validate,
-                                  v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap)
+                                  v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,
+                                  chunk_lookback=chunk_lookback, mm_prefix_range=mm_prefix_range, mm_clamp=mm_clamp)
     matched = False
     if validate is False and not _compiling() and mm_prefix_range is None and chunk_lookback == -1:
         for e in _recent.entries:  # one C call matches every argument; pointers read once

@@ -722,7 +722,7 @@ def decode_merge_kernel(
     # writes are visible. Nothing is read before it. (H100, batch 32 x 4K int8 per-token: 108.0 ->
     # 106.3 us a call; batch 1 x 32K bf16 60.6 -> 58.5 us.)
     # Program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D) of (request b, head h).
-    # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile (past 64 splits, channels
+    # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile (from 17 splits, channels
     # spread over programs as the loop's are). LOOP 1: any count, BLOCK_S
     # splits at a time (the largest log-sum-exp first, then the weighted sum), reading only the
     # partials of splits that attended tokens.

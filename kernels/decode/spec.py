@@ -20,7 +20,7 @@ and V tiles are then read as 4-byte vectors at either specialization level; see 
 plus `cache`, the element type the kernel reads the cache as, which follows from `kv` (fp8 is read
 as raw int8 bytes, see kernel.py) and multiplies nothing. Merge kernel axes: `out` (fp16, bf16),
 `head_dim`, `splits` (4, 16, 64 or 256: the one tile of partial results it reads at once, the
-smallest that holds the call's split count, 256 over channel blocks of MERGE_LOOP_D; MAX_SPLITS: a
+smallest that holds the call's split count, 64 and 256 over channel blocks of MERGE_NARROW_D; MAX_SPLITS: a
 loop over tiles of MERGE_LOOP_SPLITS, each program merging MERGE_LOOP_D channels).
 Everything else (page size, window, group size, lengths) is a runtime argument; page and
 quantization group sizes are powers of two, passed as their log2.
@@ -182,6 +182,9 @@ MERGE_ONE_TILE = 64  # split counts up to this merge in one [splits, head_dim] t
 # over the log-sum-exps cost batch 1 a chain of dependent reads (BENCHMARKS.md, "Small-batch decode").
 MERGE_WIDE_SPLITS = 256
 MERGE_SPLIT_TILES = (4, 16, MERGE_ONE_TILE, MERGE_WIDE_SPLITS, MAX_SPLITS)
+# The 64- and 256-split tiles (counts that come with small batches) merge 32 channels a program:
+# more, shorter programs finish sooner than a few whole heads (BENCHMARKS.md, "Small-batch decode").
+MERGE_NARROW_D = 32
 # Past one tile the merge loops over MERGE_LOOP_SPLITS splits at a time, and spreads each head's
 # channels over programs of MERGE_LOOP_D: many splits come with small batches, whose (batch x
 # heads) programs alone would leave most SMs idle.
@@ -399,10 +402,10 @@ MERGE_ARGS = (
 
 def merge_constexprs(axes) -> dict:
     hd, tile = int(axes["head_dim"]), int(axes["splits"])
-    if tile <= MERGE_ONE_TILE:
+    if tile < MERGE_ONE_TILE:
         return {"HEAD_DIM": hd, "BLOCK_D": block_d(hd), "BLOCK_S": tile, "LOOP": 0}
-    if tile == MERGE_WIDE_SPLITS:
-        return {"HEAD_DIM": hd, "BLOCK_D": min(MERGE_LOOP_D, block_d(hd)), "BLOCK_S": tile, "LOOP": 0}
+    if tile <= MERGE_WIDE_SPLITS:
+        return {"HEAD_DIM": hd, "BLOCK_D": MERGE_NARROW_D, "BLOCK_S": tile, "LOOP": 0}
     return {"HEAD_DIM": hd, "BLOCK_D": min(MERGE_LOOP_D, block_d(hd)), "BLOCK_S": MERGE_LOOP_SPLITS, "LOOP": 1}
 
 

@@ -73,16 +73,18 @@ def test_merge_tile_is_the_smallest_that_holds_the_splits():
         [4, 4, 16, 16, 64, 64, 256, 256, 512, 512]
     assert S.merge_axes("bf16", 128, 3)["splits"] == 4
     assert S.merge_constexprs(S.merge_axes("fp16", 96, 40))["BLOCK_S"] == 64
-    assert S.merge_grid(2, 8, S.merge_axes("fp16", 96, 40)) == (2, 8, 1)
+    assert S.merge_grid(2, 8, S.merge_axes("fp16", 96, 16)) == (2, 8, 1)  # up to 16 splits: whole heads
+    assert S.merge_grid(2, 8, S.merge_axes("fp16", 96, 40)) == (2, 8, 3)  # 64-split tile: 32 channels a program
+    assert S.merge_launch(S.merge_axes("bf16", 128, 40), 90).num_warps == 1
 
 
 def test_wide_merge_is_one_tile_over_channel_blocks():
     c = S.merge_constexprs(S.merge_axes("bf16", 128, 65))
-    assert (c["LOOP"], c["BLOCK_S"], c["BLOCK_D"]) == (0, S.MERGE_WIDE_SPLITS, S.MERGE_LOOP_D)
-    assert S.merge_grid(1, 16, S.merge_axes("bf16", 256, 256)) == (1, 16, 256 // S.MERGE_LOOP_D)
-    assert S.merge_grid(1, 32, S.merge_axes("fp16", 96, 100)) == (1, 32, 2)  # 96 channels: a masked second block
+    assert (c["LOOP"], c["BLOCK_S"], c["BLOCK_D"]) == (0, S.MERGE_WIDE_SPLITS, S.MERGE_NARROW_D)
+    assert S.merge_grid(1, 16, S.merge_axes("bf16", 256, 256)) == (1, 16, 256 // S.MERGE_NARROW_D)
+    assert S.merge_grid(1, 32, S.merge_axes("fp16", 96, 100)) == (1, 32, 3)
     launch = S.merge_launch(S.merge_axes("bf16", 128, 200), 90)
-    assert (launch.num_warps, launch.num_stages) == (8, 1)
+    assert (launch.num_warps, launch.num_stages) == (4, 1)
 
 
 def test_looping_merge_spreads_channels_over_programs():

@@ -418,7 +418,7 @@ def test_stale_workspace_is_never_read(monkeypatch, splits):
 
 
 def test_wide_merge_over_channel_blocks_with_sinks_and_lse(monkeypatch):
-    """65-256 splits at head_dim 128: one 256-split tile a program over two 64-channel blocks; the
+    """65-256 splits at head_dim 128: one 256-split tile a program over four 32-channel blocks; the
     sink and the LSE (written by the first block only) on a NaN workspace, lengths across a tile."""
     from aotc.loader import workspace
 

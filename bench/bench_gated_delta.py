@@ -149,7 +149,7 @@ def sweep_decode(rows, copy_bw):
             grid = gd_spec.grid(B, HV, V, bv)
 
             def fn():
-                gated_delta_decode_kernel[grid](*kargs, K_DIM=K, BV=bv, KMAJOR=int(layout == "kmajor"),
+                gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv, KMAJOR=int(layout == "kmajor"),
                                                 num_warps=warps, num_stages=1)
             try:
                 t = device_time(fn)

@@ -91,11 +91,10 @@ def inline_cache(blocks: int, dtype, gen):
 
 
 @contextlib.contextmanager
-def kv_align4_stages(stages, maxnreg=None):
-    """With stages (0: the spec's) or maxnreg: the kv_align 4 / 8 / ROW16 split binaries at that
-    num_stages and register cap, JIT-compiled (an empty artifacts folder); None: the spec's config
-    and whatever artifacts are loaded."""
-    if stages is None and maxnreg is None:
+def kv_align4_stages(stages):
+    """With stages: the kv_align 4 / 8 / ROW16 split binaries at that num_stages, JIT-compiled (an empty
+    artifacts folder); None: the spec's config and whatever artifacts are loaded."""
+    if stages is None:
         yield
         return
     from aotc.kernels.decode import spec as S
@@ -107,8 +106,7 @@ def kv_align4_stages(stages, maxnreg=None):
         cfg = declared(axes, arch)
         if axes.get("kv_align") not in S.VLLM_ALIGNS:
             return cfg
-        return LaunchConfig(num_warps=cfg.num_warps, num_stages=stages or cfg.num_stages,
-                            maxnreg=cfg.maxnreg if maxnreg is None else maxnreg, launch_pdl=cfg.launch_pdl)
+        return LaunchConfig(num_warps=cfg.num_warps, num_stages=stages, maxnreg=cfg.maxnreg, launch_pdl=cfg.launch_pdl)
 
     object.__setattr__(S.SPLIT, "launch", launch)  # a sweep only: the spec is immutable by design
     loader.set_artifacts(tempfile.mkdtemp(prefix="aotc-empty-"))
@@ -154,10 +152,9 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES), help="the kv_quant_modes to time, e.g. INT4_PER_TOKEN_HEAD")
     ap.add_argument("--kv-align", default="", help="time the split kernel's KV_ALIGN 4 and 8 reads, e.g. 4,8")
     a = ap.parse_args()
-    # items "N" or "N/R": R a register cap (maxnreg) for the same binaries
-    sweep = [("stages", x) for x in a.stages.split(",")] if a.stages else [None]
+    sweep = [("stages", int(x)) for x in a.stages.split(",")] if a.stages else [None]
     if a.kv_align:
-        sweep = [("kv_align", x) for x in a.kv_align.split(",")]
+        sweep = [("kv_align", int(x)) for x in a.kv_align.split(",")]
     ua = vllm_module(a.peer)
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
@@ -220,15 +217,9 @@ def main():
             shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
             for choice in sweep:
                 what, value = choice if choice is not None else (None, None)
-                n, cap = (int(x) for x in (value + "/0").split("/")[:2]) if value else (None, 0)
-                ctx = contextlib.ExitStack()
-                if what == "kv_align":
-                    ctx.enter_context(kv_align_choice(n))
-                    ctx.enter_context(kv_align4_stages(None, cap or None))
-                else:
-                    ctx.enter_context(kv_align4_stages(n, cap or None))
+                ctx = kv_align_choice(value) if what == "kv_align" else kv_align4_stages(value)
                 with ctx:
-                    tag = "aotc" if choice is None else f"aotc_{what}{value.replace('/', 'r')}"
+                    tag = "aotc" if choice is None else f"aotc_{what}{value}"
                     for provider, fn in {**calls, tag: aotc_call}.items():
                         if choice is not None and provider in calls and choice != sweep[0]:
                             continue  # vLLM and the native layout: once a shape

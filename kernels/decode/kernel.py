@@ -52,10 +52,9 @@ stored shifted back by those 4 bytes (_store_shifted).
 KV_ALIGN 24 (ROW16) is that record with token and page strides multiples of 16 bytes, K at a
 16-byte boundary and V 4 past one (an even number of KV heads): every row of one KV head then
 starts at the same residue mod 16 (K 0 or 8, V 4 or 12, from the head stride at run time). K and V
-are read 16 bytes at a time from the boundary at or below each row. K's last 8 bytes (at K 8 mod
-16) are the first 8 of V's tile, so one select makes K's tile, rotated, and the query is rotated
-alike; V's last bytes come from a tail tile at the next boundary (8-byte reads) and its shift moves
-into the output store (_store_shifted at a runtime shift). The op checks that V is K + D + 4.
+are read 16 bytes at a time from the boundary at or below each row, their last bytes from a tail
+tile at the next boundary (8-byte reads); K's shift moves into the query (zeros before, its last
+channels against the tail), V's into the output store (_store_shifted at a runtime shift).
 For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
 fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
 (|q|, |k|, |v| < 65504).
@@ -222,6 +221,8 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, 
 # ones: at 16 the loop compiled to 4x the mma instructions).
 TAIL = tl.constexpr(16)
 TAIL_WORDS = tl.constexpr(32)
+# ROW16's int8 K tail: the words are the dot's reduction axis, so 16 suffice (the tokens are its N)
+K_TAIL_WORDS = tl.constexpr(16)
 
 
 @triton.jit
@@ -346,11 +347,13 @@ def _attend_float(
     kvh64 = kvh.to(tl.int64)
     if KV_ALIGN == 24:
         # ROW16: K's and V's bytes past the 16-byte boundary below this head's rows (0 or 8; 4 or 12).
-        # K's tile starts at that boundary; at kr 8 its last 8 bytes are the first 8 of V's tile
-        # (V's boundary is then K + 120): the merged tile holds K rotated by kr bytes, the query too.
+        # K is read from that boundary: the query shifted by kr bytes (zeros before), its last kr
+        # channels against a tail tile at the next boundary.
         kr = ((kvh64 * stride_kh) & 15).to(tl.int32)
         vr = ((4 + kvh64 * stride_vh) & 15).to(tl.int32)
-        q = tl.load(q_rows + ((offs_c - kr) & (HEAD_DIM - 1))[None, :], mask=qm, other=0.0).to(DT)
+        q = tl.load(q_rows + (offs_c - kr)[None, :], mask=qm & (offs_c >= kr)[None, :], other=0.0).to(DT)
+        q_t = tl.load(q_rows + (HEAD_DIM - kr + offs_tail)[None, :], mask=h_mask[:, None] & (offs_tail < kr)[None, :],
+                      other=0.0).to(DT)
     else:
         q = tl.load(q_rows + offs_c[None, :], mask=qm, other=0.0).to(DT)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -364,9 +367,11 @@ def _attend_float(
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
         if KV_ALIGN == 24:
-            v = _load_tile(V - vr, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-            k = tl.where((offs_c >= kr)[None, :], _load_tile(K - kr, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN), v)
-            dots = tl.dot(q, tl.trans(k))
+            # e4m3 bytes widen to finite values whatever they hold: the kr bytes before K meet zeros
+            k = _load_tile(K - kr, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
+            kt = _load_tile(K + (HEAD_DIM - kr), k_row, offs_tail,
+                            t_mask[:, None] & ((offs_tail < 8) & (kr > 0))[None, :], KV_KIND, PTX, KV_ALIGN)
+            dots = tl.dot(q_t, tl.trans(kt), tl.dot(q, tl.trans(k)))
         else:
             k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
             dots = tl.dot(q, tl.trans(k))
@@ -387,8 +392,9 @@ def _attend_float(
                             KV_KIND, PTX, KV_ALIGN)
             acc_t = acc_t * alpha[:, None] + tl.dot(p.to(DT), vt)
         elif KV_ALIGN == 24:
-            # v: from the boundary below V (its first vr bytes: what precedes V); then the next
+            # from the boundary below V (its first vr bytes: what precedes V), then the next
             # boundary's 8 or 16 bytes (V's last 16 - vr and V's scale)
+            v = _load_tile(V - vr, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
             vt = _load_tile(V + (HEAD_DIM - vr), v_row, offs_tail,
                             t_mask[:, None] & ((offs_tail < 8) | (vr > 8))[None, :], KV_KIND, PTX, KV_ALIGN)
             acc_t = acc_t * alpha[:, None] + tl.dot(p.to(DT), vt)
@@ -493,20 +499,25 @@ def _attend_chunked(
     k_bias = ()
     acc = ()
     offs_tail = tl.arange(0, TAIL_WORDS)
+    offs_kt = tl.arange(0, K_TAIL_WORDS)
     kw = 0
     vw = 0
     if KV_ALIGN == 24:
         # ROW16 (int8, one chunk): K's and V's words past the 16-byte boundary below this head's rows
-        # (0 or 4; 2 or 6). K's tile starts at that boundary; at kw 4 its last 4 words are the first
-        # 4 of V's tile: the merged tile holds K rotated by kw words, the query too.
+        # (0 or 4; 2 or 6). K is read from that boundary: the query shifted by kw words (zeros
+        # before), its last kw words against a tail tile at the next boundary (q_t).
         kw = (((kvh64 * stride_kh) & 15) >> 1).to(tl.int32)
         vw = (((4 + kvh64 * stride_vh) & 15) >> 1).to(tl.int32)
+        t_cols = q_rows + PARTS * (CW - kw + offs_kt)[None, :]
+        tm = h_mask[:, None] & (offs_kt < kw)[None, :]
+        q_t = (tl.load(t_cols, mask=tm, other=0.0).to(tl.float16), tl.load(t_cols + 1, mask=tm, other=0.0).to(tl.float16))
     for c in tl.static_range(CHUNKS):
         cols = c * CW + offs_w
         qm = h_mask[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
         q_cols = q_rows + PARTS * cols[None, :]
         if KV_ALIGN == 24:
-            q_cols = q_rows + PARTS * ((cols - kw) & (CW - 1))[None, :]
+            qm = qm & (cols >= kw)[None, :]
+            q_cols = q_cols - PARTS * kw
         q0 = tl.load(q_cols, mask=qm, other=0.0).to(tl.float16)
         q1 = tl.load(q_cols + 1, mask=qm, other=0.0).to(tl.float16)
         if CHANNEL:
@@ -527,7 +538,10 @@ def _attend_chunked(
                 k_bias = k_bias + (1031.0 * s02 + 71.0 * s13,)
         else:
             qs = qs + ((q0, q1),)
-            k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
+            q_total = tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)
+            if KV_ALIGN == 24:
+                q_total += tl.sum(q_t[0].to(tl.float32), 1) + tl.sum(q_t[1].to(tl.float32), 1)
+            k_bias = k_bias + (1152.0 * q_total,)
         for i in tl.static_range(PARTS):
             acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
     # KV_ALIGN 8, 24 (int8, one chunk): V's last words, each part's [BLOCK_H, TAIL_WORDS] accumulator
@@ -567,11 +581,12 @@ def _attend_chunked(
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
             if KV_ALIGN == 24:
-                vx = _words(V16 - vw, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
-                            cols < HEAD_DIM // PARTS, KV_ALIGN)
                 kx = _words(K16 - kw, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
-                dots = _code_dots(qs[c], tl.where((cols >= kw)[None, :], kx, vx), INT4, PTX)
+                kt = _words(K16 + (CW - kw), page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh,
+                            offs_kt, (offs_kt < 4) & (kw > 0), KV_ALIGN)
+                kt0, kt1 = _i8x2_biased(kt, PTX)
+                dots = tl.dot(q_t[0], tl.trans(kt0), tl.dot(q_t[1], tl.trans(kt1), _code_dots(qs[c], kx, INT4, PTX)))
             else:
                 kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
@@ -602,8 +617,10 @@ def _attend_chunked(
                 vt = _words(V16 + (CW - 2), page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh,
                             offs_tail, offs_tail < 4, KV_ALIGN)
             elif KV_ALIGN == 24:
-                # vx: words -vw .. CW - vw of V from the boundary below it; then the next boundary's 4
-                # or 8 words (V's last vw and its scale)
+                # words -vw .. CW - vw of V from the boundary below it, then the next boundary's 4 or 8
+                # words (V's last vw and its scale)
+                vx = _words(V16 - vw, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
+                            cols < HEAD_DIM // PARTS, KV_ALIGN)
                 vt = _words(V16 + (CW - vw), page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh,
                             offs_tail, (offs_tail < 4) | ((offs_tail < 8) & (vw > 4)), KV_ALIGN)
             else:

@@ -190,15 +190,12 @@ def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
 
 def _row16(k, v) -> bool:
     """vLLM's record whose rows of one KV head share their residue mod 16 (the ROW16 binaries, which
-    read from the 16-byte boundary at or below each row): V's codes D + 4 bytes after K's in each
-    record (K's last bytes are read from V's tile), token and page strides multiples of 16 (an even
-    number of KV heads), K at a 16-byte boundary and V 4 bytes past one, so that those
+    read from the 16-byte boundary at or below each row): token and page strides multiples of 16
+    (an even number of KV heads), K at a 16-byte boundary and V 4 bytes past one, so that those
     boundaries lie inside the storage (V's reads end where kv_align 8's do: _vllm_record). Later
     calls of the plan are held to the same residues mod 16 (SplitMerge.check_halfword)."""
     outer = [st for t in (k, v) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1]
-    # K's last 8 bytes are read from V's tile: V must follow K's codes and scale in the same record
-    record = k.stride() == v.stride() and v.data_ptr() - k.data_ptr() == k.shape[-1] * k.element_size() + 4
-    return record and all(st % 16 == 0 for st in outer) and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 4
+    return all(st % 16 == 0 for st in outer) and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 4
 
 
 def _vllm_record(k, v, strides) -> bool:

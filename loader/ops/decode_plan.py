@@ -92,7 +92,6 @@ class DecodePlan:
         self._lse_meta = rules.Meta(lse) if lse is not None else None
         self._halfword = plan.halfword
         self._mask, self._k_res, self._v_res = plan.residues  # the cache addresses the plan's binary takes
-        self._gap = plan.record_gap()  # ROW16: V this many bytes after K (0: any)
         # out and lse apart from every layer's inputs and from the step's own tensors, by address, every run
         self._apart = guards.Apart("DecodePlan.run", {"out": out, "lse": lse}, {
             "q": q, "k_cache": k_cache, "v_cache": v_cache, "k_scale": k_scale, "v_scale": v_scale},
@@ -155,7 +154,7 @@ class DecodePlan:
             else:
                 ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
             lsep = None if lse is None else lse.data_ptr()
-            if not (((kp - self._k_res) | (vp - self._v_res)) & self._mask or (self._gap and vp - kp != self._gap)
+            if not (((kp - self._k_res) | (vp - self._v_res)) & self._mask
                     or self._meets(op, lsep, qp, kp, vp, ksp, vsp)):
                 self._launch(qp, kp, vp, ksp, vsp, op, lsep, _current_stream(self._index))  # split_merge.Bound.run
                 return (out, lse) if self.return_lse else out

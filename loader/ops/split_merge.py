@@ -96,10 +96,6 @@ class SplitMerge:
                 raise ValueError(f"k_cache/v_cache: this plan reads vLLM's per-token-head record (kv_align 8): k_cache "
                                  f"must start at a multiple of {mask + 1} bytes and v_cache 4 bytes past one, got "
                                  f"addresses {k_ptr:#x} / {v_ptr:#x}")
-            gap = self.record_gap()
-            if gap and v_ptr - k_ptr != gap:
-                raise ValueError(f"k_cache/v_cache: this plan reads vLLM's per-token-head record (ROW16): v_cache must "
-                                 f"start {gap} bytes after k_cache (K's codes and scale), got {v_ptr - k_ptr}")
             return
         if (k_ptr | v_ptr) & mask:
             name = "k_cache" if k_ptr & mask else "v_cache"
@@ -108,11 +104,6 @@ class SplitMerge:
                                  f"an even address (it is a view at an odd byte offset)")
             raise ValueError(f"{name}: this per-token {self.fmt} cache is read 4 bytes at a time (kv_align 4); its "
                              f"data must start at a multiple of 4 bytes")
-
-    def record_gap(self) -> int:
-        """ROW16's binaries read K's last bytes from V's tile: V starts this many bytes after K (the
-        head's codes and K's scale); 0 for the others."""
-        return int(self.split_axes["head_dim"]) + 4 if self.halfword == 15 else 0
 
     def split_args(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi=None) -> list:
         """The split kernel's arguments as run_kernel takes them (tensors, then the ints)."""
@@ -196,7 +187,7 @@ class Eager(steady.Steady):
     a stream whose workspace is not yet big enough (the full path grows it)."""
 
     ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
-    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "gap", "alibi", "split_pack", "split_buffer", "merge_pack",
+    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split_pack", "split_buffer", "merge_pack",
                  "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
 
     def __init__(self, match, plan: SplitMerge, apart):
@@ -204,7 +195,6 @@ class Eager(steady.Steady):
         self.plan = plan
         self.one = one(plan.device).data_ptr()  # fp8 without scales reads 1.0; fp16/bf16 read no scale
         self.mask, self.k_res, self.v_res = plan.residues
-        self.gap = plan.record_gap()
         self.alibi = plan.alibi
         split, merge = plan.fast_split, plan.fast_merge
         self.split_pack, self.split_buffer, self.merge_pack, self.merge_buffer = \
@@ -230,7 +220,7 @@ class Eager(steady.Steady):
 
     def pointers(self, q, k, v, table, seq_lens, req_idx, k_scale, v_scale, sinks, out, lse, alibi):
         kp, vp = k.data_ptr(), v.data_ptr()
-        if ((kp - self.k_res) | (vp - self.v_res)) & self.mask or (self.gap and vp - kp != self.gap):
+        if ((kp - self.k_res) | (vp - self.v_res)) & self.mask:
             return None
         lp = seq_lens.data_ptr()
         if k_scale is None:

@@ -11,7 +11,7 @@ without the rotations. Built here exactly so (codes and scales random, scales po
   vllm         vLLM's unified_attention (INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD), with the
                backend's split-K threshold (128 // kv_heads sequences) and 16 softmax segments
   aotc         aotc.loader.decode on the same buffers (k[..., :D] views, scale views [..., None]):
-               the ROW16 binaries (validate=False; kv_align 8 before)
+               the kv_align 8 binaries (validate=False)
   aotc_native  aotc's own int8 layout (codes [blocks, 16, kv_heads, D] and fp32 scales apart, 16-byte
                rows) holding the same values: the 16-byte per-token binary (int8 only)
   ceiling      the bytes read (codes and scales) over this run's device-to-device copy bandwidth
@@ -20,11 +20,10 @@ Times: medians of CUDA-event timings, the L2 emptied by a read before each call
 wrapper runs between the events). Shapes: 32 / 8 heads, D 128, block 16, 8K context, batch 32 and
 64. vLLM's files come from its sdist (AOTC_VLLM_PEER or --peer: the sdist or an extracted folder),
 through the conformance runner's sandbox (shimmed imports; nothing of vLLM's is in the repo).
---stages 2,3,4 sweeps the kv_align 4 / 8 / ROW16 binaries' pipeline depth instead (each JIT-compiled with that
+--stages 2,3,4 sweeps the kv_align 4 binaries' pipeline depth instead (each JIT-compiled with that
 num_stages through an empty artifacts folder: the bytes a build with that config would make).
---kv-align 4,8,24 times the split kernel's KV_ALIGN 4, 8 and ROW16 (24) reads of the same buffer
-(ROW16, the loader's choice here: 16-byte reads from the boundary below each row; 8: K 8 bytes at a
-time, V from its K scale on), every aotc call JIT-compiled
+--kv-align 4,8 times the split kernel's KV_ALIGN 4 and 8 reads of the same buffer (8, the loader's
+choice here: K 8 bytes at a time, V from its K scale on), every aotc call JIT-compiled
 through an empty artifacts folder (the bytes an AOT build of that key would make).
     python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4 | --kv-align 4,8]
 """
@@ -92,7 +91,7 @@ def inline_cache(blocks: int, dtype, gen):
 
 @contextlib.contextmanager
 def kv_align4_stages(stages):
-    """With stages: the kv_align 4 / 8 / ROW16 split binaries at that num_stages, JIT-compiled (an empty
+    """With stages: the kv_align 4 split binaries at that num_stages, JIT-compiled (an empty
     artifacts folder); None: the spec's config and whatever artifacts are loaded."""
     if stages is None:
         yield
@@ -104,7 +103,7 @@ def kv_align4_stages(stages):
 
     def launch(axes, arch):
         cfg = declared(axes, arch)
-        if axes.get("kv_align") not in S.VLLM_ALIGNS:
+        if axes.get("kv_align") != 4:
             return cfg
         return LaunchConfig(num_warps=cfg.num_warps, num_stages=stages, maxnreg=cfg.maxnreg, launch_pdl=cfg.launch_pdl)
 
@@ -119,19 +118,18 @@ def kv_align4_stages(stages):
 
 @contextlib.contextmanager
 def kv_align_choice(align):
-    """With align: the split kernel at that KV_ALIGN where the loader would take 4, 8 or ROW16 (24), JIT-compiled
+    """With align: the split kernel at that KV_ALIGN where the loader would take 4 or 8, JIT-compiled
     (an empty artifacts folder, plans dropped before and after); None: the loader's choice."""
     if align is None:
         yield
         return
-    from aotc.kernels.decode import spec as S
     from aotc.loader.ops import decode as D
 
     real = D._kv_align
 
     def choose(kv, per_token, score, head_dim):
         got = real(kv, per_token, score, head_dim)
-        return align if got in (4, 8, S.ROW16) else got
+        return align if got in (4, 8) else got
 
     D._kv_align = choose  # a measurement only: the buffers here are vLLM's record exactly
     D._plans.clear()
@@ -148,7 +146,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", default=os.environ.get("AOTC_VLLM_PEER"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--stages", default="", help="sweep the kv_align 4 / 8 / ROW16 binaries' num_stages, e.g. 2,3,4")
+    ap.add_argument("--stages", default="", help="sweep the kv_align 4 binaries' num_stages, e.g. 2,3,4")
     ap.add_argument("--modes", default=",".join(MODES), help="the kv_quant_modes to time, e.g. INT4_PER_TOKEN_HEAD")
     ap.add_argument("--kv-align", default="", help="time the split kernel's KV_ALIGN 4 and 8 reads, e.g. 4,8")
     a = ap.parse_args()

@@ -49,12 +49,6 @@ KV_ALIGN 8 (one scale a token, BLOCK_D == HEAD_DIM) is for exactly vLLM's record
 which starts 4 bytes past an 8-byte boundary, from 4 bytes before it (the K scale) 8 bytes at a
 time, its last 4 bytes from a small tail tile at the next 8-byte boundary (TAIL); the output is
 stored shifted back by those 4 bytes (_store_shifted).
-KV_ALIGN 24 (ROW16) is that record with token and page strides multiples of 16 bytes, K at a
-16-byte boundary and V 4 past one (an even number of KV heads): every row of one KV head then
-starts at the same residue mod 16 (K 0 or 8, V 4 or 12, from the head stride at run time). K and V
-are read 16 bytes at a time from the boundary at or below each row, their last bytes from a tail
-tile at the next boundary (8-byte reads); K's shift moves into the query (zeros before, its last
-channels against the tail), V's into the output store (_store_shifted at a runtime shift).
 For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
 fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
 (|q|, |k|, |v| < 65504).
@@ -148,8 +142,6 @@ def _tile_ptrs(base, row, cols, KV_ALIGN: tl.constexpr):
         ptrs = tl.multiple_of(ptrs, [4, 4])
     elif KV_ALIGN == 8:
         ptrs = tl.multiple_of(ptrs, [8, 8])
-    elif KV_ALIGN == 24:  # every tile starts at the 16-byte boundary at or below its row (ROW16)
-        ptrs = tl.multiple_of(ptrs, [16, 16])
     return ptrs
 
 
@@ -221,17 +213,14 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, 
 # ones: at 16 the loop compiled to 4x the mma instructions).
 TAIL = tl.constexpr(16)
 TAIL_WORDS = tl.constexpr(32)
-# ROW16's int8 K tail: the words are the dot's reduction axis, so 16 suffice (the tokens are its N)
-K_TAIL_WORDS = tl.constexpr(16)
 
 
 @triton.jit
-def _store_shifted(o_row, main, tail, rows_mask, SHIFT, STEP: tl.constexpr, COLS: tl.constexpr,
+def _store_shifted(o_row, main, tail, rows_mask, SHIFT: tl.constexpr, STEP: tl.constexpr, COLS: tl.constexpr,
                    TAIL_COLS: tl.constexpr):
     # KV_ALIGN 8's output: main's column j is element j - SHIFT of the head (j >= SHIFT), tail's
     # column j < SHIFT is element COLS - SHIFT + j; element e sits at o_row + STEP * e. The columns
-    # left out came from the bytes beside V and are never stored. SHIFT: a constexpr or (ROW16) a
-    # runtime value.
+    # left out came from the scale bytes beside V and are never stored.
     offs = tl.arange(0, COLS)
     offs_t = tl.arange(0, TAIL_COLS)
     tl.store(o_row + STEP * (offs - SHIFT)[None, :], main, mask=rows_mask[:, None] & (offs >= SHIFT)[None, :])
@@ -343,21 +332,11 @@ def _attend_float(
     offs_c = tl.arange(0, BLOCK_D)
     c_mask = offs_c < HEAD_DIM
     qm = h_mask[:, None] & c_mask[None, :]
-    offs_tail = tl.arange(0, TAIL)
-    kvh64 = kvh.to(tl.int64)
-    if KV_ALIGN == 24:
-        # ROW16: K's and V's bytes past the 16-byte boundary below this head's rows (0 or 8; 4 or 12).
-        # K is read from that boundary: the query shifted by kr bytes (zeros before), its last kr
-        # channels against a tail tile at the next boundary.
-        kr = ((kvh64 * stride_kh) & 15).to(tl.int32)
-        vr = ((4 + kvh64 * stride_vh) & 15).to(tl.int32)
-        q = tl.load(q_rows + (offs_c - kr)[None, :], mask=qm & (offs_c >= kr)[None, :], other=0.0).to(DT)
-        q_t = tl.load(q_rows + (HEAD_DIM - kr + offs_tail)[None, :], mask=h_mask[:, None] & (offs_tail < kr)[None, :],
-                      other=0.0).to(DT)
-    else:
-        q = tl.load(q_rows + offs_c[None, :], mask=qm, other=0.0).to(DT)
+    q = tl.load(q_rows + offs_c[None, :], mask=qm, other=0.0).to(DT)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    acc_t = tl.zeros([BLOCK_H, TAIL], dtype=tl.float32)  # KV_ALIGN 8, 24: V's last bytes
+    offs_tail = tl.arange(0, TAIL)
+    acc_t = tl.zeros([BLOCK_H, TAIL], dtype=tl.float32)  # KV_ALIGN 8: V's last 4 bytes
+    kvh64 = kvh.to(tl.int64)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
         t_mask = offs_t < hi
@@ -366,22 +345,15 @@ def _attend_float(
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
         v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
-        if KV_ALIGN == 24:
-            # e4m3 bytes widen to finite values whatever they hold: the kr bytes before K meet zeros
-            k = _load_tile(K - kr, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-            kt = _load_tile(K + (HEAD_DIM - kr), k_row, offs_tail,
-                            t_mask[:, None] & ((offs_tail < 8) & (kr > 0))[None, :], KV_KIND, PTX, KV_ALIGN)
-            dots = tl.dot(q_t, tl.trans(kt), tl.dot(q, tl.trans(k)))
-        else:
-            k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-            dots = tl.dot(q, tl.trans(k))
+        k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
         if PER_TOKEN:  # scales read here: a tile-ahead prefetch lost (BENCHMARKS.md, vLLM's per-token-head caches)
             ks = _token_scales(KS + kvh64 * stride_ksh, page, offs_t, hi, page_shift, stride_ksp, stride_kst)
             vs = _token_scales(VS + kvh64 * stride_vsh, page, offs_t, hi, page_shift, stride_vsp, stride_vst)
-            qk = _scores(dots, (qk_scale * ks)[None, :], t_mask, offs_t - last, softcap, slopes, alibi_mode,
-                         SCORE_MOD)
+            qk = _scores(tl.dot(q, tl.trans(k)), (qk_scale * ks)[None, :], t_mask, offs_t - last, softcap, slopes,
+                         alibi_mode, SCORE_MOD)
         else:
-            qk = _scores(dots, qk_scale, t_mask, offs_t - last, softcap, slopes, alibi_mode, SCORE_MOD)
+            qk = _scores(tl.dot(q, tl.trans(k)), qk_scale, t_mask, offs_t - last, softcap, slopes, alibi_mode,
+                         SCORE_MOD)
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         if PER_TOKEN:
             p = p * vs[None, :]
@@ -391,13 +363,6 @@ def _attend_float(
             vt = _load_tile(V + (HEAD_DIM - 4), v_row, offs_tail, t_mask[:, None] & (offs_tail < 8)[None, :],
                             KV_KIND, PTX, KV_ALIGN)
             acc_t = acc_t * alpha[:, None] + tl.dot(p.to(DT), vt)
-        elif KV_ALIGN == 24:
-            # from the boundary below V (its first vr bytes: what precedes V), then the next
-            # boundary's 8 or 16 bytes (V's last 16 - vr and V's scale)
-            v = _load_tile(V - vr, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-            vt = _load_tile(V + (HEAD_DIM - vr), v_row, offs_tail,
-                            t_mask[:, None] & ((offs_tail < 8) | (vr > 8))[None, :], KV_KIND, PTX, KV_ALIGN)
-            acc_t = acc_t * alpha[:, None] + tl.dot(p.to(DT), vt)
         else:
             v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
@@ -405,9 +370,6 @@ def _attend_float(
     if KV_ALIGN == 8:
         _store_shifted(PartO + slot_ids[:, None] * HEAD_DIM, acc * inv_l[:, None], acc_t * inv_l[:, None],
                        h_mask & (hi > lo), 4, 1, BLOCK_D, TAIL)
-    elif KV_ALIGN == 24:
-        _store_shifted(PartO + slot_ids[:, None] * HEAD_DIM, acc * inv_l[:, None], acc_t * inv_l[:, None],
-                       h_mask & (hi > lo), vr, 1, BLOCK_D, TAIL)
     else:
         om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
         tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
@@ -498,26 +460,10 @@ def _attend_chunked(
     qs = ()
     k_bias = ()
     acc = ()
-    offs_tail = tl.arange(0, TAIL_WORDS)
-    offs_kt = tl.arange(0, K_TAIL_WORDS)
-    kw = 0
-    vw = 0
-    if KV_ALIGN == 24:
-        # ROW16 (int8, one chunk): K's and V's words past the 16-byte boundary below this head's rows
-        # (0 or 4; 2 or 6). K is read from that boundary: the query shifted by kw words (zeros
-        # before), its last kw words against a tail tile at the next boundary (q_t).
-        kw = (((kvh64 * stride_kh) & 15) >> 1).to(tl.int32)
-        vw = (((4 + kvh64 * stride_vh) & 15) >> 1).to(tl.int32)
-        t_cols = q_rows + PARTS * (CW - kw + offs_kt)[None, :]
-        tm = h_mask[:, None] & (offs_kt < kw)[None, :]
-        q_t = (tl.load(t_cols, mask=tm, other=0.0).to(tl.float16), tl.load(t_cols + 1, mask=tm, other=0.0).to(tl.float16))
     for c in tl.static_range(CHUNKS):
         cols = c * CW + offs_w
         qm = h_mask[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
         q_cols = q_rows + PARTS * cols[None, :]
-        if KV_ALIGN == 24:
-            qm = qm & (cols >= kw)[None, :]
-            q_cols = q_cols - PARTS * kw
         q0 = tl.load(q_cols, mask=qm, other=0.0).to(tl.float16)
         q1 = tl.load(q_cols + 1, mask=qm, other=0.0).to(tl.float16)
         if CHANNEL:
@@ -538,13 +484,11 @@ def _attend_chunked(
                 k_bias = k_bias + (1031.0 * s02 + 71.0 * s13,)
         else:
             qs = qs + ((q0, q1),)
-            q_total = tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)
-            if KV_ALIGN == 24:
-                q_total += tl.sum(q_t[0].to(tl.float32), 1) + tl.sum(q_t[1].to(tl.float32), 1)
-            k_bias = k_bias + (1152.0 * q_total,)
+            k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
         for i in tl.static_range(PARTS):
             acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
-    # KV_ALIGN 8, 24 (int8, one chunk): V's last words, each part's [BLOCK_H, TAIL_WORDS] accumulator
+    # KV_ALIGN 8 (int8, one chunk): V's last 2 words, each part's [BLOCK_H, TAIL_WORDS] accumulator
+    offs_tail = tl.arange(0, TAIL_WORDS)
     acc_t0 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
     acc_t1 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
     zacc = tl.zeros([BLOCK_H], dtype=tl.float32)  # ZP: the probabilities' sum times V's zero points
@@ -580,24 +524,15 @@ def _attend_chunked(
         page = _pages(table_row, offs_t, hi, page_shift)
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
-            if KV_ALIGN == 24:
-                kx = _words(K16 - kw, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
-                            cols < HEAD_DIM // PARTS, KV_ALIGN)
-                kt = _words(K16 + (CW - kw), page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh,
-                            offs_kt, (offs_kt < 4) & (kw > 0), KV_ALIGN)
-                kt0, kt1 = _i8x2_biased(kt, PTX)
-                dots = tl.dot(q_t[0], tl.trans(kt0), tl.dot(q_t[1], tl.trans(kt1), _code_dots(qs[c], kx, INT4, PTX)))
-            else:
-                kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
-                            cols < HEAD_DIM // PARTS, KV_ALIGN)
-                dots = _code_dots(qs[c], kx, INT4, PTX)
+            kx = _words(K16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
+                        cols < HEAD_DIM // PARTS, KV_ALIGN)
             if CHANNEL:
-                term = (dots - k_bias[c][:, None]) * qk_scale
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * qk_scale
             elif ZP:
-                term = (dots - k_bias[c][:, None] - q_sum[:, None] * kz[None, :]) \
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None] - q_sum[:, None] * kz[None, :]) \
                     * (ks * qk_scale)[None, :]
             else:
-                term = (dots - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
+                term = (_code_dots(qs[c], kx, INT4, PTX) - k_bias[c][:, None]) * (ks[c] * qk_scale)[None, :]
             if c == 0:
                 qk = term
             else:
@@ -616,13 +551,6 @@ def _attend_chunked(
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
                 vt = _words(V16 + (CW - 2), page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh,
                             offs_tail, offs_tail < 4, KV_ALIGN)
-            elif KV_ALIGN == 24:
-                # words -vw .. CW - vw of V from the boundary below it, then the next boundary's 4 or 8
-                # words (V's last vw and its scale)
-                vx = _words(V16 - vw, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
-                            cols < HEAD_DIM // PARTS, KV_ALIGN)
-                vt = _words(V16 + (CW - vw), page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh,
-                            offs_tail, (offs_tail < 4) | ((offs_tail < 8) & (vw > 4)), KV_ALIGN)
             else:
                 vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
@@ -647,7 +575,7 @@ def _attend_chunked(
                 v0, v1 = _i8x2_codes(vx, PTX)
                 new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
                                      acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1))
-                if KV_ALIGN == 8 or KV_ALIGN == 24:
+                if KV_ALIGN == 8:
                     t0_, t1_ = _i8x2_codes(vt, PTX)
                     acc_t0 = acc_t0 * alpha[:, None] + tl.dot(pd, t0_)
                     acc_t1 = acc_t1 * alpha[:, None] + tl.dot(pd, t1_)
@@ -660,15 +588,12 @@ def _attend_chunked(
                 vz = vz_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    if KV_ALIGN == 8 or KV_ALIGN == 24:
-        # part i of word w is channel 2 w + i; the main tile's word w is V's word w - 2 (ROW16: w - vw)
+    if KV_ALIGN == 8:
+        # part i of word w is channel 2 w + i; the main tile's word w is V's word w - 2
         o_row = PartO + slot_ids[:, None] * HEAD_DIM
         rows = h_mask & (hi > lo)
-        shift = vw
-        if KV_ALIGN == 8:
-            shift = 2
-        _store_shifted(o_row, acc[0] * inv_l[:, None], acc_t0 * inv_l[:, None], rows, shift, 2, CW, TAIL_WORDS)
-        _store_shifted(o_row + 1, acc[1] * inv_l[:, None], acc_t1 * inv_l[:, None], rows, shift, 2, CW, TAIL_WORDS)
+        _store_shifted(o_row, acc[0] * inv_l[:, None], acc_t0 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
+        _store_shifted(o_row + 1, acc[1] * inv_l[:, None], acc_t1 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
     else:
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w

@@ -99,12 +99,8 @@ def choose_tile(tiles: tuple[str, ...], base_programs: int, sm_count: int) -> st
 
 SCORES = ("plain", "mod")
 # 16: the cache as the specialization level says (none assumed at GENERIC); 4: rows 4-byte aligned;
-# 8: vLLM's per-token-head record exactly (kernel.py's docstring), K 8-byte aligned and V 4 past that;
-# ROW16: that record with token and page strides multiples of 16 (an even number of KV heads), read
-# 16 bytes at a time from the boundary below each row, its shift a runtime value (kernel.py)
-ROW16 = 24
-KV_ALIGNS = (16, 4, 8, ROW16)
-VLLM_ALIGNS = (4, 8, ROW16)
+# 8: vLLM's per-token-head record exactly (kernel.py's docstring), K 8-byte aligned and V 4 past that
+KV_ALIGNS = (16, 4, 8)
 # fp8 with one scale a token and KV head ("token"): vLLM's FP8_PER_TOKEN_HEAD, e4m3 on CUDA.
 FP8_PER_TOKEN_FORMATS = ("fp8_e4m3",)
 
@@ -145,10 +141,10 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     if kv_align not in KV_ALIGNS:
         raise ValueError(f"kv_align must be one of {KV_ALIGNS}, got {kv_align!r}")
-    if kv_align in VLLM_ALIGNS and not (per_token and scale == "fp32" and kv in ("int8",) + FP8_PER_TOKEN_FORMATS):
+    if kv_align in (4, 8) and not (per_token and scale == "fp32" and kv in ("int8",) + FP8_PER_TOKEN_FORMATS):
         raise ValueError(f"kv_align {kv_align} is for int8/fp8 caches with one fp32 scale a token, not {kv} "
                          f"({'per token' if per_token else 'other scales'}, {scale})")
-    if score == "mod" and not (kv_align in VLLM_ALIGNS or (kv not in INT_FORMATS and not per_token)):
+    if score == "mod" and not (kv_align in (4, 8) or (kv not in INT_FORMATS and not per_token)):
         raise ValueError(f"score 'mod' (softcap, ALiBi) is for fp16/bf16/fp8 caches and vLLM's per-token int8/fp8 "
                          f"caches (kv_align 4), not {kv} with these scales")
     if channel and (kv != "int8" or scale != "fp32" or per_token or quant_group):
@@ -325,9 +321,9 @@ def split_variants():
 def vllm_variants(q: str):
     """The variants vLLM's unified_attention needs beyond the others, for one query dtype: scores
     with softcap/ALiBi over fp16/bf16/fp8 caches (4 head dims x 3 formats), and its per-token-head
-    int8 / fp8 e4m3 caches with fp32 scales at kv_align 4, 8 and ROW16, plain and "mod" (2 head dims
-    x 2 x 2 x 3), and its INT4_PER_TOKEN_HEAD codes ("int4_zp": head dim 64's narrow tile, 128's narrow
-    and wide): 39 a query dtype."""
+    int8 / fp8 e4m3 caches with fp32 scales at kv_align 4 and 8, plain and "mod" (2 head dims x 2 x
+    2 x 2), and its INT4_PER_TOKEN_HEAD codes ("int4_zp": head dim 64's narrow tile, 128's narrow
+    and wide): 31 a query dtype."""
     for kv in (q, "fp8_e4m3", "fp8_e5m2"):
         for hd in HEAD_DIMS:
             yield split_axes(q, kv, "fp32", hd, score="mod")
@@ -339,7 +335,7 @@ def vllm_variants(q: str):
     for kv in ("int8",) + FP8_PER_TOKEN_FORMATS:
         for hd in PER_TOKEN_HEAD_DIMS:
             for score in SCORES:
-                for align in VLLM_ALIGNS:
+                for align in (4, 8):
                     axes = split_axes(q, kv, "fp32", hd, per_token=True, score=score, kv_align=align)
                     for tile in split_tiles(kv, hd, axes["scales"]):
                         yield dict(axes, tile=tile)

@@ -165,7 +165,7 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
                       (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes),
                        merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view,
-                      {4: 3, 8: 7, S.ROW16: 15}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS + S.ZP_FORMATS)))
+                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS + S.ZP_FORMATS)))
 
 
 def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
@@ -183,19 +183,7 @@ def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
     if head_dim not in S.PER_TOKEN_HEAD_DIMS or any(st % 4 for st in strides):
         raise ValueError(f"k_cache/v_cache: strides {kv.k.stride()} / {kv.v.stride()}: a per-token {kv.fmt} cache "
                          f"read with softcap/ALiBi, fp8 codes or rows off 16 bytes needs 4-byte multiples")
-    if not _vllm_record(kv.k, kv.v, strides):
-        return 4
-    return S.ROW16 if _row16(kv.k, kv.v) else 8
-
-
-def _row16(k, v) -> bool:
-    """vLLM's record whose rows of one KV head share their residue mod 16 (the ROW16 binaries, which
-    read from the 16-byte boundary at or below each row): token and page strides multiples of 16
-    (an even number of KV heads), K at a 16-byte boundary and V 4 bytes past one, so that those
-    boundaries lie inside the storage (V's reads end where kv_align 8's do: _vllm_record). Later
-    calls of the plan are held to the same residues mod 16 (SplitMerge.check_halfword)."""
-    outer = [st for t in (k, v) for n, st in zip(t.shape[:-2], t.stride()[:-2]) if n > 1]
-    return all(st % 16 == 0 for st in outer) and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 4
+    return 8 if _vllm_record(kv.k, kv.v, strides) else 4
 
 
 def _vllm_record(k, v, strides) -> bool:

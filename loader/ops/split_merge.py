@@ -50,7 +50,7 @@ class SplitMerge:
     fp8: the scales are fp8's (1.0 where absent). byte_view: the cache is read as int8 bytes (fp8,
     int4). halfword: the address mask of the cache, checked every call (a plan is keyed by
     metadata, not by address): 1 for int16 words (int8, int4), 3 for decode's kv_align 4 binaries
-    (4-byte words), 7 for its kv_align 8 ones, 15 for its ROW16 ones, 0 for none. residues: (mask, K's residue, V's
+    (4-byte words), 7 for its kv_align 8 ones, 0 for none. residues: (mask, K's residue, V's
     residue) the binary was compiled for (`address_residues`): a call's cache addresses must have
     `(kp & mask) == k_res and (vp & mask) == v_res`, which the fast paths test as one expression,
     `((kp - k_res) | (vp - v_res)) & mask` zero (mask + 1 a power of two). alibi: the split kernel
@@ -91,11 +91,11 @@ class SplitMerge:
     def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
         """ValueError naming the cache whose address the plan's binary was not compiled for."""
         mask, k_res, v_res = address_residues(self.halfword)
-        if mask in (7, 15):  # decode's kv_align 8 and ROW16: vLLM's per-token-head record (decode._vllm_record)
+        if mask == 7:  # decode's kv_align 8: vLLM's per-token-head record (decode._vllm_record)
             if (k_ptr & mask) != k_res or (v_ptr & mask) != v_res:
                 raise ValueError(f"k_cache/v_cache: this plan reads vLLM's per-token-head record (kv_align 8): k_cache "
-                                 f"must start at a multiple of {mask + 1} bytes and v_cache 4 bytes past one, got "
-                                 f"addresses {k_ptr:#x} / {v_ptr:#x}")
+                                 f"must start at a multiple of 8 bytes and v_cache 4 bytes past one, got addresses "
+                                 f"{k_ptr:#x} / {v_ptr:#x}")
             return
         if (k_ptr | v_ptr) & mask:
             name = "k_cache" if k_ptr & mask else "v_cache"
@@ -175,7 +175,7 @@ def address_residues(halfword: int) -> tuple:
     binaries read vLLM's per-token-head record (decode._vllm_record: K 8-byte aligned, V 4 bytes
     past an 8-byte boundary); every other mask wants both residues 0."""
     mask = int(halfword)
-    return mask, 0, (4 if mask in (7, 15) else 0)
+    return mask, 0, (4 if mask == 7 else 0)
 
 
 class Eager(steady.Steady):

@@ -2,7 +2,7 @@
 a call of decode's new variants, beside the AOT build's compile of the same keys: aligned calls
 of the int8 per-channel split, the merge kernel that writes the LSE and a bf16 "mod" split
 (softcap/ALiBi); GENERIC calls (every specializable argument off 16, as vLLM's inline-scale cache
-is: rows 4-byte aligned) of the kv_align 4, 8 and ROW16 int8 and fp8 per-token splits; int4_zp (vLLM's
+is: rows 4-byte aligned) of the kv_align 4 and 8 int8 and fp8 per-token splits; int4_zp (vLLM's
 INT4_PER_TOKEN_HEAD codes) aligned (narrow tile) and GENERIC (wide tile). Prints pairs, one a line."""
 import hashlib
 import os
@@ -63,8 +63,6 @@ if __name__ == "__main__":
     fp8_a4 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, kv_align=4)
     int8_a8 = S.split_axes("bf16", "int8", "fp32", 128, per_token=True, kv_align=8)
     fp8_a8 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, score="mod", kv_align=8)
-    int8_r16 = S.split_axes("bf16", "int8", "fp32", 128, per_token=True, kv_align=S.ROW16)
-    fp8_r16 = S.split_axes("fp16", "fp8_e4m3", "fp32", 64, per_token=True, score="mod", kv_align=S.ROW16)
     zp_narrow = dict(S.split_axes("bf16", "int4_zp", "fp32", 128, per_token=True), tile="narrow")
     zp_wide = dict(S.split_axes("fp16", "int4_zp", "fp32", 128, per_token=True), tile="wide")
     for spec, axes, args, level in ((S.SPLIT, split, split_args(), "aligned"), (S.MERGE, merge, merge_args(), "aligned"),
@@ -73,8 +71,6 @@ if __name__ == "__main__":
                                     (S.SPLIT, fp8_a4, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, int8_a8, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, fp8_a8, vllm_split_args(torch.int8), "generic"),
-                                    (S.SPLIT, int8_r16, vllm_split_args(torch.int8), "generic"),
-                                    (S.SPLIT, fp8_r16, vllm_split_args(torch.int8, torch.float16), "generic"),
                                     (S.SPLIT, zp_narrow, split_args(), "aligned"),
                                     (S.SPLIT, zp_wide, vllm_split_args(torch.int8, torch.float16), "generic")):
         aot = compile_variant(spec, VariantKey.make(spec.name, axes, level), arch)

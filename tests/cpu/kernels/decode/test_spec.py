@@ -37,14 +37,14 @@ def test_variant_count_and_keys():
     # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes);
     # int8 with fp32 scales per KV head and channel ("channel") at every head dim (q dtype x 4)
     # plus vLLM's (spec.vllm_variants): q dtype x (3 formats x 4 head dims with "mod" + int8 / fp8
-    # e4m3 per token x 2 head dims x plain/mod at kv_align 4, 8 and ROW16 + int4_zp, vLLM's INT4_PER_TOKEN_HEAD:
+    # e4m3 per token x 2 head dims x plain/mod at kv_align 4 and 8 + int4_zp, vLLM's INT4_PER_TOKEN_HEAD:
     # head dim 64's narrow tile and 128's narrow and wide)
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 \
-        + 2 * (3 * 4 + 2 * 2 * 2 * 3 + 3) == 218
+        + 2 * (3 * 4 + 2 * 2 * 2 * 2 + 3) == 202
     assert sum(a["scales"] == "channel" for a in split) == 8
     assert len(merge) == 2 * 4 * 5  # out dtype x head_dim x split tile (4, 16, 64, 256, the loop)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (218 + 40)
+    assert len(set(keys)) == len(keys) == 2 * (202 + 40)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 

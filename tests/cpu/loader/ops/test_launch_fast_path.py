@@ -316,11 +316,11 @@ def test_gated_delta_prefill_steady_state_equals_the_checked_call_and_refuses_ov
     dispatch.reset()
 
 
-# -- vLLM's per-token-head record (kv_align 8: K 0 and V 4 mod 8; ROW16, 2 KV heads: mod 16) ------
-def _vllm_record_case(kv_heads=1):
+# -- vLLM's per-token-head record (kv_align 8: K 0 and V 4 mod 8) ---------------------------------
+def _vllm_record_case():
     from tests.cpu.kernels.decode.test_vllm_caches import _problem, vllm_inline_cache
 
-    q, k, v, table, lens = _problem([5, 17], 64, kv_heads=kv_heads, seed=64)
+    q, k, v, table, lens = _problem([5, 17], 64, seed=64)
     kc, vc, ks, vs, _, _ = vllm_inline_cache(k, v, "int8")
     return q, kc, vc, ks, vs, table, lens
 
@@ -339,15 +339,13 @@ def _moved(t, residue: int):
     return moved
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
-def test_vllm_record_takes_the_fast_paths(rec, monkeypatch, kv_heads):
-    q, kc, vc, ks, vs, table, lens = _vllm_record_case(kv_heads)
-    assert kc.data_ptr() % 16 == 0 and vc.data_ptr() % 16 == 4
+def test_vllm_record_takes_the_fast_paths(rec, monkeypatch):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
+    assert kc.data_ptr() % 8 == 0 and vc.data_ptr() % 8 == 4
     out = torch.empty_like(q)
     plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
                              out=out)
-    # the kv_align 8 binaries; ROW16's where token strides are multiples of 16
-    assert plan._plan.residues == ((7, 0, 4) if kv_heads == 1 else (15, 0, 4))
+    assert plan._plan.residues == (7, 0, 4)  # the kv_align 8 binaries
     for _ in range(2):  # the eager full path, then its steady state made
         loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int8", out=out, validate=False)
     assert len(loader.ops.decode._recent.entries) == 1
@@ -364,10 +362,9 @@ def test_vllm_record_takes_the_fast_paths(rec, monkeypatch, kv_heads):
                                                                                   vc.data_ptr()])] * 2
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
 @pytest.mark.parametrize("which", ["k", "v"])
-def test_vllm_record_refuses_another_residue_before_any_launch(rec, which, kv_heads):
-    q, kc, vc, ks, vs, table, lens = _vllm_record_case(kv_heads)
+def test_vllm_record_refuses_another_residue_before_any_launch(rec, which):
+    q, kc, vc, ks, vs, table, lens = _vllm_record_case()
     out = torch.empty_like(q)
     plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int8",
                              out=out)

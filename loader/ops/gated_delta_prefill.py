@@ -87,7 +87,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
     w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, g.dim() == 4)
-    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
+    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
         q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),

@@ -525,7 +525,8 @@ def gdn_chunk_prep(
     # spills at 4 warps (the H100's JIT report; 68 with the merges in exact fp32).
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
-    # (H100 JIT report, K = 128, 4 warps).
+    # (H100 JIT report, K = 128, 4 warps); with its factors used as formed and q, k loaded up front:
+    # 168 / 24 at the cap, 205 / 0 without it (cuobjdump here: stack 240 -> 96 bytes).
     # KDA by channel steps (_kda_chunk_a) at 8 warps: 255 / 6 (H100 JIT report, K = 128).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end

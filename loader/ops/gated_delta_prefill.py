@@ -41,6 +41,9 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
+    programs = (d.T // _spec.CHUNK + n) * v.shape[2]  # the precompute's flat grid (launch_plan)
+    if programs >= 2 ** 31:
+        rules.fail(OP, "q.shape[1] (T)", "(T // 64 + N) * HV below 2**31 (the precompute's grid)", programs)
     return check_scale(scale, d.K, OP)
 
 

@@ -151,17 +151,24 @@ def _inverse_doubling(a, TF: tl.constexpr, EXACT: tl.constexpr):
     """X = (I + A)^-1 of the strictly lower A [64, 64] by [64, 64] products alone. D = I + A's
     diagonal 16 x 16 blocks Ad: D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) (Ad^16 = 0); with the
     rest L, N = D^-1 L is strictly block lower (N^4 = 0), so X = (I + N)^-1 D^-1 = (I - N)(I + N^2) D^-1.
-    Ten products, no 16 x 16 tiles cut out or put back."""
+    Ten products, no 16 x 16 tiles cut out or put back.
+    Each factor is used as soon as it exists, so no more than three [64, 64] tiles are live (fewer
+    spilled registers at the 168 cap), and I +- M is formed as a select on the diagonal (every M
+    here is strictly lower: the same values, no identity tile kept)."""
     r = tl.arange(0, CHUNK)
     same = (r[:, None] // SUB) == (r[None, :] // SUB)
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    diag = r[:, None] == r[None, :]
     ad = tl.where(same, a, 0.0)
+    low = tl.where(same, 0.0, a)
     p2 = _mm(ad, ad, TF, EXACT)
+    d = _mm(tl.where(diag, 1.0, -ad), tl.where(diag, 1.0, p2), TF, EXACT)
     p4 = _mm(p2, p2, TF, EXACT)
-    dinv = _mm(_mm(eye - ad, eye + p2, TF, EXACT), eye + p4, TF, EXACT)
-    dinv = _mm(dinv, eye + _mm(p4, p4, TF, EXACT), TF, EXACT)
-    n = _mm(dinv, tl.where(same, 0.0, a), TF, EXACT)
-    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
+    d = _mm(d, tl.where(diag, 1.0, p4), TF, EXACT)
+    p8 = _mm(p4, p4, TF, EXACT)
+    dinv = _mm(d, tl.where(diag, 1.0, p8), TF, EXACT)
+    n = _mm(dinv, low, TF, EXACT)
+    y = _mm(tl.where(diag, 1.0, -n), tl.where(diag, 1.0, _mm(n, n, TF, EXACT)), TF, EXACT)
+    return _mm(y, dinv, TF, EXACT)
 
 
 @triton.jit
@@ -263,20 +270,19 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 
 @triton.jit
-def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                 K_DIM, qk_l2norm, scale, RL, HEAD_K: tl.constexpr, TF32: tl.constexpr):
-    """GDN, whole chunk: writes Fq (q's row factor, see gdn_chunk_prep), Kg, Aqk rows; returns A
-    [64, 64] (strictly lower, with beta) and k's row factor for W (beta exp(G) / |k|).
+def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Kg, Aqk, t, m, hv, HV, qk_l2norm, scale, RL,
+                 HEAD_K: tl.constexpr, TF32: tl.constexpr):
+    """GDN, whole chunk, from its q, k rows (input dtype), gates and beta: writes Fq (q's row
+    factor, see gdn_chunk_prep), Kg, Aqk rows; returns A [64, 64] (strictly lower, with beta) and
+    k's row factor for W (beta exp(G) / |k|).
     A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
     dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to 8 bits, as fla does)."""
     offs_k = tl.arange(0, HEAD_K)
-    g = tl.load(G + t * s_gt + hv * s_gh, mask=m, other=0.0)
     Gc = tl.cumsum(g, 0)
     rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
-    dt = Q.dtype.element_ty
+    dt = q_in.dtype
     # q, then k: each goes to the input dtype once used, so no two [64, K] fp32 tiles are live.
-    km = m[:, None] & (offs_k < K_DIM)[None, :]
-    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=km, other=0.0).to(tl.float32)
+    q = q_in.to(tl.float32)
     fq = tl.exp(Gc) * scale
     if qk_l2norm != 0:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, 1) + L2NORM_EPS)
@@ -284,8 +290,7 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt,
         fq = fq * rq
     tl.store(Fq + t * HV + hv, fq, mask=m)
     qb = q.to(dt)
-    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=km, other=0.0).to(tl.float32)
-    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    k = k_in.to(tl.float32)
     fk = beta * tl.exp(Gc)  # G <= 0
     if qk_l2norm != 0:
         rk = 1.0 / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)
@@ -295,11 +300,17 @@ def _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt,
     kb = k.to(dt)
     kt = tl.trans(kb)
     r = tl.arange(0, CHUNK)
-    decay = tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
-    aq = _dot(qb, kt, TF32) * decay * scale
+    # The decay tile is formed again for A rather than kept live across the second dot (registers).
+    aq = _dot(qb, kt, TF32) * _pair_decay(Gc, r) * scale
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :], aq.to(Aqk.dtype.element_ty), mask=m[:, None])
-    a = tl.where(r[:, None] > r[None, :], _dot(kb, kt, TF32) * decay, 0.0) * beta[:, None]
+    a = tl.where(r[:, None] > r[None, :], _dot(kb, kt, TF32) * _pair_decay(Gc, r), 0.0) * beta[:, None]
     return a, fk
+
+
+@triton.jit
+def _pair_decay(Gc, r):
+    """exp(G_r - G_c) for r >= c, else 0 (GDN: a scalar cumulative gate a token, <= 1)."""
+    return tl.exp(tl.where(r[:, None] >= r[None, :], Gc[:, None] - Gc[None, :], float("-inf")))
 
 
 
@@ -479,9 +490,12 @@ def gdn_chunk_prep(
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
     (a scalar gate a token) writes only their factor Fq [T, HV] = scale exp(G) / |q| (fp32; the
     state pass scales q h's rows by it and reads q itself), KDA writes Qg = scale q exp(G) and
-    Fq = 1. Grid (chunk slots, HV)."""
-    pid = tl.program_id(0)
-    hv = tl.program_id(1)
+    Fq = 1. Grid (chunk slots x HV,): program i is chunk slot i // HV, value head i % HV."""
+    # Value heads vary fastest: the programs of one chunk run side by side, so q and k rows shared by
+    # a GVA group come from L2 and the workspace rows they write are contiguous
+    # (BENCHMARKS.md, "Gated delta prefill precompute, session 29").
+    pid = tl.program_id(0) // HV
+    hv = tl.program_id(0) % HV
     n = owner_of_block(Cu_seqlens, pid, num_seqs, CHUNK)  # the sequence owning chunk slot pid
     start = tl.load(Cu_seqlens + n)
     end = tl.load(Cu_seqlens + n + 1)
@@ -511,7 +525,8 @@ def gdn_chunk_prep(
     # spills at 4 warps (the H100's JIT report; 68 with the merges in exact fp32).
     # Small [16, *] dots cost registers in every warp: Triton's MMA repeats a 16-row tile per warp.
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
-    # (H100 JIT report, K = 128, 4 warps).
+    # (H100 JIT report, K = 128, 4 warps); with its factors used as formed and q, k loaded up front:
+    # 168 / 24 at the cap, 205 / 0 without it (cuobjdump here: stack 240 -> 96 bytes).
     # KDA by channel steps (_kda_chunk_a) at 8 warps: 255 / 6 (H100 JIT report, K = 128).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
@@ -602,10 +617,18 @@ def gdn_chunk_prep(
         # warps share the rows instead of each repeating a 16-row tile), X by [64, 64] products
         # (_inverse_doubling: no 16 x 16 tiles cut out and put back; BENCHMARKS.md, "Gated delta
         # prefill speed, session 26").
-        RL = tl.sum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0)  # the gate at the last token
+        # q, k, gates and beta issued before the first store and dot, so their latencies overlap (v
+        # stays below the inverse: live across it, it spills; BENCHMARKS.md, "Gated delta prefill
+        # precompute, session 29").
+        km = m[:, None] & (offs_k < K_DIM)[None, :]
+        g = tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0)
+        beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        q_in = tl.load(Q + t[:, None] * s_qt + hk * s_qh + offs_k[None, :], mask=km, other=0.0)
+        k_in = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=km, other=0.0)
+        RL = tl.sum(g, 0)  # the gate at the last token
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
-        a, fk = _gdn_chunk_a(Q, K, G, Beta, Fq, Kg, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
-                             s_bt, s_bh, K_DIM, qk_l2norm, scale, RL, HEAD_K, MERGE_TF32)
+        a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Kg, Aqk, t, m, hv64, HV, qk_l2norm, scale, RL, HEAD_K,
+                             MERGE_TF32)
         x = _inverse_doubling(a, TF, EXACT)
 
     # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot

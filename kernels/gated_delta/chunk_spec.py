@@ -151,7 +151,9 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # bench_gated_delta_prefill.py --sweep.
     # GDN at K, V <= 128: maxnreg 168. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, 4 warps, prep
     # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
-    # 1.037 (K = V = 64 and sm80 not measured).
+    # 1.037 (K = V = 64 and sm80 not measured). Still the best at the current kernel: maxnreg 128 (4
+    # programs an SM, 44 B spilled) 0.256 / 0.491 ms against 168's 0.235 / 0.455 (BENCHMARKS.md,
+    # "Gated delta prefill precompute, session 29").
     # KDA (_kda_chunk_a's channel steps): 8 warps at every head size, no cap. H100, JIT, bf16,
     # K = V = 128, 1 x 8192, prep ms (registers / spill bytes): 8 warps 1.746 (255 / 6), 4 warps
     # 1.981 (255 / 64), 8 warps maxnreg 192 1.881, 16 warps 2.771 (128 / 70).

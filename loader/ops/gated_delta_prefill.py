@@ -41,6 +41,9 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
+    programs = (d.T // _spec.CHUNK + n) * v.shape[2]  # the precompute's flat grid (launch_plan)
+    if programs >= 2 ** 31:
+        rules.fail(OP, "q.shape[1] (T)", "(T // 64 + N) * HV below 2**31 (the precompute's grid)", programs)
     return check_scale(scale, d.K, OP)
 
 
@@ -87,7 +90,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
     w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, g.dim() == 4)
-    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots, HV, 1), (
+    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
         q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),

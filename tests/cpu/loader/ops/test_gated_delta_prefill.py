@@ -166,7 +166,7 @@ def test_the_op_launches_the_chosen_tile(monkeypatch):
     monkeypatch.setattr(dispatch, "run_kernel", lambda spec, axes, grid, args: launched.append((spec.name, axes, grid)))
     c = make_case([1, 2], H=1, HV=66, seed=13)
     op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"], c["cu_seqlens"])
-    assert [(n, a.get("bv"), g) for n, a, g in launched] == [("gdn_chunk_prep", None, (2, 66, 1)),
+    assert [(n, a.get("bv"), g) for n, a, g in launched] == [("gdn_chunk_prep", None, (2 * 66, 1, 1)),
                                                               ("gdn_chunk_state", 64, (2, 66, 1))]
 
 
@@ -183,3 +183,16 @@ def test_misaligned_calls_route_to_the_generic_state_spec(monkeypatch):
                                c["cu_seqlens"])
         assert [n for n, _ in launched] == ["gdn_chunk_prep", want]
         assert launched[1][1]["head_k"] == (128 if K == 100 else 64)
+
+
+def test_a_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
+    """The precompute's grid is (T // 64 + N) * HV programs in one dimension: past 2**31 a clear
+    error (stride-0 views stand in for tensors that large)."""
+    T, HV = 2 ** 21, 2 ** 16
+    q = torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, T, 1, 1)
+    v = torch.zeros(1, 1, HV, 1, dtype=torch.bfloat16).expand(1, T, HV, 1)
+    g = torch.zeros(1, 1, HV).expand(1, T, HV)
+    state = torch.zeros(1, HV, 1, 1)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV below 2\*\*31"):
+        op.gated_delta_prefill(q, q, v, g, g, state, torch.zeros(1, dtype=torch.int32), cu)

@@ -22,7 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 CHUNK = gl.constexpr(64)
 PRODUCER_WARPS = gl.constexpr(4)
-CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup: the launch's num_warps (the default partition)
+CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup; the first is the default partition (the launch's num_warps)
 
 
 @gluon.jit
@@ -41,7 +41,7 @@ def _copy_rows(dst, P, t0, end, s_t, off, n_cols, D: gl.constexpr):
 @gluon.jit
 def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
               first_slot, hv, hq, HV, s_qt, s_qh, K_DIM, v0, HEAD_K: gl.constexpr, HEAD_V: gl.constexpr,
-              BV: gl.constexpr, STAGES: gl.constexpr):
+              BC: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr):
     ld1: gl.constexpr = gl.BlockedLayout(size_per_thread=[4], threads_per_warp=[32], warps_per_cta=[PRODUCER_WARPS],
                                          order=[0])
     offs_d = gl.arange(0, HEAD_K, layout=ld1)
@@ -52,7 +52,8 @@ def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, emp
         t0 = start + c * CHUNK
         _copy_rows(w_s.index(st), W, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K)
         _copy_rows(q_s.index(st), Qs, t0, end, s_qt, hq * s_qh, K_DIM, HEAD_K)
-        _copy_rows(u_s.index(st), U, t0, end, HV * HEAD_V, hv * HEAD_V + v0, BV, BV)
+        for i in gl.static_range(NC):  # each consumer's columns of U
+            _copy_rows(u_s.index(st * NC + i), U, t0, end, HV * HEAD_V, hv * HEAD_V + v0 + i * BC, BC, BC)
         _copy_rows(kg_s.index(st), Kg, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K)
         _copy_rows(a_s.index(st), Aqk, t0, end, HV * CHUNK, hv * CHUNK, CHUNK, CHUNK)
         async_copy.async_copy_global_to_shared(
@@ -62,9 +63,35 @@ def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, emp
 
 
 @gluon.jit
+def _opaque(x):
+    """x through an asm the compiler may not merge or move: the pool's addresses after the chunk loop
+    are formed again there instead of being kept live (spilled) across it."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _state_ptrs(State, slot, hv, s_sn, s_sh, s_sv, s_sk, offs_v, HEAD_K: gl.constexpr, rows_l: gl.constexpr,
+                AGAIN: gl.constexpr):
+    """h[k, v] = S[v, k]: the pool tile's addresses by its strides (V-major or K-major)."""
+    offs_k = gl.arange(0, HEAD_K, layout=rows_l)
+    if AGAIN:
+        offs_k = _opaque(offs_k)
+        offs_v = _opaque(offs_v)
+    return (State + slot * s_sn + hv * s_sh + gl.expand_dims(offs_k * s_sk, 1)
+            + gl.expand_dims(offs_v.to(gl.int64) * s_sv, 0))
+
+
+@gluon.jit
+def _state_mask(K_DIM, valid, v_in, HEAD_K: gl.constexpr, rows_l: gl.constexpr):
+    offs_k = gl.arange(0, HEAD_K, layout=rows_l)
+    return gl.expand_dims((offs_k < K_DIM) & valid, 1) & gl.expand_dims(v_in, 0)
+
+
+@gluon.jit
 def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, empty, start, end, n_chunks, n_zero,
               valid, slot, hv, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K: gl.constexpr,
-              BV: gl.constexpr, STAGES: gl.constexpr):
+              BV: gl.constexpr, NC: gl.constexpr, CI: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer CI of NC: columns [v0, v0 + BV) of the program's value tile."""
     DT: gl.constexpr = w_s.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                   instr_shape=[16, BV, 16])
@@ -79,12 +106,8 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
         t = start + c * CHUNK + offs_c
         gl.store(Out + gl.expand_dims(t.to(gl.int64) * s_ot, 1) + gl.expand_dims(o_cols, 0),
                  gl.zeros([CHUNK, BV], ODT, layout=mma), mask=gl.expand_dims(t < end, 1) & gl.expand_dims(v_in, 0))
-    # h[k, v] = S[v, k], read and written by the pool's strides (V-major or K-major)
-    offs_k = gl.arange(0, HEAD_K, layout=rows_l)
-    s_ptrs = (State + slot * s_sn + hv * s_sh + gl.expand_dims(offs_k * s_sk, 1)
-              + gl.expand_dims(offs_v.to(gl.int64) * s_sv, 0))
-    s_mask = gl.expand_dims((offs_k < K_DIM) & valid, 1) & gl.expand_dims(v_in, 0)
-    h = gl.load(s_ptrs, mask=s_mask, other=0.0)
+    h = gl.load(_state_ptrs(State, slot, hv, s_sn, s_sh, s_sv, s_sk, offs_v, HEAD_K, rows_l, False),
+                mask=_state_mask(K_DIM, valid, v_in, HEAD_K, rows_l), other=0.0)
     h_s.store(h.to(DT))
     fence_async_shared()
     zero = gl.zeros([CHUNK, BV], gl.float32, layout=mma)
@@ -100,7 +123,7 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
         wh = warpgroup_mma(w_s.index(st), h_s, zero, use_acc=False, is_async=True)
         qh = warpgroup_mma(q_s.index(st), h_s, zero, use_acc=False, is_async=True)
         wh = warpgroup_mma_wait(num_outstanding=1, deps=(wh,))
-        u = u_s.index(st).load(mma)
+        u = u_s.index(st * NC + CI).load(mma)
         vn_s.store((u.to(gl.float32) - wh).to(DT))
         fence_async_shared()
         dec = d_s.index(st).load(rows_l)
@@ -115,7 +138,9 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
         o = o + qh * gl.expand_dims(fq, 1)
         gl.store(Out + gl.expand_dims(t64 * s_ot, 1) + gl.expand_dims(o_cols, 0), o.to(ODT),
                  mask=gl.expand_dims(tm, 1) & gl.expand_dims(v_in, 0))
-    gl.store(s_ptrs, h, mask=s_mask)
+    # the pool's addresses formed again here: not kept live across the loop
+    gl.store(_state_ptrs(State, slot, hv, s_sn, s_sh, s_sv, s_sk, offs_v, HEAD_K, rows_l, True), h,
+             mask=_state_mask(K_DIM, valid, v_in, HEAD_K, rows_l))
 
 
 @gluon.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],
@@ -123,13 +148,18 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
 def gdn_chunk_state_ws(
     W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
     num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
-    HEAD_K: gl.constexpr, HEAD_V: gl.constexpr, BV: gl.constexpr,
+    HEAD_K: gl.constexpr, HEAD_V: gl.constexpr, BV: gl.constexpr, NC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
-    """chunk.gdn_chunk_state's contract: one sequence, one value head, BV values a program."""
+    """chunk.gdn_chunk_state's contract: one sequence, one value head, BV values a program, split
+    among NC consumer warpgroups (BV // NC columns each) that share the producer's ring."""
     gl.static_assert(HEAD_K <= 128, "K tiles up to 128")
     gl.static_assert(HEAD_V <= 128, "V tiles up to 128")
+    gl.static_assert((NC == 1) | (NC == 2) | (NC == 4), "1, 2 or 4 consumers")
+    BC: gl.constexpr = BV // NC
+    # registers: 4 consumers x 128 threads x 112 + the producer's 128 x 64 fill the SM's 64K
+    PRODUCER_REGS: gl.constexpr = 64 if NC == 4 else 72
     # the ring: stages of W, q, Kg [64, K], Aqk [64, 64], U [64, BV], decay [K] (bf16, K 128: 61 KiB
-    # at BV 32, 73 at 128), beside h and V' (12 / 48 KiB)
+    # at BV 32, 73 at 128), beside h and V' (12 KiB a 32-column consumer)
     STAGES: gl.constexpr = 3 if BV * HEAD_K <= 64 * 128 else 2
     DT: gl.constexpr = W.dtype.element_ty
     n = gl.program_id(0)
@@ -145,29 +175,59 @@ def gdn_chunk_state_ws(
     slot = gl.where(valid, slot, 0)
     hq = hv // group
     hv64 = hv.to(gl.int64)
+    hq64 = hq.to(gl.int64)
 
     row_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, HEAD_K], DT)
     w_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
     q_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
     kg_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
     a_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, CHUNK], gl.NVMMASharedLayout.get_default_for([CHUNK, CHUNK], DT))
-    u_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, BV], gl.NVMMASharedLayout.get_default_for([CHUNK, BV], DT))
+    u_s = gl.allocate_shared_memory(DT, [STAGES * NC, CHUNK, BC], gl.NVMMASharedLayout.get_default_for([CHUNK, BC], DT))
     d_s = gl.allocate_shared_memory(gl.float32, [STAGES, HEAD_K],
                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-    h_s = gl.allocate_shared_memory(DT, [HEAD_K, BV], gl.NVMMASharedLayout.get_default_for([HEAD_K, BV], DT))
-    vn_s = gl.allocate_shared_memory(DT, [CHUNK, BV], gl.NVMMASharedLayout.get_default_for([CHUNK, BV], DT))
+    h_s = gl.allocate_shared_memory(DT, [NC, HEAD_K, BC], gl.NVMMASharedLayout.get_default_for([HEAD_K, BC], DT))
+    vn_s = gl.allocate_shared_memory(DT, [NC, CHUNK, BC], gl.NVMMASharedLayout.get_default_for([CHUNK, BC], DT))
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NC)  # every consumer releases a stage
     fence_async_shared()
     gl.thread_barrier()
     first_slot = start // CHUNK + n
-    gl.warp_specialize([
-        (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, empty, start, end, n_chunks,
-                     n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K,
-                     BV, STAGES)),
-        (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
-                     first_slot, hv64, hq.to(gl.int64), HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BV, STAGES)),
-    ], [PRODUCER_WARPS], [48])
+    if NC == 1:
+        gl.warp_specialize([
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
+                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
+            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    elif NC == 2:
+        gl.warp_specialize([
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
+                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(1), vn_s.index(1), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot, s_oh, s_sn, s_sh,
+                         s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES)),
+            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
+        ], [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
+                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(1), vn_s.index(1), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot, s_oh, s_sn, s_sh,
+                         s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(2), vn_s.index(2), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + 2 * BC, s_ot, s_oh, s_sn, s_sh,
+                         s_sv, s_sk, HEAD_K, BC, NC, 2, STAGES)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(3), vn_s.index(3), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + 3 * BC, s_ot, s_oh, s_sn, s_sh,
+                         s_sv, s_sk, HEAD_K, BC, NC, 3, STAGES)),
+            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
+        ], [CONSUMER_WARPS] * 3 + [PRODUCER_WARPS], [CONSUMER_REGS] * 3 + [PRODUCER_REGS])

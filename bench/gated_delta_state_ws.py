@@ -45,17 +45,16 @@ def run_triton(st, out, pool):
     run_kernel(spec, axes, grid, with_io(args, out, pool))
 
 
-# (BV a program, consumer warpgroups, registers of each consumer past the first)
-WS_CONFIGS = [(32, 1, 0), (64, 1, 0), (64, 2, 216), (128, 2, 216), (128, 4, 112)]
+# (BV a program, consumer warpgroups)
+WS_CONFIGS = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)]
 
 
 def run_ws(st, out, pool, cfg):
-    bv, nc, regs = cfg
+    bv, nc = cfg
     spec, axes, grid, args = st
     K, V = int(axes["head_k"]), int(axes["head_v"])
     grid = (grid[0], grid[1], V // bv)
-    return ws.gdn_chunk_state_ws[grid](*with_io(args, out, pool), HEAD_K=K, HEAD_V=V, BV=bv, NC=nc,
-                                       CONSUMER_REGS=regs, num_warps=4)
+    return ws.gdn_chunk_state_ws[grid](*with_io(args, out, pool), HEAD_K=K, HEAD_V=V, BV=bv, NC=nc, num_warps=4)
 
 
 def fresh(v, state):

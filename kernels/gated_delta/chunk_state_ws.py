@@ -148,7 +148,7 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
 def gdn_chunk_state_ws(
     W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
     num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
-    HEAD_K: gl.constexpr, HEAD_V: gl.constexpr, BV: gl.constexpr, NC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HEAD_K: gl.constexpr, HEAD_V: gl.constexpr, BV: gl.constexpr, NC: gl.constexpr,
 ):
     """chunk.gdn_chunk_state's contract: one sequence, one value head, BV values a program, split
     among NC consumer warpgroups (BV // NC columns each) that share the producer's ring."""
@@ -156,8 +156,10 @@ def gdn_chunk_state_ws(
     gl.static_assert(HEAD_V <= 128, "V tiles up to 128")
     gl.static_assert((NC == 1) | (NC == 2) | (NC == 4), "1, 2 or 4 consumers")
     BC: gl.constexpr = BV // NC
-    # registers: 4 consumers x 128 threads x 112 + the producer's 128 x 64 fill the SM's 64K
+    # registers of the worker partitions: 4 consumers x 128 threads x 112 + the producer's 128 x 64
+    # fill the SM's 64K; at fewer consumers 216 / 72 (no spills at BV 128 x 2: ptxas, Triton 3.6)
     PRODUCER_REGS: gl.constexpr = 64 if NC == 4 else 72
+    CONSUMER_REGS: gl.constexpr = 112 if NC == 4 else 216
     # the ring: stages of W, q, Kg [64, K], Aqk [64, 64], U [64, BV], decay [K] (bf16, K 128: 61 KiB
     # at BV 32, 73 at 128), beside h and V' (12 KiB a 32-column consumer)
     STAGES: gl.constexpr = 3 if BV * HEAD_K <= 64 * 128 else 2

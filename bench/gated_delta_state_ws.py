@@ -46,7 +46,7 @@ def run_triton(st, out, pool):
 
 
 # (BV a program, consumer warpgroups)
-WS_CONFIGS = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)]
+WS_CONFIGS = [(32, 1), (64, 1), (64, 2), (128, 2)]
 
 
 def run_ws(st, out, pool, cfg):

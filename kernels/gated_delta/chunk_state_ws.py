@@ -21,17 +21,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 CHUNK = gl.constexpr(64)
-PRODUCER_WARPS = gl.constexpr(4)
 CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup; the first is the default partition (the launch's num_warps)
 
 
 @gluon.jit
-def _copy_rows(dst, P, t0, end, s_t, off, n_cols, D: gl.constexpr):
+def _copy_rows(dst, P, t0, end, s_t, off, n_cols, D: gl.constexpr, PW: gl.constexpr):
     """Rows t0 .. t0 + 63 of a row-major operand (row t at P + t * s_t + off, D columns, the first
     n_cols real) into dst [64, D] by cp.async; rows at or past `end` and columns past n_cols are
     zero-filled."""
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // D, D // 8],
-                                        warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0])
+                                        warps_per_cta=[PW, 1], order=[1, 0])
     t = t0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
     c = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
     ptrs = P + gl.expand_dims(t.to(gl.int64) * s_t + off, 1) + gl.expand_dims(c, 0)
@@ -41,8 +40,8 @@ def _copy_rows(dst, P, t0, end, s_t, off, n_cols, D: gl.constexpr):
 @gluon.jit
 def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
               first_slot, hv, hq, HV, s_qt, s_qh, K_DIM, v0, HEAD_K: gl.constexpr, HEAD_V: gl.constexpr,
-              BC: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr):
-    ld1: gl.constexpr = gl.BlockedLayout(size_per_thread=[4], threads_per_warp=[32], warps_per_cta=[PRODUCER_WARPS],
+              BC: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr):
+    ld1: gl.constexpr = gl.BlockedLayout(size_per_thread=[4], threads_per_warp=[32], warps_per_cta=[PW],
                                          order=[0])
     offs_d = gl.arange(0, HEAD_K, layout=ld1)
     for c in range(n_chunks):
@@ -50,12 +49,12 @@ def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, emp
         ph = (c // STAGES) & 1
         mbarrier.wait(empty.index(st), ph ^ 1, pred=c >= STAGES)
         t0 = start + c * CHUNK
-        _copy_rows(w_s.index(st), W, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K)
-        _copy_rows(q_s.index(st), Qs, t0, end, s_qt, hq * s_qh, K_DIM, HEAD_K)
+        _copy_rows(w_s.index(st), W, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K, PW)
+        _copy_rows(q_s.index(st), Qs, t0, end, s_qt, hq * s_qh, K_DIM, HEAD_K, PW)
         for i in gl.static_range(NC):  # each consumer's columns of U
-            _copy_rows(u_s.index(st * NC + i), U, t0, end, HV * HEAD_V, hv * HEAD_V + v0 + i * BC, BC, BC)
-        _copy_rows(kg_s.index(st), Kg, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K)
-        _copy_rows(a_s.index(st), Aqk, t0, end, HV * CHUNK, hv * CHUNK, CHUNK, CHUNK)
+            _copy_rows(u_s.index(st * NC + i), U, t0, end, HV * HEAD_V, hv * HEAD_V + v0 + i * BC, BC, BC, PW)
+        _copy_rows(kg_s.index(st), Kg, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K, PW)
+        _copy_rows(a_s.index(st), Aqk, t0, end, HV * CHUNK, hv * CHUNK, CHUNK, CHUNK, PW)
         async_copy.async_copy_global_to_shared(
             d_s.index(st), Decay + ((first_slot + c).to(gl.int64) * HV + hv) * HEAD_K + offs_d)
         # every producer thread arrives once its own copies have landed (count: all of them)
@@ -154,12 +153,14 @@ def gdn_chunk_state_ws(
     among NC consumer warpgroups (BV // NC columns each) that share the producer's ring."""
     gl.static_assert(HEAD_K <= 128, "K tiles up to 128")
     gl.static_assert(HEAD_V <= 128, "V tiles up to 128")
-    gl.static_assert((NC == 1) | (NC == 2) | (NC == 4), "1, 2 or 4 consumers")
+    gl.static_assert((NC == 1) | (NC == 2), "1 or 2 consumers")
     BC: gl.constexpr = BV // NC
-    # registers of the worker partitions: 4 consumers x 128 threads x 112 + the producer's 128 x 64
-    # fill the SM's 64K; at fewer consumers 216 / 72 (no spills at BV 128 x 2: ptxas, Triton 3.6)
-    PRODUCER_REGS: gl.constexpr = 64 if NC == 4 else 72
-    CONSUMER_REGS: gl.constexpr = 112 if NC == 4 else 216
+    # The launch's warps: NC consumer warpgroups and a producer of PW warps, a power of two in all
+    # (the manifest's rule). Registers of the worker partitions within the SM's 64K: one consumer,
+    # the producer 4 x 72; two consumers, 2 x 128 x CR + 256 x 48 (CR: ptxas, Triton 3.6, no spills).
+    PW: gl.constexpr = 8 if NC == 2 else 4
+    PRODUCER_REGS: gl.constexpr = 48 if NC == 2 else 72
+    CONSUMER_REGS: gl.constexpr = 208
     # the ring: stages of W, q, Kg [64, K], Aqk [64, 64], U [64, BV], decay [K] (bf16, K 128: 61 KiB
     # at BV 32, 73 at 128), beside h and V' (12 KiB a 32-column consumer)
     STAGES: gl.constexpr = 3 if BV * HEAD_K <= 64 * 128 else 2
@@ -192,7 +193,7 @@ def gdn_chunk_state_ws(
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(full.index(i), count=PRODUCER_WARPS * 32)
+        mbarrier.init(full.index(i), count=PW * 32)
         mbarrier.init(empty.index(i), count=NC)  # every consumer releases a stage
     fence_async_shared()
     gl.thread_barrier()
@@ -203,19 +204,8 @@ def gdn_chunk_state_ws(
                          end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
                          s_sk, HEAD_K, BC, NC, 0, STAGES)),
             (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
-                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    elif NC == 2:
-        gl.warp_specialize([
-            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
-                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
-                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
-            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(1), vn_s.index(1), full, empty, start,
-                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot, s_oh, s_sn, s_sh,
-                         s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES)),
-            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
-                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
-        ], [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES, PW)),
+        ], [PW], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
@@ -224,12 +214,6 @@ def gdn_chunk_state_ws(
             (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(1), vn_s.index(1), full, empty, start,
                          end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot, s_oh, s_sn, s_sh,
                          s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES)),
-            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(2), vn_s.index(2), full, empty, start,
-                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + 2 * BC, s_ot, s_oh, s_sn, s_sh,
-                         s_sv, s_sk, HEAD_K, BC, NC, 2, STAGES)),
-            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(3), vn_s.index(3), full, empty, start,
-                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + 3 * BC, s_ot, s_oh, s_sn, s_sh,
-                         s_sv, s_sk, HEAD_K, BC, NC, 3, STAGES)),
             (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
-                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES)),
-        ], [CONSUMER_WARPS] * 3 + [PRODUCER_WARPS], [CONSUMER_REGS] * 3 + [PRODUCER_REGS])
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES, PW)),
+        ], [CONSUMER_WARPS, PW], [CONSUMER_REGS, PRODUCER_REGS])

@@ -3,16 +3,19 @@
 The same recurrence, arguments and grid (sequences, HV, HEAD_V // BV) as chunk.py's
 gdn_chunk_state, for 16-bit inputs at K, V tiles <= 128:
 
-  producer (4 warps): per chunk, cp.async copies of W, q, Kg [64, K], Aqk [64, 64], U [64, BV]
-      and the decay [K] into a ring of STAGES shared-memory stages (mbarriers full/empty), as far
-      ahead as the ring allows.
-  consumer (the default partition, one warpgroup): the state tile h [K, BV] in fp32 registers and
-      its 16-bit copy in shared memory (wgmma's B operand). Per chunk only
-      W h -> V' = U - W h -> h exp(G_last) + Kg^T V' is sequential; q h and Aqk V' are issued
-      asynchronously beside it (wgmma groups retire in order, so each wait names what it needs).
+  producer (4 warps; 8 beside two consumers, so the launch's warps stay a power of two): per chunk,
+      cp.async copies of W, q, Kg [64, K], Aqk [64, 64], U [64, BV] and the decay [K] into a ring of
+      STAGES shared-memory stages (mbarriers full/empty), as far ahead as the ring allows.
+  NC consumers (one warpgroup each, the first the default partition), BV // NC value columns each:
+      the state tile h [K, BV // NC] in fp32 registers and its 16-bit copy in shared memory (wgmma's
+      B operand). Per chunk only W h -> V' = U - W h -> h exp(G_last) + Kg^T V' is sequential; q h
+      and Aqk V' are issued asynchronously beside it (wgmma groups retire in order, so each wait
+      names what it needs). Two consumers share one ring: the chunk's tiles are read once a head.
 
-Served where the op asks for it (sm90, fp16/bf16, ALIGNED arguments: cp.async copies 16 bytes);
-everything else runs chunk.py's kernel, which computes the same products in the same dtypes.
+The state update is chunk.py's products in the same dtypes (final states bit-identical to it on the
+H100); the output sums q h fq + Aqk V' in another order. Served where the op asks for it
+(state_ws_spec.ws_serves: sm90, fp16/bf16, ALIGNED arguments, as cp.async copies 16 bytes);
+everything else runs chunk.py's kernel. Speed: BENCHMARKS.md, "Gated delta prefill: Gluon state pass".
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -131,3 +131,10 @@ def test_sm90_binary(axes, warps):
     assert got["shared"] <= 227 * 1024, got  # the ring: one program an SM at K = 128
     assert got["global_scratch"] == 0 and got["symbol"] == "gdn_chunk_state_ws"
     assert got["e_machine"] == 190 and got["sm"] == 90
+
+
+def test_build_hashes_the_gluon_source():
+    from aotc.aot.sources import named_sources
+
+    # an edit to the kernel rebuilds its binaries (it imports nothing else of aotc)
+    assert [name for name, _ in named_sources(WS)] == ["gated_delta/chunk_state_ws.py"]

@@ -13,6 +13,8 @@ aotc's V-major call is also timed by CUDA events with the L2 emptied (device_tim
 bandwidth floor (q, k, v, g, beta read once, out written once, states read and written once, at
 the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
+On sm90 the op's state pass is the warp-specialized Gluon kernel (state_ws_spec), and the variant
+string says so (",gluon_state"); AOTC_GDN_STATE_WS=0 times the Triton state pass (",triton_state").
 --kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
 pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
 --prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
@@ -25,6 +27,7 @@ for choosing chunk_spec.prep_launch / state_launch / state_block_v.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import warnings
 
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from aotc.kernels.gated_delta import chunk as chunk_kernels
-from aotc.kernels.gated_delta import chunk_spec
+from aotc.kernels.gated_delta import chunk_spec, state_ws_spec
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.fallback import AotcJitFallbackWarning
 from aotc.loader.ops import gated_delta_prefill as op
@@ -222,6 +225,9 @@ def main():
     signal.signal(signal.SIGTERM, cut)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e9:.0f} GB/s")
+    gluon = torch.cuda.get_device_capability() == (9, 0) and os.environ.get(state_ws_spec.ENV_WS, "1") != "0"
+    state_pass = "gluon_state" if gluon else "triton_state"
+    print(f"state pass: {state_pass}")
     print("ms: summed kernel durations of one call (events: aotc V-major by CUDA events, L2 emptied)")
     print(f"{'shape':9s} {'gate':4s} {'aotc V':>8s} {'fla V':>8s} {'fla/aotc':>8s} {'aotc K':>8s} {'fla K':>8s} "
           f"{'fla/aotc':>8s} {'events V':>9s} {'floor':>7s}")
@@ -260,7 +266,7 @@ def main():
                 del q, k, v, g, beta, state, out, fn
                 torch.cuda.empty_cache()
             floor = floor_bytes(lengths, kda) / bw
-            variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}"
+            variant = f"bf16,k{K},v{V},{'kda' if kda else 'gdn'},{state_pass}"
             shape = f"{name} h{H}/{HV}"
             for p, key in ((prov + "_vmajor_kernels", "vmajor"), (prov + "_kmajor_kernels", "kmajor"),
                            ("fla_vfirst_kernels", "fla_vmajor"), ("fla_kmajor_kernels", "fla_kmajor"),

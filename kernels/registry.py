@@ -15,6 +15,7 @@ FAMILY_SPECS = (
     "aotc.kernels.prefix_prefill.spec",
     "aotc.kernels.gated_delta.spec",
     "aotc.kernels.gated_delta.chunk_spec",
+    "aotc.kernels.gated_delta.state_ws_spec",
 )
 
 

@@ -13,6 +13,8 @@ strides).
 2 x (2 + 2 + 1) + 3 = 13 state variants, built ALIGNED under gdn_chunk_state and GENERIC under
 gdn_chunk_state_generic (two specs of one kernel: their launch configs differ, see
 state_launch_generic).
+On sm90 the op runs the ALIGNED 16-bit state variants at tiles <= 128 through state_ws_spec's Gluon
+kernel instead (the same axes, arguments and grid).
 """
 from __future__ import annotations
 

@@ -6,9 +6,12 @@ Unvalidated eager calls keep their checked metadata (`_recent`: one C call match
 argument, the overlap test runs on addresses) and go straight to the launches."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from aotc.kernels.gated_delta import chunk_spec as _spec
+from aotc.kernels.gated_delta import state_ws_spec as _ws
 
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
@@ -105,7 +108,8 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
         s_k, s_v = state.stride(2), state.stride(3)
     st_args = (w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
                K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
-    st = (_state_spec(st_args), _spec.state_axes(name, K, V, bv), (N, HV, V // bv), st_args)
+    saxes = _spec.state_axes(name, K, V, bv)
+    st = (_state_spec(st_args, saxes), saxes, (N, HV, V // bv), st_args)
     return [prep, st]
 
 
@@ -129,15 +133,37 @@ def workspace(q, v, N: int, kda: bool):
     return w, u, qg, fq, kg, aqk, decay
 
 
-def _state_spec(args):
-    """The state pass's spec for these arguments: GDN_CHUNK_STATE where they meet its ALIGNED
-    assumptions, else GDN_CHUNK_STATE_GENERIC (its own launch config: chunk_spec.state_launch_generic)."""
+def _state_spec(args, axes):
+    """The state pass's spec for these arguments: where they meet the ALIGNED assumptions, the
+    Gluon kernel on sm90 or GDN_CHUNK_STATE (aligned_state_spec); else GDN_CHUNK_STATE_GENERIC (its
+    own launch config: chunk_spec.state_launch_generic)."""
     from aotc.loader.dispatch import check_assumptions
 
     spec = _spec.GDN_CHUNK_STATE
     values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-    return spec if check_assumptions(spec, spec.divisible_args("aligned"), values) is None \
-        else _spec.GDN_CHUNK_STATE_GENERIC
+    if check_assumptions(spec, spec.divisible_args("aligned"), values) is not None:
+        return _spec.GDN_CHUNK_STATE_GENERIC
+    return aligned_state_spec(axes, args[0])
+
+
+def aligned_state_spec(axes, first):
+    """The ALIGNED state pass for a call whose first workspace is `first`: the warp-specialized
+    Gluon kernel (state_ws_spec.GDN_CHUNK_STATE_WS, the same arguments and grid) where
+    state_ws_spec.ws_serves says so (an sm90 GPU, 16-bit, K = V tiles <= 128), else the Triton
+    GDN_CHUNK_STATE. Artifacts built without the Gluon kernel keep the Triton kernel's binary rather
+    than a JIT fallback of the Gluon one; AOTC_GDN_STATE_WS=0 switches it off."""
+    if not (getattr(first, "is_cuda", False) and _ws.ws_variant(axes)) or os.environ.get(_ws.ENV_WS, "1") == "0":
+        return _spec.GDN_CHUNK_STATE
+    from aotc.loader import dispatch
+
+    device = first.get_device()
+    gpu = dispatch.device_of(device)
+    ws = _ws.GDN_CHUNK_STATE_WS
+    if not (gpu.vendor == "nvidia" and _ws.ws_serves(axes, gpu.capability, True)):
+        return _spec.GDN_CHUNK_STATE
+    if not dispatch.is_built(ws, axes, device) and dispatch.is_built(_spec.GDN_CHUNK_STATE, axes, device):
+        return _spec.GDN_CHUNK_STATE
+    return ws
 
 
 def _prefill_op(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
@@ -200,7 +226,7 @@ class _Checked:
             q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
         prep = prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index)
         aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
-                            for spec in (_spec.GDN_CHUNK_STATE, _spec.GDN_CHUNK_STATE_GENERIC))
+                            for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
         if prep is not None and (aligned is not None or generic is not None):
             self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
 
@@ -264,6 +290,9 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
       The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
       (chunk_spec.state_block_v): one captured CUDA graph serves every length.
+    Kernels: the per-chunk precompute, then the state pass: on sm90 (16-bit, K and V tiles <= 128,
+      16-byte-aligned arguments) a warp-specialized Gluon kernel, else Triton's; both write the
+      same final states (AOTC_GDN_STATE_WS=0 keeps Triton's on sm90 too).
     Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's
       attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
       (torch's caching allocator).

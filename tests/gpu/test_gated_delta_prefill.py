@@ -2,7 +2,8 @@
 float32 per-token reference at realistic sizes: lengths 1, 63, 64, 65, 1000 and 2500 packed with
 a padded and an empty sequence, GVA, both pool layouts, GDN and KDA (strong gates), every head
 dim; chunked == the recurrent decode op over the same sequence; the state pass's two value tiles
-(bv 32 and 128) bit for bit alike; AOT output == JIT output bit for bit, at each tile.
+(bv 32 and 128) bit for bit alike; AOT output == JIT output bit for bit, at each tile; on sm90 the
+warp-specialized Gluon state pass (the op's choice there) against the Triton one.
 
 NaN-poisoned outputs and unused pool slots (chunk_cases.make_case); tolerance GPU_TOL: the CPU
 suite's plus the tf32 rounding of the precompute's dots (max abs error over max |reference|).
@@ -214,3 +215,33 @@ torch.cuda.synchronize()
                          cwd=root, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "ERROR SUMMARY: 0 errors" in res.stdout
+
+
+@pytest.mark.parametrize("bv", [32, 128])
+@pytest.mark.parametrize("dtype,kda,state_layout", [(torch.bfloat16, False, "vmajor"), (torch.bfloat16, True, "kmajor"),
+                                                    (torch.float16, False, "kmajor"), (torch.float16, True, "vmajor")])
+def test_gluon_state_pass_against_triton(bv, dtype, kda, state_layout, monkeypatch):
+    # sm90 runs chunk_state_ws.py (state_ws_spec.ws_serves); AOTC_GDN_STATE_WS=0 the Triton state pass
+    # on the same precompute. The state update is the same products in the same dtypes: final states
+    # bit-identical (as on the H100 at every case tried); the output's q h * fq + Aqk V' is summed in
+    # another order, so out agrees to a bf16 rounding of its largest value.
+    from aotc.kernels.gated_delta import state_ws_spec
+    from aotc.loader.ops.gated_delta_prefill import aligned_state_spec
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon state pass serves sm90 only")
+    case = make_case(LONG, H=2, HV=4, K=128, V=128, dtype=dtype, kda=kda, strong_gates=kda, padded=(7,),
+                     state_layout=state_layout, device=DEV, seed=20 + bv)
+    axes = {"dtype": {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], "head_k": 128, "head_v": 128, "bv": bv}
+    assert aligned_state_spec(axes, case["q"]) is state_ws_spec.GDN_CHUNK_STATE_WS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AotcJitFallbackWarning)
+        out, pool = run_tile(case, bv, state_layout)
+        monkeypatch.setenv(state_ws_spec.ENV_WS, "0")
+        assert aligned_state_spec(axes, case["q"]).name == "gdn_chunk_state"
+        t_out, t_pool = run_tile(case, bv, state_layout)
+    check(case, out, pool, dtype, qk_l2norm=True, state_layout=state_layout)
+    used = case["state_indices"].long()
+    used = used[used >= 0]
+    assert torch.equal(pool[used].view(torch.int32), t_pool[used].view(torch.int32))
+    assert rel_err(out, t_out) <= 4e-3  # one bf16 rounding step of the largest output (2 ** -8)

@@ -128,12 +128,12 @@ def test_plan_keys_follow_the_registered_specs_per_target():
     # looping merge past 64 splits 16; vLLM variants 80: softcap/ALiBi and its per-token-head caches;
     # their kv_align 8 reads 32; the 256-split merge tile 16; vLLM's INT4_PER_TOKEN_HEAD: decode's
     # int4_zp 12 and prefix_prefill's token_zp 8), plus on
-    # sm90 the Gluon prefix-prefill kernel's 12 ALIGNED keys.
+    # sm90 the Gluon prefix-prefill kernel's 12 ALIGNED keys and the Gluon gated delta state pass's 8.
     assert any("kv=int8" in k for k in gfx if k.startswith("prefix_prefill"))
     assert any("kv=int4" in k for k in gfx if k.startswith("decode_split"))
     product = ("decode_", "prefix_prefill", "gated_delta_decode", "gdn_chunk_")  # not the test suite's tiny kernel
-    assert (len([k for k in sm90 if k.startswith(product)]), len([k for k in gfx if k.startswith(product)])) == (878, 866)
+    assert (len([k for k in sm90 if k.startswith(product)]), len([k for k in gfx if k.startswith(product)])) == (886, 866)
     # the MLA family is declared for NVIDIA targets only (kernels/decode/mla_spec.py)
-    assert sm90 - gfx == {k for k in sm90 if k.startswith(("prefix_prefill_ws(", "mla_"))}
+    assert sm90 - gfx == {k for k in sm90 if k.startswith(("prefix_prefill_ws(", "gdn_chunk_state_ws(", "mla_"))}
     sm80 = {str(k) for _, k in plan_keys(None, None, Target.from_name("sm80"))}
-    assert sm80 and not any(k.startswith("prefix_prefill_ws(") for k in sm80)
+    assert sm80 and not any(k.startswith(("prefix_prefill_ws(", "gdn_chunk_state_ws(")) for k in sm80)

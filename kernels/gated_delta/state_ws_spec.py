@@ -47,7 +47,7 @@ def ws_variants():
 
 def ws_launch(axes, arch) -> LaunchConfig | None:
     """num_warps 4: the default partition (the first consumer); the binary's metadata gives the
-    launch's warps (8, or 12 with two consumers). sm90 only."""
+    launch's warps (8; 16 with two consumers beside an 8-warp producer). sm90 only."""
     if getattr(arch, "backend", "cuda") != "cuda" or int(arch) != 90 or not ws_variant(axes):
         return None
     return LaunchConfig(num_warps=4, num_stages=1)

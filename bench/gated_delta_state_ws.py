@@ -14,13 +14,13 @@ import sys
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from aotc.kernels.gated_delta import chunk_spec
 from aotc.kernels.gated_delta import chunk_state_ws as ws
 from aotc.kernels.gated_delta.reference import gated_delta_reference
 from aotc.loader.dispatch import run_kernel
 from aotc.loader.ops.gated_delta_prefill import launch_plan
+from bench_gated_delta_prefill import make  # H 16, HV 32, K = V = 128, bf16: issue 38's shapes
 from tests.cpu.kernels.gated_delta.chunk_cases import make_case, rel_err
 
 DEV = "cuda"
@@ -112,23 +112,6 @@ def check_cases(res):
     return ok
 
 
-def big(lengths, layout, kda=False):
-    H, HV, K, V = 16, 32, 128, 128
-    T, N = sum(lengths), len(lengths)
-    q = torch.randn(1, T, H, K, device=DEV, dtype=torch.bfloat16)
-    k = torch.randn(1, T, H, K, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn(1, T, HV, V, device=DEV, dtype=torch.bfloat16)
-    a_log = torch.log(torch.rand(HV, device=DEV) * 15 + 1)
-    gshape = (1, T, HV, K) if kda else (1, T, HV)
-    g = -(a_log.exp().view(-1, 1) if kda else a_log.exp()) * F.softplus(torch.randn(gshape, device=DEV) - 2)
-    beta = torch.sigmoid(torch.randn(1, T, HV, device=DEV))
-    inner = (V, K) if layout == "vmajor" else (K, V)
-    state = torch.randn(N, HV, *inner, device=DEV) * 0.1
-    idx = torch.arange(N, device=DEV, dtype=torch.int32)
-    cu = torch.tensor([0] + lengths, device=DEV).cumsum(0).to(torch.int32)
-    return q, k, v, g, beta, state, idx, cu
-
-
 def timing(res):
     from triton.testing import do_bench
 
@@ -138,7 +121,7 @@ def timing(res):
 
     for name, lengths in (("1x8192", [8192]), ("8x2048", [2048] * 8)):
         for layout in ("vmajor", "kmajor"):
-            q, k, v, g, beta, state, idx, cu = big(lengths, layout)
+            q, k, v, g, beta, state, idx, cu = make(lengths, False, layout)
             prep, st = plan(q, k, v, g, beta, state, idx, cu, layout, 32)
             run_kernel(*prep)
             row = {"shape": name, "layout": layout}
@@ -175,7 +158,7 @@ def timing(res):
 
 def profile():
     """One launch of the Triton state pass and of each Gluon config at 1 x 8192 (for ncu)."""
-    q, k, v, g, beta, state, idx, cu = big([8192], "vmajor")
+    q, k, v, g, beta, state, idx, cu = make([8192], False, "vmajor")
     prep, st = plan(q, k, v, g, beta, state, idx, cu, "vmajor", 32)
     run_kernel(*prep)
     for cfg in WS_CONFIGS:  # compiled before the profiled launches

@@ -188,6 +188,19 @@ def as_target_arch(arch) -> TargetArch:
     return TargetArch(arch, f"sm{arch}", "cuda", 32)
 
 
+def sm90_gluon_launch(implements: Callable[[Mapping], bool]) -> Callable:
+    """The `launch` of a warp-specialized Gluon kernel (wgmma, setmaxnreg: sm90 only): num_warps 4
+    is the default partition (one consumer warpgroup) and the binary's metadata gives the launch's
+    warps; None (not built) on other targets and for axes `implements` refuses."""
+
+    def launch(axes, arch) -> LaunchConfig | None:
+        if getattr(arch, "backend", "cuda") != "cuda" or int(arch) != 90 or not implements(axes):
+            return None
+        return LaunchConfig(num_warps=4, num_stages=1)
+
+    return launch
+
+
 # Compile options only Triton's CUDA backend takes: another backend ignores them, so the build
 # drops them there and the manifest records what was compiled.
 _CUDA_ONLY = ("maxnreg", "launch_pdl")

@@ -9,7 +9,7 @@ read once for the whole head), else 1 (BENCHMARKS.md, "Gated delta prefill: Gluo
 """
 from __future__ import annotations
 
-from aotc.kernels.variants import ALIGNED, KernelSpec, LaunchConfig
+from aotc.kernels.variants import ALIGNED, KernelSpec, sm90_gluon_launch
 
 from . import chunk_spec
 
@@ -45,12 +45,7 @@ def ws_variants():
             yield axes
 
 
-def ws_launch(axes, arch) -> LaunchConfig | None:
-    """num_warps 4: the default partition (the first consumer); the binary's metadata gives the
-    launch's warps (8; 16 with two consumers beside an 8-warp producer). sm90 only."""
-    if getattr(arch, "backend", "cuda") != "cuda" or int(arch) != 90 or not ws_variant(axes):
-        return None
-    return LaunchConfig(num_warps=4, num_stages=1)
+ws_launch = sm90_gluon_launch(ws_variant)  # 8 warps; 16 with two consumers beside an 8-warp producer
 
 
 GDN_CHUNK_STATE_WS = KernelSpec(

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from aotc.kernels.common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP  # noqa: F401 - the op's group bounds
 from aotc.kernels.common.formats import ptx_constexprs
-from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig
+from aotc.kernels.variants import ALIGNED, Arg, KernelSpec, LaunchConfig, sm90_gluon_launch
 
 DTYPES = ("fp16", "bf16")
 KV_FORMATS = ("same", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
@@ -222,12 +222,7 @@ def ws_variants():
                 yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": 128, "layout": "nhd"}
 
 
-def ws_launch(axes, arch) -> LaunchConfig | None:
-    """num_warps 4 is the default partition (a consumer warpgroup); the binary launches 16
-    warps (two consumers and an 8-warp producer), as its metadata says. sm90 only."""
-    if getattr(arch, "backend", "cuda") != "cuda" or int(arch) != 90 or not ws_variant(axes):
-        return None
-    return LaunchConfig(num_warps=4, num_stages=1)
+ws_launch = sm90_gluon_launch(ws_variant)  # 16 warps: two consumers and an 8-warp producer
 
 
 PREFIX_PREFILL_WS = KernelSpec(

@@ -69,3 +69,16 @@ def test_launch_config_passes_a_register_cap_only_when_set():
     assert LaunchConfig(4, 2) != LaunchConfig(4, 2, maxnreg=168)  # part of the build hash
     with pytest.raises(ValueError, match="maxnreg"):
         LaunchConfig(4, 2, maxnreg=300)
+
+
+def test_gluon_kernels_build_for_sm90_only():
+    from aotc.kernels.variants import LaunchConfig, TargetArch, as_target_arch
+
+    gluon = [s for s in all_specs().values() if s.kind == "gluon"]
+    assert {s.name for s in gluon} >= {"prefix_prefill_ws", "gdn_chunk_state_ws"}
+    for spec in gluon:
+        axes = next(iter(spec.variants()))
+        assert spec.launch(axes, as_target_arch(90)) == LaunchConfig(num_warps=4, num_stages=1)
+        for arch in (as_target_arch(80), as_target_arch(100), TargetArch(0, "gfx942", "hip", 64),
+                     TargetArch(0, "ivcore20", "corex", 64)):
+            assert spec.launch(axes, arch) is None, (spec.name, arch)

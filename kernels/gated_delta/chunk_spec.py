@@ -73,7 +73,7 @@ PREP_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V"))
     + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"))
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg"))
-    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("Fq", "Fk"))
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk"))
     + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
@@ -88,14 +88,15 @@ PREP_ARGS = (
 
 STATE_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qs"))
-    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
-    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk", "Out"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("Fq", "Fk"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Ks", "Aqk", "Out"))
     + (Arg("State", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"), Arg("group", "i32"),
        Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
-    # the query rows' strides (q's or the Qg workspace's), as the output's: multiples of 16
-    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_ot", "s_oh"))
+    # the query and key rows' strides (q's and k's, or the Qg and Kg workspaces'), as the output's:
+    # multiples of 16
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_ot", "s_oh"))
     # pool strides: one of the last two is 1 (V-major or K-major), so none is assumed
     + tuple(Arg(n, "i32") for n in ("s_sn", "s_sh", "s_sv", "s_sk"))
 )

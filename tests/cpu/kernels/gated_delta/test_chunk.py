@@ -96,6 +96,17 @@ def test_strided_inputs_and_int64_metadata():
 
 
 @pytest.mark.parametrize("kda", [False, True])
+def test_k_strides_unlike_q_gva(kda):
+    # The state pass reads k by its own strides (GDN: k itself, by the key head hv // group; KDA:
+    # the Kg workspace): k here is a view with twice q's head stride, under GVA (HV = 2H).
+    case = make_case([70, 1, 64], H=2, HV=4, kda=kda, strong_gates=kda, seed=8)
+    k = torch.cat([case["k"], torch.full_like(case["k"], float("nan"))], -1)[..., :64]
+    assert k.stride(2) == 2 * case["q"].stride(2)
+    out, pool, ref_out, ref_pool = run(case, dtype=torch.bfloat16, k=k)
+    check(case, out, pool, ref_out, ref_pool, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kda", [False, True])
 def test_chunked_equals_decode_token_by_token(kda):
     # One 70-token sequence prefilled at once (two chunks), then again through the recurrent
     # decode op (loader.gated_delta_decode) 8 tokens a call, chaining the pool: outputs and final

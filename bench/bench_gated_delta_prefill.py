@@ -15,8 +15,8 @@ the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
 On sm90 the op's state pass is the warp-specialized Gluon kernel (state_ws_spec), and the variant
 string says so (",gluon_state"); AOTC_GDN_STATE_WS=0 times the Triton state pass (",triton_state").
---kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
-pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
+--kernels: also each call's time split by kernel (aotc both layouts, fla state_v_first), for seeing
+which pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
 --prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
 num_stages and maxnreg (0: none), JIT, with its registers and spills.
 
@@ -253,8 +253,9 @@ def main():
                 times[layout] = kernel_time(call)
                 if layout == "vmajor":
                     times["events"] = device_time(call)
-                if a.kernels and layout == "vmajor":
-                    print_split(rows, "aotc", f"{name} h{H}/{HV}", f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}",
+                if a.kernels:  # the variant names the pool's layout where it is K-major
+                    print_split(rows, "aotc", f"{name} h{H}/{HV}",
+                                f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}" + (",kmajor" if layout == "kmajor" else ""),
                                 kernel_split(call))
                 fn, why = fla_call(q, k, v, g, beta, lengths, kda, layout == "vmajor") if a.fla else (None, "")
                 times["fla_" + layout] = kernel_time(fn) if fn else float("nan")

@@ -59,7 +59,7 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int, dt
         BV64 w8 s3 0.487, BV128 w8 s2 0.373 (best), BV128 w16 s2 0.640, BV128 w8 s1 0.452.
         Here 256 * 1 >= 132 -> 128.
     Near one program an SM BV32 wins (V / 32 times the programs for the sequential walk over
-    chunks); past it the wide tile wins (each chunk's W, q, Kg tiles read once, not V / 32 times).
+    chunks); past it the wide tile wins (each chunk's W, q, k tiles read once, not V / 32 times).
     Outputs and final states of every config that ran were bit-identical to BV32 w4 s2's. The
     threshold between the two shapes is not measured finer than that; BV64 at V = 64 not measured.
     """
@@ -103,8 +103,8 @@ STATE_ARGS = (
 
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
-    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
-    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
+    """Whether the precompute works in 16-row sub-blocks and writes Qg and Kg (the state pass then
+    reads them, group 1, not q and k): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
     [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
     return kda or (dtype == "fp32" and head_k > 128)
 
@@ -168,7 +168,7 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
 
 
 def state_launch(axes, arch: int) -> LaunchConfig:
-    # Stages prefetch later chunks' W, q, Kg (16 KiB each at K = 128, bf16), U and Aqk while the
+    # Stages prefetch later chunks' W, q, k (16 KiB each at K = 128, bf16), U and Aqk while the
     # dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 (3 stages) take 188 KiB of
     # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one
     # stage, 124 KiB) the H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8

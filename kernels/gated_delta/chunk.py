@@ -57,6 +57,7 @@ CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
+F16_MAX = tl.constexpr(65504.0)  # fp16's largest finite value (_scaled_rows)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -697,6 +698,18 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
     tl.store(ptrs + 3 * SUB, c3.to(dt), mask=m)
 
 
+@triton.jit
+def _scaled_rows(vf, fk, DT: tl.constexpr):
+    """V''s rows times k's row factor (GDN: exp(G_last - G) / |k|, up to 1 / sqrt(eps) for a zero
+    key), rounded once to DT. fp16 saturates at its largest finite value: a near-zero key's row past
+    it would be inf, and inf x 0 in k^T V' a NaN (the row's true contribution is at most |V'|).
+    The Gluon state pass forms the same values (chunk_state_ws._consumer)."""
+    x = vf * fk[:, None]
+    if DT == tl.float16:
+        x = tl.where(x > F16_MAX, F16_MAX, tl.where(x < -F16_MAX, -F16_MAX, x))  # NaN stays NaN
+    return x.to(DT)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state(
@@ -754,6 +767,5 @@ def gdn_chunk_state(
         vnew = vf.to(w.dtype)
         o = _dot(q, hb, TF32) * fq[:, None] + _dot(aqk, vnew, TF32)
         tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m & v_in[None, :])
-        # k's row factor (GDN: exp(G_last - G) / |k|) on V''s rows, rounded once as V' is
-        h = h * decay[:, None] + _dot(kt, (vf * fk[:, None]).to(w.dtype), TF32)
+        h = h * decay[:, None] + _dot(kt, _scaled_rows(vf, fk, w.dtype), TF32)
     tl.store(s_ptrs, h, mask=s_mask)

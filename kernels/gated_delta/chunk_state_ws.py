@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 CHUNK = gl.constexpr(64)
+F16_MAX = gl.constexpr(65504.0)
 CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup; the first is the default partition (the launch's num_warps)
 
 
@@ -131,7 +132,10 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
         u = u_s.index(st * NC + CI).load(mma)
         vf = u.to(gl.float32) - wh
         vn_s.store(vf.to(DT))
-        vk_s.store((vf * gl.expand_dims(fk, 1)).to(DT))  # rounded once, as chunk.py's pass does
+        vk = vf * gl.expand_dims(fk, 1)
+        if DT == gl.float16:  # saturated as chunk._scaled_rows does (a zero key's row: no inf x 0)
+            vk = gl.where(vk > F16_MAX, F16_MAX, gl.where(vk < -F16_MAX, -F16_MAX, vk))
+        vk_s.store(vk.to(DT))
         fence_async_shared()
         dec = d_s.index(st).load(rows_l)
         h = h * gl.expand_dims(dec, 1)

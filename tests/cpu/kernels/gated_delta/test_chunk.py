@@ -106,6 +106,20 @@ def test_k_strides_unlike_q_gva(kda):
     check(case, out, pool, ref_out, ref_pool, torch.bfloat16)
 
 
+def test_fp16_zero_keys_beside_large_values():
+    # GDN's state update takes V' rows times k's factor exp(G_last - G) / |k| (up to 1 / sqrt(eps) =
+    # 1000 for a zero key) in fp16: such a row past fp16's range must not become inf (inf x 0 = NaN
+    # in k^T V'); a zero key adds nothing to the state, whatever its value.
+    case = make_case([70, 65], H=1, HV=2, dtype=torch.float16, seed=9)
+    k, v = case["k"].clone(), case["v"].clone()
+    zero = torch.tensor([3, 40, 64, 69, 71, 100])
+    k[:, zero] = 0
+    v[:, zero] = v[:, zero] * 1000 / v[:, zero].abs().amax()  # beta |v| x 1000 past 65504
+    out, pool, ref_out, ref_pool = run(case, dtype=torch.float16, k=k, v=v)
+    case = dict(case, k=k, v=v)
+    check(case, out, pool, ref_out, ref_pool, torch.float16)  # (a NaN fails its error bound)
+
+
 @pytest.mark.parametrize("kda", [False, True])
 def test_chunked_equals_decode_token_by_token(kda):
     # One 70-token sequence prefilled at once (two chunks), then again through the recurrent

@@ -116,6 +116,9 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
     h_s.store(h.to(DT))
     fence_async_shared()
     zero = gl.zeros([CHUNK, BV], gl.float32, layout=mma)
+    # k's row factors a chunk ahead: V''s rows need them right after W h, where their load's latency
+    # would otherwise sit in every chunk (q's are needed last, so loaded in the chunk)
+    fk_next = gl.load(Fk + (start + offs_c).to(gl.int64) * HV + hv, mask=start + offs_c < end, other=0.0)
     for c in range(n_chunks):
         st = c % STAGES
         ph = (c // STAGES) & 1
@@ -123,7 +126,8 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
         tm = t < end
         t64 = t.to(gl.int64)
         fq = gl.load(Fq + t64 * HV + hv, mask=tm, other=0.0)
-        fk = gl.load(Fk + t64 * HV + hv, mask=tm, other=0.0)
+        fk = fk_next
+        fk_next = gl.load(Fk + (t64 + CHUNK) * HV + hv, mask=t + CHUNK < end, other=0.0)
         mbarrier.wait(full.index(st), ph)
         fence_async_shared()  # the stage came by cp.async (generic proxy); wgmma reads it (async proxy)
         wh = warpgroup_mma(w_s.index(st), h_s, zero, use_acc=False, is_async=True)

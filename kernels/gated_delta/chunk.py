@@ -19,15 +19,16 @@ chunk-wide too, in 32-channel steps, _kda_chunk_a), inverts I + A (GDN: by ten [
 _inverse_doubling; KDA: the diagonal 16 x 16 blocks by batched products, then four [64, 64] ones,
 _kda_inverse) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots,
 and Aqk (input dtype), exp(G_last) (fp32, per K), Qg = scale q Gam and Kg = k exp(G_last - G):
-for KDA as [T, HV, K] tiles; for GDN, where Gam is a scalar a token, only the row factors
-Fq = scale Gam / |q| and Fk = exp(G_last - G) / |k| (fp32 [T, HV]; the state pass reads q and k
-themselves, scales its rows of q h by Fq and V''s rows by Fk before k^T V': two [T, HV, K] writes
-and their reads back saved). GDN at fp32 in the 256 tile works in 16-row sub-blocks instead
-(chunk_spec.prep_subblocks) and writes Qg, Kg as KDA. Registers and spills of each version: the
-kernel's comment.
+for KDA as [T, HV, K] tiles; for GDN, where Gam is a scalar a token, the row factors
+Fq = scale Gam / |q| and Fk = exp(G_last - G) / |k| (fp32 [T, HV]; the state pass reads q itself
+and scales its rows of q h by Fq: a [T, HV, K] write and its read back saved), and Kg only for
+the state pass's narrow tile: its wide tile reads k itself and scales V''s rows by Fk before
+k^T V' (a second such write and read saved). GDN at fp32 in the 256 tile works in 16-row
+sub-blocks instead (chunk_spec.prep_subblocks) and writes Qg, Kg as KDA. Registers and spills of
+each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
-Aqk V', h = h exp(G_last) + Ks^T (Fk V') (Qs, Ks: q and k, or Qg and Kg with Fq = Fk = 1). It
+Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V' (the wide tile: Ks^T (Fk V'), Ks k or Kg). It
 needs no gate, norm or exp of its own, so one binary serves GDN and KDA, and no per-chunk state
 is written to memory.
 
@@ -57,6 +58,7 @@ CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
+NARROW_BV = tl.constexpr(32)  # chunk_spec.NARROW_BV: the state pass's narrow tile reads Kg, wider ones k
 F16_MAX = tl.constexpr(65504.0)  # fp16's largest finite value (_scaled_rows)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
@@ -273,11 +275,11 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 
 @triton.jit
-def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Aqk, t, m, hv, HV, qk_l2norm, scale, RL,
+def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Kg, Aqk, t, m, hv, HV, qk_l2norm, write_kg, scale, RL,
                  HEAD_K: tl.constexpr, TF32: tl.constexpr):
     """GDN, whole chunk, from its q, k rows (input dtype), gates and beta: writes Fq and Fk (q's
-    and k's row factors for the state pass, see gdn_chunk_prep), Aqk rows; returns A [64, 64]
-    (strictly lower, with beta) and k's row factor for W (beta exp(G) / |k|).
+    and k's row factors for the state pass, see gdn_chunk_prep), Kg rows if write_kg, Aqk rows;
+    returns A [64, 64] (strictly lower, with beta) and k's row factor for W (beta exp(G) / |k|).
     A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
     dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to 8 bits, as fla does)."""
     Gc = tl.cumsum(g, 0)
@@ -300,6 +302,9 @@ def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Aqk, t, m, hv, HV, qk_l2norm, scal
         fk = fk * rk
         fs = fs * rk
     tl.store(Fk + t * HV + hv, fs, mask=m)
+    if write_kg != 0:
+        rows = (t[:, None] * HV + hv) * HEAD_K + tl.arange(0, HEAD_K)[None, :]
+        tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
     kb = k.to(dt)
     kt = tl.trans(kb)
     r = tl.arange(0, CHUNK)
@@ -480,22 +485,24 @@ def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
     return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
 
 
-@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
+@triton.jit(do_not_specialize=["qk_l2norm", "write_kg", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh",
+                                "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Fq, Fk, Kg, Aqk, Decay, Cu_seqlens, State_indices,
-    scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
+    scale, qk_l2norm, write_kg, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
     MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U [T, HV, *] and Aqk [T, HV, 64] rows of the chunk (input
     dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query and key rows: GDN
-    (a scalar gate a token) writes only their factors Fq [T, HV] = scale exp(G) / |q| and
-    Fk [T, HV] = exp(G_last - G) / |k| (fp32; the state pass reads q and k themselves, scales q h's
-    rows by Fq and V''s rows by Fk before k^T V'), KDA (and GDN's sub-block version) writes
-    Qg = scale q exp(G), Kg = k exp(G_last - G) and Fq = Fk = 1. Grid (chunk slots x HV,): program i
-    is chunk slot i // HV, value head i % HV."""
+    (a scalar gate a token) writes their factors Fq [T, HV] = scale exp(G) / |q| and
+    Fk [T, HV] = exp(G_last - G) / |k| (fp32; the state pass reads q itself and scales q h's rows
+    by Fq), and Kg = k exp(G_last - G) / |k| only where write_kg != 0 (the narrow state tile reads
+    Kg; the wide one reads k and scales V''s rows by Fk); KDA (and GDN's sub-block version) writes
+    Qg = scale q exp(G), Kg = k exp(G_last - G) and Fq = Fk = 1 whatever write_kg. Grid (chunk
+    slots x HV,): program i is chunk slot i // HV, value head i % HV."""
     # Value heads vary fastest: the programs of one chunk run side by side, so q and k rows shared by
     # a GVA group come from L2 and the workspace rows they write are contiguous
     # (BENCHMARKS.md, "Gated delta prefill precompute, session 29").
@@ -634,8 +641,8 @@ def gdn_chunk_prep(
         k_in = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=km, other=0.0)
         RL = tl.sum(g, 0)  # the gate at the last token
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
-        a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Aqk, t, m, hv64, HV, qk_l2norm, scale, RL, HEAD_K,
-                             MERGE_TF32)
+        a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Kg, Aqk, t, m, hv64, HV, qk_l2norm, write_kg, scale, RL,
+                             HEAD_K, MERGE_TF32)
         x = _inverse_doubling(a, TF, EXACT)
 
     # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
@@ -719,11 +726,13 @@ def gdn_chunk_state(
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
     Grid (sequences, HV, HEAD_V // BV). The query rows are Qs[t, hv // group] (strides s_qt,
-    s_qh) times Fq[t, hv]; the state update is h += Ks^T (V' Fk) with the key rows Ks[t, hv //
-    group] (strides s_kt, s_kh) and V''s rows times Fk[t, hv]: GDN passes q and k themselves
-    (group HV // H) and the prep's factors, KDA (and GDN's sub-block prep) the prep's Qg, Kg
-    (group 1) and ones. The pool is read and written by strides (s_sv, s_sk: V-major has
-    s_sk == 1, K-major s_sv == 1), so one binary serves both layouts."""
+    s_qh) times Fq[t, hv]: GDN passes q itself (group HV // H) and the prep's factors, KDA (and
+    GDN's sub-block prep) the prep's Qg (group 1) and ones. The state update h += Kg^T V' reads,
+    at the narrow tile (BV = NARROW_BV), the prep's Kg workspace [T, HV, HEAD_K] as Ks; at a wider
+    one (BV > NARROW_BV) Ks[t, hv // group] by its strides (s_kt, s_kh: k itself for GDN, Kg for
+    KDA) with V''s rows times Fk[t, hv] (GDN: exp(G_last - G) / |k|; else ones), and Fk is read
+    only there. The pool is read and written by strides (s_sv, s_sk: V-major has s_sk == 1,
+    K-major s_sv == 1), so one binary serves both layouts."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
     vt = tl.program_id(2)
@@ -757,9 +766,14 @@ def gdn_chunk_state(
         u = tl.load(U + (t[:, None] * HV + hv) * HEAD_V + offs_v[None, :], mask=m, other=0.0)
         q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m & k_in[None, :], other=0.0)
         fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
-        fk = tl.load(Fk + t * HV + hv, mask=t < end, other=0.0)
-        kt = tl.load(Ks + t[None, :] * s_kt + hq * s_kh + offs_k[:, None], mask=(t < end)[None, :] & k_in[:, None],
-                     other=0.0)
+        # The wide tile reads k itself (no Kg workspace written or read); the narrow one, at V / 32
+        # programs a head, Kg (BENCHMARKS.md, "Gated delta prefill: k in the state pass").
+        if BV > NARROW_BV:
+            fk = tl.load(Fk + t * HV + hv, mask=t < end, other=0.0)
+            kt = tl.load(Ks + t[None, :] * s_kt + hq * s_kh + offs_k[:, None],
+                         mask=(t < end)[None, :] & k_in[:, None], other=0.0)
+        else:
+            kt = tl.load(Ks + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
         aqk = tl.load(Aqk + (t[:, None] * HV + hv) * CHUNK + offs_c[None, :], mask=m, other=0.0)
         decay = tl.load(Decay + ((first_slot + c).to(tl.int64) * HV + hv) * HEAD_K + offs_k)
         hb = h.to(w.dtype)
@@ -767,5 +781,8 @@ def gdn_chunk_state(
         vnew = vf.to(w.dtype)
         o = _dot(q, hb, TF32) * fq[:, None] + _dot(aqk, vnew, TF32)
         tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m & v_in[None, :])
-        h = h * decay[:, None] + _dot(kt, _scaled_rows(vf, fk, w.dtype), TF32)
+        if BV > NARROW_BV:
+            h = h * decay[:, None] + _dot(kt, _scaled_rows(vf, fk, w.dtype), TF32)
+        else:
+            h = h * decay[:, None] + _dot(kt, vnew, TF32)
     tl.store(s_ptrs, h, mask=s_mask)

@@ -45,6 +45,15 @@ def state_block_vs(head_k: int, head_v: int, dtype: str = "bf16") -> tuple[int, 
     return (NARROW_BV, head_v)
 
 
+def state_reads_k(bv: int) -> bool:
+    """Whether the state pass at value tile bv reads k (or KDA's Kg) by its key head and scales V''s
+    rows by Fk, so that GDN's prep writes no Kg (chunk.gdn_chunk_state): the wide tiles. The narrow
+    one, at V / 32 programs a head reading each chunk's key rows, reads the Kg workspace: reading
+    k there measured slower on the H100 (BENCHMARKS.md, "Gated delta prefill: k in the state
+    pass")."""
+    return bv > NARROW_BV
+
+
 def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int, dtype: str = "bf16") -> int:
     """BV for a state-pass call with grid (num_seqs, hv, head_v // BV): the wide tile when it alone
     gives at least one program an SM (num_seqs * hv * (head_v // wide) >= sms), else 32.
@@ -77,7 +86,8 @@ PREP_ARGS = (
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk"))
     + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("write_kg", "i32"), Arg("num_seqs", "i32"),
+       Arg("num_slots", "i32"),
        Arg("HV", "i32"),
        Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
     # q/k/v token and head strides: multiples of 16 elements for contiguous tensors at these

@@ -35,6 +35,16 @@ def test_16_bit_generic_state_binaries_take_16_warps():
             assert cfg == chunk_spec.GDN_CHUNK_STATE.launch_config(axes, 90)
 
 
+def test_state_tiles_reading_k_agree_with_the_kernels():
+    # The op allocates Kg and asks the prep for it (write_kg) exactly where the kernels read it: the
+    # narrow tile; the wide tiles read k. chunk_spec, chunk.py and chunk_state_ws.py name one bound.
+    from aotc.kernels.gated_delta import chunk_state_ws
+
+    assert chunk.NARROW_BV.value == chunk_state_ws.NARROW_BV.value == chunk_spec.NARROW_BV == 32
+    tiles = {(a["head_k"], a["bv"]): chunk_spec.state_reads_k(a["bv"]) for a in chunk_spec.state_variants()}
+    assert tiles == {(64, 32): False, (64, 64): True, (128, 32): False, (128, 128): True, (256, 32): False}
+
+
 def test_head_tile_rounds_up():
     assert [chunk_spec.head_tile(d) for d in (1, 32, 60, 64, 65, 100, 128, 129, 256)] == [
         64, 64, 64, 64, 128, 128, 128, 256, 256]

@@ -161,7 +161,8 @@ def sweep(rows):
             for bv, warps, stages in STATE_SWEEP:
                 def st():
                     chunk_kernels.gdn_chunk_state[(idx.shape[0], HV, V // bv)](
-                        *sargs, HEAD_K=K, HEAD_V=V, BV=bv, TF32=1, num_warps=warps, num_stages=stages)
+                        *sargs, HEAD_K=K, HEAD_V=V, BV=bv, TF32=1, K_DIRECT=0,  # Kg at every tile: one workspace
+                        num_warps=warps, num_stages=stages)
                 _sweep_row(rows, f"state BV {bv:2d} warps {warps} stages {stages}", st,
                            (bv, warps, stages) == (saxes["bv"], default.num_warps, default.num_stages),
                            f"bf16,k{K},v{V},BV{bv},w{warps},s{stages}", "gated_delta_prefill_state_sweep")

@@ -58,7 +58,6 @@ CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
-NARROW_BV = tl.constexpr(32)  # chunk_spec.NARROW_BV: the state pass's narrow tile reads Kg, wider ones k
 F16_MAX = tl.constexpr(65504.0)  # fp16's largest finite value (_scaled_rows)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
@@ -722,16 +721,16 @@ def _scaled_rows(vf, fk, DT: tl.constexpr):
 def gdn_chunk_state(
     W, U, Qs, Fq, Fk, Ks, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
     num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr, K_DIRECT: tl.constexpr,
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
     Grid (sequences, HV, HEAD_V // BV). The query rows are Qs[t, hv // group] (strides s_qt,
     s_qh) times Fq[t, hv]: GDN passes q itself (group HV // H) and the prep's factors, KDA (and
-    GDN's sub-block prep) the prep's Qg (group 1) and ones. The state update h += Kg^T V' reads,
-    at the narrow tile (BV = NARROW_BV), the prep's Kg workspace [T, HV, HEAD_K] as Ks; at a wider
-    one (BV > NARROW_BV) Ks[t, hv // group] by its strides (s_kt, s_kh: k itself for GDN, Kg for
-    KDA) with V''s rows times Fk[t, hv] (GDN: exp(G_last - G) / |k|; else ones), and Fk is read
-    only there. The pool is read and written by strides (s_sv, s_sk: V-major has s_sk == 1,
+    GDN's sub-block prep) the prep's Qg (group 1) and ones. The state update h += Kg^T V' reads
+    the prep's Kg workspace [T, HV, HEAD_K] as Ks; with K_DIRECT (chunk_spec.state_constexprs: the
+    ALIGNED wide tiles) Ks[t, hv // group] by its strides (s_kt, s_kh: k itself for GDN, Kg for
+    KDA) instead, with V''s rows times Fk[t, hv] (GDN: exp(G_last - G) / |k|; else ones), and Fk
+    is read only then. The pool is read and written by strides (s_sv, s_sk: V-major has s_sk == 1,
     K-major s_sv == 1), so one binary serves both layouts."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
@@ -768,7 +767,7 @@ def gdn_chunk_state(
         fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
         # The wide tile reads k itself (no Kg workspace written or read); the narrow one, at V / 32
         # programs a head, Kg (BENCHMARKS.md, "Gated delta prefill: k in the state pass").
-        if BV > NARROW_BV:
+        if K_DIRECT:
             fk = tl.load(Fk + t * HV + hv, mask=t < end, other=0.0)
             kt = tl.load(Ks + t[None, :] * s_kt + hq * s_kh + offs_k[:, None],
                          mask=(t < end)[None, :] & k_in[:, None], other=0.0)
@@ -781,7 +780,7 @@ def gdn_chunk_state(
         vnew = vf.to(w.dtype)
         o = _dot(q, hb, TF32) * fq[:, None] + _dot(aqk, vnew, TF32)
         tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m & v_in[None, :])
-        if BV > NARROW_BV:
+        if K_DIRECT:
             h = h * decay[:, None] + _dot(kt, _scaled_rows(vf, fk, w.dtype), TF32)
         else:
             h = h * decay[:, None] + _dot(kt, vnew, TF32)

@@ -46,11 +46,13 @@ def state_block_vs(head_k: int, head_v: int, dtype: str = "bf16") -> tuple[int, 
 
 
 def state_reads_k(bv: int) -> bool:
-    """Whether the state pass at value tile bv reads k (or KDA's Kg) by its key head and scales V''s
-    rows by Fk, so that GDN's prep writes no Kg (chunk.gdn_chunk_state): the wide tiles. The narrow
-    one, at V / 32 programs a head reading each chunk's key rows, reads the Kg workspace: reading
-    k there measured slower on the H100 (BENCHMARKS.md, "Gated delta prefill: k in the state
-    pass")."""
+    """Whether the ALIGNED state pass at value tile bv reads k (or KDA's Kg) by its key head and
+    scales V''s rows by Fk, so that GDN's prep writes no Kg (chunk.gdn_chunk_state's K_DIRECT; the
+    Gluon pass alike): the wide tiles. The narrow one, at V / 32 programs a head reading each
+    chunk's key rows, reads the Kg workspace: reading k there measured slower on the H100
+    (BENCHMARKS.md, "Gated delta prefill: k in the state pass"). The GENERIC binaries never read k
+    (K_DIRECT 0 at every tile: their 16-warp one-stage config is the one whose 256-tile binary
+    faulted reading k, and the wide one was not run reading it)."""
     return bv > NARROW_BV
 
 
@@ -138,7 +140,12 @@ def state_target_constexprs(axes, arch) -> dict:
 
 
 def state_constexprs(axes) -> dict:
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": int(axes["bv"])}
+    bv = int(axes["bv"])
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": bv, "K_DIRECT": int(state_reads_k(bv))}
+
+
+def state_constexprs_generic(axes) -> dict:
+    return dict(state_constexprs(axes), K_DIRECT=0)  # state_reads_k: never at GENERIC
 
 
 def prep_variants():
@@ -269,7 +276,7 @@ GDN_CHUNK_STATE = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32", "K_DIRECT"),
     constexprs=state_constexprs,
     target_constexprs=state_target_constexprs,
     variants=state_variants,
@@ -283,8 +290,8 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
-    constexprs=state_constexprs,
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32", "K_DIRECT"),
+    constexprs=state_constexprs_generic,
     target_constexprs=state_target_constexprs,
     variants=state_variants,
     launch=state_launch_generic,

@@ -89,19 +89,36 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     name = QKV_DTYPES[q.dtype]
     if bv is None:
         bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device), name)
+    saxes = _spec.state_axes(name, K, V, bv)
+    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout)
+    reads_k = _spec.state_reads_k(bv)  # the ALIGNED state pass reads k itself (GDN: no Kg written)
+    prep, st_args = _plan_args(*args, bv, reads_k)
+    spec = _state_spec(st_args, saxes)
+    if reads_k and spec is _spec.GDN_CHUNK_STATE_GENERIC:  # the GENERIC binaries read Kg at every tile
+        prep, st_args = _plan_args(*args, bv, False)
+    return [prep, (spec, saxes, (N, HV, V // bv), st_args)]
+
+
+def _plan_args(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout, bv, reads_k):
+    """(the precompute's launch, the state pass's arguments) with fresh workspaces; reads_k: the
+    state pass reads k (chunk_spec.state_reads_k), so GDN's prep writes no Kg (write_kg 0)."""
+    _, T, H, K_dim = q.shape
+    HV, V_dim = v.shape[2], v.shape[3]
+    K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)
+    N = state_indices.shape[0]
+    name = QKV_DTYPES[q.dtype]
     kda = g.dim() == 4
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
-    reads_k = _spec.state_reads_k(bv)  # the state pass reads k itself (GDN: no Kg written), else Kg
-    w, u, qg, fq, fk, kg, aqk, decay = workspace(q, v, N, g.dim() == 4, reads_k)
+    w, u, qg, fq, fk, kg, aqk, decay = workspace(q, v, N, kda, reads_k)
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
         q, k, v, g, beta, w, u, qg, fq, fk, kg, aqk, decay, cu_seqlens, state_indices,
         float(scale), int(qk_l2norm), int(not reads_k), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
     # q's rows: the precompute's Qg [T, HV, K] (one a value head), else q itself (a key head shared
-    # by HV // H value heads); k's: the Kg workspace where the prep writes it (KDA, sub-blocks, the
-    # narrow state tile; the narrow tile reads it by value head whatever the strides), else k
+    # by HV // H value heads); k's: the Kg workspace where the prep writes it (KDA, sub-blocks, a
+    # tile that reads Kg: that reads it by value head whatever the strides), else k
     if subblocks:
         qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
     else:
@@ -112,10 +129,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     else:
         s_k, s_v = state.stride(2), state.stride(3)
     st_args = (w, u, qs, fq, fk, ks, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
-               K_dim, V_dim, s_qt, s_qh, s_kt, s_kh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
-    saxes = _spec.state_axes(name, K, V, bv)
-    st = (_state_spec(st_args, saxes), saxes, (N, HV, V // bv), st_args)
-    return [prep, st]
+               K_dim, V_dim, s_qt, s_qh, s_kt, s_kh, out.stride(1), out.stride(2), state.stride(0), state.stride(1),
+               s_v, s_k)
+    return prep, st_args
 
 
 def workspace(q, v, N: int, kda: bool, reads_k: bool):
@@ -230,14 +246,21 @@ class _Checked:
         index = q.device.index
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # stands in for each call's
-        (pspec, paxes, pgrid, pargs), (_, saxes, sgrid, sargs) = launch_plan(
+        (pspec, paxes, pgrid, pargs), (sspec, saxes, sgrid, sargs) = launch_plan(
             q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
         prep = prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index)
         aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
                             for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
+        # At a tile whose ALIGNED pass reads k the GENERIC one reads Kg (chunk_spec.state_reads_k), and
+        # the prep's write_kg follows the plan's: only the plan's own kind of launch is kept.
+        reads_k = _spec.state_reads_k(saxes["bv"]) and sspec is not _spec.GDN_CHUNK_STATE_GENERIC
+        if reads_k:
+            generic = None
+        elif _spec.state_reads_k(saxes["bv"]):
+            aligned = None
         if prep is not None and (aligned is not None or generic is not None):
             self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
-            self.reads_k = _spec.state_reads_k(saxes["bv"])
+            self.reads_k = reads_k
 
     def run(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out):
         """Both launches with fresh workspaces: out, or None where the checked path must run (no

@@ -326,8 +326,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     Kernels: the per-chunk precompute, then the state pass: on sm90 (16-bit, K and V tiles <= 128,
       16-byte-aligned arguments) a warp-specialized Gluon kernel, else Triton's; both write the
       same final states (AOTC_GDN_STATE_WS=0 keeps Triton's on sm90 too).
-    Workspace: W, U, k exp(G_last - G) (where the state pass's value tile is the narrow one or the
-      gate KDA; and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's attention
+    Workspace: W, U, k exp(G_last - G) (but for GDN where the state pass's ALIGNED wide value tile
+      runs; and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's attention
       `[T, HV, 64]` in q's dtype, q's and k's row factors `[T, HV]` fp32, allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,

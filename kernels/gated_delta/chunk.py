@@ -334,83 +334,66 @@ def _dot_acc(a, b, acc, TF32: tl.constexpr):
 
 
 @triton.jit
-def _level_pair(A, Aq, kl, ql, rows, right, DT: tl.constexpr, TF32: tl.constexpr):
-    """A, Aq plus the products of the rows `rows` of kl, ql [4, 4, 4, KS] with the columns right
-    [4, 4, 4, KS] (every decay factor <= 1)."""
-    KS: tl.constexpr = kl.shape[3]
-    rt = tl.trans(tl.reshape(right, [CHUNK, KS]).to(DT))
-    A = _dot_acc(tl.reshape(tl.where(rows, kl, 0.0), [CHUNK, KS]).to(DT), rt, A, TF32)
-    Aq = _dot_acc(tl.reshape(tl.where(rows, ql, 0.0), [CHUNK, KS]).to(DT), rt, Aq, TF32)
-    return A, Aq
+def _level(left, rows, right, DT: tl.constexpr, TF32: tl.constexpr):
+    """[128, 64]: the rows of left [2, 4, 4, 4, 4, KS] (k then q rows, each kept at one of the
+    three row indices of the level) against the columns right [4, 4, 4, 4, KS] (their column factors
+    for that row index), summed over the row indices and channels in one dot (index 0 holds no pair)."""
+    KS: tl.constexpr = left.shape[5]
+    lo = tl.reshape(tl.where(rows, left, 0.0).to(DT), [2 * CHUNK, 4 * KS])
+    ro = tl.trans(tl.reshape(right.to(DT), [CHUNK, 4 * KS]))
+    return _dot(lo, ro, TF32)
 
 
 @triton.jit
-def _kda_step(A, Aq, q, k, g, DT: tl.constexpr, TF32: tl.constexpr):
-    """A_rc += sum_ch k_r k_c exp(G_r - G_c) and Aq_rc += sum_ch q_r k_c exp(G_r - G_c) over one
-    channel step (q, k, g [64, KS]) for every pair c < r, as full [64, KS] x [KS, 64] dots.
+def _kda_step(Acc, qk, k, g, DT: tl.constexpr, TF32: tl.constexpr):
+    """Acc [128, 64] (rows: A's, then Aq's) += the pairs c < r of one channel step: A_rc = sum_ch
+    k_r k_c exp(G_r - G_c), Aq_rc = sum_ch q_r k_c exp(G_r - G_c); qk [2, 64, KS] (k, q rows),
+    k, g [64, KS].
 
     Each decay is split at a reference gate R between the two tokens, exp(G_r - R) exp(R - G_c),
     both factors <= 1 (a chunk's per-channel gates reach -600), at three levels of the chunk viewed
     as [block 4, quarter 4, position 4, KS]: pairs in different 16-token blocks (R: the gate before
     the row's block), in one block and different 4-token quarters (R: before the row's quarter),
-    in one quarter (R: the token before the row). Per level and row index p (block, quarter or
-    position 1..3) one dot pair: the rows at p against the columns before them; at the lower two
-    levels the columns of every block (quarter) come in one operand, each with its own block's
-    (quarter's) reference, and the products of two different blocks (quarters) are dropped after the
-    dot. Every factor is exp of a sum of gates over the tokens between the two points, formed from
-    in-block and in-quarter cumulative sums (no row is moved between threads)."""
-    KS: tl.constexpr = q.shape[1]
-    bi = tl.arange(0, 4)[:, None, None, None]  # block
-    qi = tl.arange(0, 4)[None, :, None, None]  # quarter in the block
-    pi = tl.arange(0, 4)[None, None, :, None]  # position in the quarter
-    g4 = tl.reshape(g, [4, 4, 4, KS])
-    k4 = tl.reshape(k, [4, 4, 4, KS])
-    q4 = tl.reshape(q, [4, 4, 4, KS])
-    Gq = tl.cumsum(g4, 2)  # in-quarter inclusive sums
-    QT = tl.sum(g4, 2, keep_dims=True)  # quarter totals [4, 4, 1, KS]
+    in one quarter (R: the token before the row). A level is one [128, 4 KS] x [4 KS, 64] dot: its
+    row index p = 1..3 (block, quarter or position) is a K segment holding the rows at p and the
+    columns before them with p's reference; at the lower two levels each block (quarter) comes
+    with its own reference, and the products of two different blocks (quarters) are dropped after
+    the dot. Every factor is exp of a sum of gates over the tokens between its two points, from
+    in-block and in-quarter sums (no row moves between threads)."""
+    KS: tl.constexpr = k.shape[1]
+    P = tl.arange(0, 4)[None, None, None, :, None]  # the K segment's row index (0: no pairs)
+    bi = tl.arange(0, 4)[:, None, None, None, None]  # block
+    qi = tl.arange(0, 4)[None, :, None, None, None]  # quarter in the block
+    pi = tl.arange(0, 4)[None, None, :, None, None]  # position in the quarter
+    g4 = tl.reshape(g, [4, 4, 4, 1, KS]) * LOG2E
+    k4 = tl.reshape(k, [4, 4, 4, 1, KS])
+    qk4 = tl.reshape(qk, [2, 4, 4, 4, 1, KS])
+    Gq = tl.cumsum(g4, 2)  # in-quarter inclusive sums (log2 units)
+    QT = tl.sum(g4, 2, keep_dims=True)  # quarter totals [4, 4, 1, 1, KS]
     Qx = tl.cumsum(QT, 1) - QT  # in-block sums before each quarter
-    BT = tl.sum(QT, 1, keep_dims=True)  # block totals [4, 1, 1, KS]
+    BT = tl.sum(QT, 1, keep_dims=True)  # block totals [4, 1, 1, 1, KS]
     Bx = tl.cumsum(BT, 0) - BT  # chunk sums before each block
     Gb = Gq + Qx  # in-block inclusive sums
-    r = tl.arange(0, CHUNK)
-    # Level 1: rows of block s, R = the gate before block s; columns of block b < s: k exp(R - G_c)
-    # = k exp(BT_b - Gb_c) (to the end of block b) exp(Bx_s - Bx_b - BT_b) (blocks b+1 .. s-1).
-    left = tl.exp2(Gb * LOG2E)
-    kl = k4 * left
-    ql = q4 * left
-    rc = k4 * tl.exp2((BT - Gb) * LOG2E)
-    for s in tl.static_range(1, 4):
-        f = tl.exp2(tl.where(bi < s, _at(Bx, bi, s, 0) - Bx - BT, float("-inf")) * LOG2E)
-        A, Aq = _level_pair(A, Aq, kl, ql, bi == s, rc * f, DT, TF32)
-    # Level 2: rows of quarter p (of each block), R = the gate before that quarter; columns of
-    # quarter u < p of the same block: k exp(QT_u - Gq_c) exp(Qx_p - Qx_u - QT_u). Pairs of two
-    # blocks meet two references: accumulated apart and dropped.
-    L2 = tl.zeros([CHUNK, CHUNK], tl.float32)
-    L2q = tl.zeros([CHUNK, CHUNK], tl.float32)
-    left = tl.exp2(Gq * LOG2E)
-    kl = k4 * left
-    ql = q4 * left
-    rc = k4 * tl.exp2((QT - Gq) * LOG2E)
-    for p in tl.static_range(1, 4):
-        f = tl.exp2(tl.where(qi < p, _at(Qx, qi, p, 1) - Qx - QT, float("-inf")) * LOG2E)
-        L2, L2q = _level_pair(L2, L2q, kl, ql, qi == p, rc * f, DT, TF32)
-    same = (r // SUB)[:, None] == (r // SUB)[None, :]
-    A += tl.where(same, L2, 0.0)
-    Aq += tl.where(same, L2q, 0.0)
-    # Level 3: rows at position p of each quarter, R = G of the token before (left factor exp(g));
-    # columns before p in the same quarter: k exp(Gq_{p-1} - Gq_c).
-    L2 = tl.zeros([CHUNK, CHUNK], tl.float32)
-    L2q = tl.zeros([CHUNK, CHUNK], tl.float32)
-    left = tl.exp2(g4 * LOG2E)
-    kl = k4 * left
-    ql = q4 * left
-    for p in tl.static_range(1, 4):
-        rc = k4 * tl.exp2(tl.where(pi < p, _at(Gq, pi, p - 1, 2) - Gq, float("-inf")) * LOG2E)
-        L2, L2q = _level_pair(L2, L2q, kl, ql, pi == p, rc, DT, TF32)
-    same = (r // 4)[:, None] == (r // 4)[None, :]
-    A += tl.where(same, L2, 0.0)
-    Aq += tl.where(same, L2q, 0.0)
-    return A, Aq
+    r = tl.arange(0, 2 * CHUNK) % CHUNK
+    c = tl.arange(0, CHUNK)
+    # Level 1: rows of block P, R = the gate before block P; columns of block b < P: k exp(R - G_c)
+    # = k exp(BT_b - Gb_c) (to the end of block b) exp(Bx_P - Bx_b - BT_b) (blocks b+1 .. P-1).
+    BP = tl.sum(tl.where(bi == P, Bx, 0.0), 0, keep_dims=True)  # [1, 1, 1, 4, KS]
+    right = k4 * tl.exp2(BT - Gb) * tl.exp2(tl.where(bi < P, BP - Bx - BT, float("-inf")))
+    Acc += _level(qk4 * tl.exp2(Gb), bi == P, right, DT, TF32)
+    # Level 2: rows of quarter P (of each block), R = the gate before that quarter; columns of
+    # quarter u < P of the same block: k exp(QT_u - Gq_c) exp(Qx_P - Qx_u - QT_u).
+    QP = tl.sum(tl.where(qi == P, Qx, 0.0), 1, keep_dims=True)  # [4, 1, 1, 4, KS]
+    right = k4 * tl.exp2(QT - Gq) * tl.exp2(tl.where(qi < P, QP - Qx - QT, float("-inf")))
+    lvl = _level(qk4 * tl.exp2(Gq), qi == P, right, DT, TF32)
+    Acc += tl.where((r // SUB)[:, None] == (c // SUB)[None, :], lvl, 0.0)
+    # Level 3: rows at position P of each quarter, R = G of the token before (left factor exp(g));
+    # columns before P in the same quarter: k exp(Gq_{P-1} - Gq_c).
+    GP = tl.sum(tl.where(pi == P - 1, Gq, 0.0), 2, keep_dims=True)  # [4, 4, 1, 4, KS]
+    right = k4 * tl.exp2(tl.where(pi < P, GP - Gq, float("-inf")))
+    lvl = _level(qk4 * tl.exp2(g4), pi == P, right, DT, TF32)
+    Acc += tl.where((r // 4)[:, None] == (c // 4)[None, :], lvl, 0.0)
+    return Acc
 
 
 @triton.jit
@@ -423,8 +406,7 @@ def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s
     channel, so steps just add); Aqk's diagonal is sum q_r k_r. q and k enter unnormalized;
     1 / |q|, 1 / |k| scale rows and columns after the last step."""
     r = tl.arange(0, CHUNK)
-    A = tl.zeros([CHUNK, CHUNK], tl.float32)
-    Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Acc = tl.zeros([2 * CHUNK, CHUNK], tl.float32)
     ssq = tl.zeros([CHUNK], tl.float32)
     ssk = tl.zeros([CHUNK], tl.float32)
     qkd = tl.zeros([CHUNK], tl.float32)
@@ -437,13 +419,17 @@ def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s
         ssq += tl.sum(q * q, 1)
         ssk += tl.sum(k * k, 1)
         qkd += tl.sum(q * k, 1)
-        A, Aq = _kda_step(A, Aq, q, k, g, DT, TF32)
+        Acc = _kda_step(Acc, tl.permute(tl.join(k, q), (2, 0, 1)), k, g, DT, TF32)
     if qk_l2norm != 0:
         rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
         rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
     else:
         rq = tl.full([CHUNK], 1.0, tl.float32)
         rk = tl.full([CHUNK], 1.0, tl.float32)
+    Acc = tl.reshape(Acc, [2, CHUNK, CHUNK])
+    two = tl.arange(0, 2)[:, None, None]
+    A = tl.sum(tl.where(two == 0, Acc, 0.0), 0)
+    Aq = tl.sum(tl.where(two == 1, Acc, 0.0), 0)
     Aq = tl.where(r[:, None] == r[None, :], qkd[:, None], Aq)
     tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :],
              (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty), mask=m[:, None])

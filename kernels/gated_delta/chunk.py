@@ -55,7 +55,6 @@ CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
-LOG2E = tl.constexpr(1.4426950408889634)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -316,12 +315,6 @@ def _pair_decay(Gc, r):
 
 
 @triton.jit
-def _at(x, idx, i: tl.constexpr, axis: tl.constexpr):
-    """x's entry i along `axis` (idx: that axis's index, broadcastable), the axis kept (size 1)."""
-    return tl.expand_dims(tl.sum(tl.where(idx == i, x, 0.0), axis), axis)
-
-
-@triton.jit
 def _dot_acc(a, b, acc, TF32: tl.constexpr):
     """acc + a @ b, as _dot (the accumulator stays in the MMA's registers)."""
     if a.dtype == tl.float32:
@@ -334,107 +327,168 @@ def _dot_acc(a, b, acc, TF32: tl.constexpr):
 
 
 @triton.jit
-def _level(left, rows, right, DT: tl.constexpr, TF32: tl.constexpr):
-    """[128, 64]: the rows of left [2, 4, 4, 4, 4, KS] (k then q rows, each kept at one of the
-    three row indices of the level) against the columns right [4, 4, 4, 4, KS] (their column factors
-    for that row index), summed over the row indices and channels in one dot (index 0 holds no pair)."""
-    KS: tl.constexpr = left.shape[5]
-    lo = tl.reshape(tl.where(rows, left, 0.0).to(DT), [2 * CHUNK, 4 * KS])
-    ro = tl.trans(tl.reshape(right.to(DT), [CHUNK, 4 * KS]))
-    return _dot(lo, ro, TF32)
+def _pick(s: tl.constexpr, x1, x2, x3):
+    if s == 1:
+        return x1
+    elif s == 2:
+        return x2
+    else:
+        return x3
 
 
 @triton.jit
-def _kda_step(Acc, qk, k, g, DT: tl.constexpr, TF32: tl.constexpr):
-    """Acc [128, 64] (rows: A's, then Aq's) += the pairs c < r of one channel step: A_rc = sum_ch
-    k_r k_c exp(G_r - G_c), Aq_rc = sum_ch q_r k_c exp(G_r - G_c); qk [2, 64, KS] (k, q rows),
-    k, g [64, KS].
+def _kda_blocks(A, Aq, q, k, Gc, r, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs of different 16-token blocks of one channel step (rows of block s against the
+    blocks before it), into the [64, 64] accumulators: left k_r exp(G_r - E_{s-1}), right
+    k_c exp(E_{s-1} - G_c), E_{s-1} the gate at block s's last token before it; both <= 1, and
+    the rows and columns outside the pair are zeros, so each dot accumulates in place."""
+    blk = r // SUB
+    E1 = tl.sum(tl.where((r == SUB - 1)[:, None], Gc, 0.0), 0)
+    E2 = tl.sum(tl.where((r == 2 * SUB - 1)[:, None], Gc, 0.0), 0)
+    E3 = tl.sum(tl.where((r == 3 * SUB - 1)[:, None], Gc, 0.0), 0)
+    ref = tl.where((blk == 1)[:, None], E1[None, :], tl.where((blk == 2)[:, None], E2[None, :], E3[None, :]))
+    left = tl.exp(tl.where((blk >= 1)[:, None], Gc - ref, float("-inf")))
+    kl = k * left
+    ql = q * left
+    for s in tl.static_range(1, 4):
+        Es = _pick(s, E1, E2, E3)
+        right = tl.trans((k * tl.exp(tl.where((blk < s)[:, None], Es[None, :] - Gc, float("-inf")))).to(DT))
+        rows = (blk == s)[:, None]
+        A = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, A, TF32)
+        Aq = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aq, TF32)
+    return A, Aq
 
-    Each decay is split at a reference gate R between the two tokens, exp(G_r - R) exp(R - G_c),
-    both factors <= 1 (a chunk's per-channel gates reach -600), at three levels of the chunk viewed
-    as [block 4, quarter 4, position 4, KS]: pairs in different 16-token blocks (R: the gate before
-    the row's block), in one block and different 4-token quarters (R: before the row's quarter),
-    in one quarter (R: the token before the row). A level is one [128, 4 KS] x [4 KS, 64] dot: its
-    row index p = 1..3 (block, quarter or position) is a K segment holding the rows at p and the
-    columns before them with p's reference; at the lower two levels each block (quarter) comes
-    with its own reference, and the products of two different blocks (quarters) are dropped after
-    the dot. Every factor is exp of a sum of gates over the tokens between its two points, from
-    in-block and in-quarter sums (no row moves between threads)."""
-    KS: tl.constexpr = k.shape[1]
-    P = tl.arange(0, 4)[None, None, None, :, None]  # the K segment's row index (0: no pairs)
-    bi = tl.arange(0, 4)[:, None, None, None, None]  # block
-    qi = tl.arange(0, 4)[None, :, None, None, None]  # quarter in the block
-    pi = tl.arange(0, 4)[None, None, :, None, None]  # position in the quarter
-    g4 = tl.reshape(g, [4, 4, 4, 1, KS]) * LOG2E
-    k4 = tl.reshape(k, [4, 4, 4, 1, KS])
-    qk4 = tl.reshape(qk, [2, 4, 4, 4, 1, KS])
-    Gq = tl.cumsum(g4, 2)  # in-quarter inclusive sums (log2 units)
-    QT = tl.sum(g4, 2, keep_dims=True)  # quarter totals [4, 4, 1, 1, KS]
-    Qx = tl.cumsum(QT, 1) - QT  # in-block sums before each quarter
-    BT = tl.sum(QT, 1, keep_dims=True)  # block totals [4, 1, 1, 1, KS]
-    Bx = tl.cumsum(BT, 0) - BT  # chunk sums before each block
-    Gb = Gq + Qx  # in-block inclusive sums
-    r = tl.arange(0, 2 * CHUNK) % CHUNK
-    c = tl.arange(0, CHUNK)
-    # Level 1: rows of block P, R = the gate before block P; columns of block b < P: k exp(R - G_c)
-    # = k exp(BT_b - Gb_c) (to the end of block b) exp(Bx_P - Bx_b - BT_b) (blocks b+1 .. P-1).
-    BP = tl.sum(tl.where(bi == P, Bx, 0.0), 0, keep_dims=True)  # [1, 1, 1, 4, KS]
-    right = k4 * tl.exp2(BT - Gb) * tl.exp2(tl.where(bi < P, BP - Bx - BT, float("-inf")))
-    Acc += _level(qk4 * tl.exp2(Gb), bi == P, right, DT, TF32)
-    # Level 2: rows of quarter P (of each block), R = the gate before that quarter; columns of
-    # quarter u < P of the same block: k exp(QT_u - Gq_c) exp(Qx_P - Qx_u - QT_u).
-    QP = tl.sum(tl.where(qi == P, Qx, 0.0), 1, keep_dims=True)  # [4, 1, 1, 4, KS]
-    right = k4 * tl.exp2(QT - Gq) * tl.exp2(tl.where(qi < P, QP - Qx - QT, float("-inf")))
-    lvl = _level(qk4 * tl.exp2(Gq), qi == P, right, DT, TF32)
-    Acc += tl.where((r // SUB)[:, None] == (c // SUB)[None, :], lvl, 0.0)
-    # Level 3: rows at position P of each quarter, R = G of the token before (left factor exp(g));
-    # columns before P in the same quarter: k exp(Gq_{P-1} - Gq_c).
-    GP = tl.sum(tl.where(pi == P - 1, Gq, 0.0), 2, keep_dims=True)  # [4, 4, 1, 4, KS]
-    right = k4 * tl.exp2(tl.where(pi < P, GP - Gq, float("-inf")))
-    lvl = _level(qk4 * tl.exp2(g4), pi == P, right, DT, TF32)
-    Acc += tl.where((r // 4)[:, None] == (c // 4)[None, :], lvl, 0.0)
-    return Acc
+
+@triton.jit
+def _kda_within(Ad, Aqd, q3, k3, g3, G3, DT: tl.constexpr, TF32: tl.constexpr):
+    """The pairs inside each 16-token block of one channel step, as [4, 16, 16] (block, row,
+    column) by batched dots: 4-token quarters (rows of quarter s against the quarters before it,
+    split at the gate before quarter s: both factors <= 1, rows and columns outside are zeros),
+    then tokens of a quarter (row at position s against the positions before it, split at the
+    token before it: the left factor is exp(g_r); pairs across quarters meet two references and
+    are dropped after the dot)."""
+    i = tl.arange(0, SUB)
+    quar = (i // 4)[None, :, None]
+    R1 = tl.sum(tl.where(i[None, :, None] == 3, G3, 0.0), 1)
+    R2 = tl.sum(tl.where(i[None, :, None] == 7, G3, 0.0), 1)
+    R3 = tl.sum(tl.where(i[None, :, None] == 11, G3, 0.0), 1)
+    ref = tl.where(quar == 1, R1[:, None, :], tl.where(quar == 2, R2[:, None, :], R3[:, None, :]))
+    left = tl.exp(tl.where(quar >= 1, G3 - ref, float("-inf")))
+    kl = k3 * left
+    ql = q3 * left
+    for s in tl.static_range(1, 4):
+        Rs = _pick(s, R1, R2, R3)
+        right = tl.permute((k3 * tl.exp(tl.where(quar < s, Rs[:, None, :] - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = quar == s
+        Ad = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, Ad, TF32)
+        Aqd = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aqd, TF32)
+    pos = (i % 4)[None, :, None]
+    e = tl.exp(g3)
+    kl = k3 * e
+    ql = q3 * e
+    sameq = ((i // 4)[:, None] == (i // 4)[None, :])[None, :, :]
+    zi = tl.zeros(G3.shape, tl.int32)
+    for s in tl.static_range(1, 4):
+        Gref = tl.gather(G3, (i - i % 4 + s - 1)[None, :, None] + zi, 1)
+        right = tl.permute((k3 * tl.exp(tl.where(pos < s, Gref - G3, float("-inf")))).to(DT), (0, 2, 1))
+        rows = pos == s
+        Ad += tl.where(sameq, _dot(tl.where(rows, kl, 0.0).to(DT), right, TF32), 0.0)
+        Aqd += tl.where(sameq, _dot(tl.where(rows, ql, 0.0).to(DT), right, TF32), 0.0)
+    return Ad, Aqd
+
+
+@triton.jit
+def _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0, K_DIM):
+    """q, k (input dtype) and g (fp32) [64, KSTEP] of the channel step at c0; channels at or past
+    K_DIM and tokens past the chunk's end read as zeros."""
+    c = c0 + tl.arange(0, KSTEP)
+    km = m[:, None] & (c < K_DIM)[None, :]
+    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0)
+    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0)
+    g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+    return q, k, g
 
 
 @triton.jit
 def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
                  K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """KDA, whole chunk: writes the Aqk rows (lower with the diagonal, zeros above); returns (A
-    [64, 64] strictly lower with beta, 1 / |q|, 1 / |k|) (ones without qk_l2norm).
+    """KDA, whole chunk: writes the Aqk rows; returns (A's pairs across 16-token blocks [64, 64],
+    A's 16 x 16 diagonal blocks [4, 16, 16], both with beta, 1 / |q|, 1 / |k|) (ones without
+    qk_l2norm).
 
-    A_rc = sum_ch k_r k_c exp(G_r - G_c) in KSTEP-channel steps (_kda_step: the decay is per
-    channel, so steps just add); Aqk's diagonal is sum q_r k_r. q and k enter unnormalized;
-    1 / |q|, 1 / |k| scale rows and columns after the last step."""
+    A_rc = sum_ch k_r k_c exp(G_r - G_c) needs the decay split so that no factor exceeds 1 (a
+    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP]; the
+    decay is per channel, so steps just add), plain dots at three 4-ary levels: 16-token blocks
+    (_kda_blocks), their 4-token quarters and the quarters' tokens (_kda_within). Aqk's diagonal
+    is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns after the
+    last step."""
     r = tl.arange(0, CHUNK)
-    Acc = tl.zeros([2 * CHUNK, CHUNK], tl.float32)
+    A = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
+    Ad = tl.zeros([4, SUB, SUB], tl.float32)
+    Aqd = tl.zeros([4, SUB, SUB], tl.float32)
     ssq = tl.zeros([CHUNK], tl.float32)
     ssk = tl.zeros([CHUNK], tl.float32)
     qkd = tl.zeros([CHUNK], tl.float32)
+    # Each step's q, k, g are loaded one step ahead (the last step's loads are all masked off), so
+    # their latency overlaps the step before instead of opening every step.
+    qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, 0, K_DIM)
     for c0 in range(0, HEAD_K, KSTEP):
-        c = c0 + tl.arange(0, KSTEP)
-        km = m[:, None] & (c < K_DIM)[None, :]
-        q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0).to(tl.float32)
-        k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0).to(tl.float32)
-        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+        q = qn.to(tl.float32)
+        k = kn.to(tl.float32)
+        g = gn
+        qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0 + KSTEP, K_DIM)
+        Gc = tl.cumsum(g, 0)
         ssq += tl.sum(q * q, 1)
         ssk += tl.sum(k * k, 1)
         qkd += tl.sum(q * k, 1)
-        Acc = _kda_step(Acc, tl.permute(tl.join(k, q), (2, 0, 1)), k, g, DT, TF32)
+        A, Aq = _kda_blocks(A, Aq, q, k, Gc, r, DT, TF32)
+        Ad, Aqd = _kda_within(Ad, Aqd, tl.reshape(q, [4, SUB, KSTEP]), tl.reshape(k, [4, SUB, KSTEP]),
+                              tl.reshape(g, [4, SUB, KSTEP]), tl.reshape(Gc, [4, SUB, KSTEP]), DT, TF32)
     if qk_l2norm != 0:
         rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
         rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
     else:
         rq = tl.full([CHUNK], 1.0, tl.float32)
         rk = tl.full([CHUNK], 1.0, tl.float32)
-    Acc = tl.reshape(Acc, [2, CHUNK, CHUNK])
-    two = tl.arange(0, 2)[:, None, None]
-    A = tl.sum(tl.where(two == 0, Acc, 0.0), 0)
-    Aq = tl.sum(tl.where(two == 1, Acc, 0.0), 0)
-    Aq = tl.where(r[:, None] == r[None, :], qkd[:, None], Aq)
-    tl.store(Aqk + (t[:, None] * HV + hv) * CHUNK + r[None, :],
-             (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty), mask=m[:, None])
+    blk = r // SUB
+    row = (t[:, None] * HV + hv) * CHUNK
+    tl.store(Aqk + row + r[None, :], (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty),
+             mask=m[:, None] & (blk[:, None] != blk[None, :]))
+    i = tl.arange(0, SUB)
+    rq3 = tl.reshape(rq * scale, [4, SUB])
+    rk3 = tl.reshape(rk, [4, SUB])
+    diag = tl.reshape(qkd, [4, SUB])[:, :, None] * rq3[:, :, None] * rk3[:, :, None]
+    Aqd = tl.where((i[:, None] == i[None, :])[None, :, :], diag, Aqd * rq3[:, :, None] * rk3[:, None, :])
+    b = tl.arange(0, 4)
+    t3 = tl.reshape(t, [4, SUB])
+    tl.store(Aqk + ((t3 * HV + hv) * CHUNK)[:, :, None] + (b[:, None, None] * SUB + i[None, None, :]),
+             Aqd.to(Aqk.dtype.element_ty), mask=tl.reshape(m, [4, SUB])[:, :, None])
     beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
-    return A * (beta * rk)[:, None] * rk[None, :], rq, rk
+    fk = beta * rk
+    A = A * fk[:, None] * rk[None, :]
+    Ad = Ad * tl.reshape(fk, [4, SUB])[:, :, None] * rk3[:, None, :]
+    return A, Ad, rq, rk
+
+
+@triton.jit
+def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
+    """X = (I + A)^-1 with A = L + Ad: L [64, 64] the pairs across 16-token blocks, Ad [4, 16, 16]
+    the strictly lower diagonal blocks. D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) by batched
+    16 x 16 products, then as _inverse_doubling: N = D^-1 L, X = (I - N)(I + N^2) D^-1."""
+    i = tl.arange(0, SUB)
+    eye3 = tl.where((i[:, None] == i[None, :])[None, :, :], 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
+    p2 = _mm(Ad, Ad, TF, EXACT)
+    p4 = _mm(p2, p2, TF, EXACT)
+    d = _mm(_mm(eye3 - Ad, eye3 + p2, TF, EXACT), eye3 + p4, TF, EXACT)
+    d = _mm(d, eye3 + _mm(p4, p4, TF, EXACT), TF, EXACT)
+    b = tl.arange(0, 4)
+    d4 = tl.where(b[:, None, None, None] == b[None, None, :, None], d[:, :, None, :], 0.0)
+    dinv = tl.reshape(d4, [CHUNK, CHUNK])
+    r = tl.arange(0, CHUNK)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    n = _mm(dinv, L, TF, EXACT)
+    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
 
 
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
@@ -498,9 +552,9 @@ def gdn_chunk_prep(
         # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
-                                 s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
-        x = _inverse_doubling(a, TF, EXACT)
+        a, ad, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
+                                     s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
+        x = _kda_inverse(a, ad, TF, EXACT)
     elif SUBBLOCKS:
         R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
         g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh)

@@ -180,10 +180,10 @@ def _sweep_row(rows, label, fn, is_default, variant, op_name):
     rows.add(op_name, variant, "jit", "1x8192 h16/32", "ms", t * 1e3)
 
 
-def prep_sweep(rows, configs):
-    """The precompute alone at 1 x 8192 (V-major; GDN and KDA) under other launch choices, JIT."""
+def prep_sweep(rows, configs, gates=("gdn", "kda")):
+    """The precompute alone at 1 x 8192 (V-major; the gates asked for) under other launch choices, JIT."""
     print("\n-- precompute sweep: 1x8192, JIT, bf16, K = V = 128 --")
-    for kda in (False, True):
+    for kda in [g == "kda" for g in gates]:
         q, k, v, g, beta, state, idx, cu = make([8192], kda, "vmajor")
         out = torch.empty_like(v)
         (pspec, paxes, pgrid, pargs), _st = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True,
@@ -285,7 +285,7 @@ def main():
         print("note:", n)
     report_configs(rows)
     if a.prep_sweep:
-        prep_sweep(rows, [tuple(int(x) for x in c.split(":")) for c in a.prep_sweep.split(",")])
+        prep_sweep(rows, [tuple(int(x) for x in c.split(":")) for c in a.prep_sweep.split(",")], a.gates.split(","))
     if a.sweep:
         sweep(rows)
 

@@ -405,6 +405,18 @@ def _kda_within(Ad, Aqd, q3, k3, g3, G3, DT: tl.constexpr, TF32: tl.constexpr):
 
 
 @triton.jit
+def _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0, K_DIM):
+    """q, k (input dtype) and g (fp32) [64, KSTEP] of the channel step at c0; channels at or past
+    K_DIM and tokens past the chunk's end read as zeros."""
+    c = c0 + tl.arange(0, KSTEP)
+    km = m[:, None] & (c < K_DIM)[None, :]
+    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0)
+    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0)
+    g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+    return q, k, g
+
+
+@triton.jit
 def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
                  K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
     """KDA, whole chunk: writes the Aqk rows; returns (A's pairs across 16-token blocks [64, 64],
@@ -425,12 +437,14 @@ def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s
     ssq = tl.zeros([CHUNK], tl.float32)
     ssk = tl.zeros([CHUNK], tl.float32)
     qkd = tl.zeros([CHUNK], tl.float32)
+    # Each step's q, k, g are loaded one step ahead (the last step's loads are all masked off), so
+    # their latency overlaps the step before instead of opening every step.
+    qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, 0, K_DIM)
     for c0 in range(0, HEAD_K, KSTEP):
-        c = c0 + tl.arange(0, KSTEP)
-        km = m[:, None] & (c < K_DIM)[None, :]
-        q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0).to(tl.float32)
-        k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0).to(tl.float32)
-        g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
+        q = qn.to(tl.float32)
+        k = kn.to(tl.float32)
+        g = gn
+        qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0 + KSTEP, K_DIM)
         Gc = tl.cumsum(g, 0)
         ssq += tl.sum(q * q, 1)
         ssk += tl.sum(k * k, 1)

@@ -16,12 +16,13 @@ BV = 1024 // K (16, 8, 4) and one warp, in both layouts except KDA K-major. This
 of flash-linear-attention's fused_recurrent (BV 8, one warp at K = 128). One warp keeps every
 reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers and registers).
   The register cap (maxnreg) sets how many one-warp programs an SM holds: 64 registers -> 32
-  (the most an SM takes), 72 -> 28, 80 -> 25, 96 -> 21. Compiled for sm90 at K = 128 (ptxas, no
-  cap): GDN V-major 114, K-major 127, KDA 96 / 121; the caps below are the lowest at which
-  ptxas keeps the token loop free of spills (what spills is the state tile's store offsets,
-  stored once before the loop and read once after it).
-  kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line): its one-warp
-    tile spills inside the loop under any cap that helps.
+  (the most an SM takes), 72 -> 28, 80 -> 25, 96 -> 21. Compiled for sm90 at K = 128 without a
+  cap, ptxas takes GDN V-major 114, K-major 127 (one warp), KDA 96 / 121; GDN's caps (72
+  V-major, 80 K-major) keep its token loop free of spills (what spills is the state tile's
+  store offsets, stored once before the loop and read once after it) and were the fastest
+  measured (H100; 64 serializes the row reductions and costs T = 1 7%). KDA: no cap.
+  kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
+    K-major GDN steps of one token (binary_gate).
 num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
 against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
 
@@ -76,7 +77,15 @@ def block_v(k_dim: int, layout: str, gate: str = "gdn") -> int:
 
 
 # ptxas register cap a thread, by (layout, gate); 0: none (see the module docstring)
-MAXNREG = {("vmajor", "gdn"): 64, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 80, ("kmajor", "kda"): 0}
+MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 0, ("kmajor", "kda"): 0}
+
+
+def binary_gate(kind: str, layout: str, tokens: int) -> str:
+    """The `gate` axis of the binary that runs a call whose gate is `kind`: its own, except a
+    K-major GDN step of one token, which runs the kda binary (its 4-warp 32-column tile, GDN's
+    gate read as a vector of K stride 0): at T = 1 that tile is faster, at T > 1 the one-warp
+    GDN tile (BENCHMARKS.md, session 30)."""
+    return "kda" if (kind, layout) == ("gdn", "kmajor") and tokens == 1 else kind
 
 
 def constexprs(axes) -> dict:

@@ -150,8 +150,9 @@ def sweep_decode(rows, copy_bw):
                 grid = gd_spec.grid(B, HV, V, bv)
 
                 def fn():
-                    gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv, KMAJOR=int(layout == "kmajor"),
-                                                    PER_K=0, num_warps=warps, num_stages=1,
+                    gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv,
+                                                    KMAJOR=int(layout == "kmajor"), PER_K=0, num_warps=warps,
+                                                    num_stages=1,
                                                     **({"maxnreg": cap} if cap else {}))
                 try:
                     t = device_time(fn)

@@ -22,7 +22,7 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   store offsets, stored once before the loop and read once after it) and were the fastest
   measured (H100; 64 serializes the row reductions and costs T = 1 7%). KDA: no cap.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
-    K-major GDN steps of one token (binary_gate).
+    K-major GDN steps of one token with g and beta given (binary_gate).
 num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
 against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
 
@@ -80,12 +80,14 @@ def block_v(k_dim: int, layout: str, gate: str = "gdn") -> int:
 MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 0, ("kmajor", "kda"): 0}
 
 
-def binary_gate(kind: str, layout: str, tokens: int) -> str:
+def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     """The `gate` axis of the binary that runs a call whose gate is `kind`: its own, except a
-    K-major GDN step of one token, which runs the kda binary (its 4-warp 32-column tile, GDN's
-    gate read as a vector of K stride 0): at T = 1 that tile is faster, at T > 1 the one-warp
-    GDN tile (BENCHMARKS.md, session 30)."""
-    return "kda" if (kind, layout) == ("gdn", "kmajor") and tokens == 1 else kind
+    K-major GDN step of one token with g and beta given, which runs the kda binary (its 4-warp
+    32-column tile, GDN's gate read as a vector of K stride 0). H100, B 256, % of copy: that tile
+    77.2 against the one-warp GDN tile's 71.2 at T = 1, 48.4 against 63.8 at T = 4; the fused
+    form ran faster in the GDN tile at T = 1 too (71.4 against main's 66.6). BENCHMARKS.md,
+    session 30."""
+    return "kda" if (kind, layout, tokens, fused) == ("gdn", "kmajor", 1, False) else kind
 
 
 def constexprs(axes) -> dict:

@@ -193,7 +193,7 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
         check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
-    gate = S.binary_gate(kind, state_layout, d.T)
+    gate = S.binary_gate(kind, state_layout, d.T, fused)
     programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout, gate))[0]
     if programs > rules.I32_MAX:
         rules.fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
@@ -229,7 +229,8 @@ class _Plan:
 def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout, S.binary_gate(kind, state_layout, T))
+    gate = S.binary_gate(kind, state_layout, T, fused)
+    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout, gate)
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
     gs, bs = _strides(gt, 4), _strides(bt, 3)

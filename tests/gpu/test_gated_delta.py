@@ -70,12 +70,13 @@ def jit_only(tmp_path, monkeypatch):
     loader.set_artifacts(None)
 
 
-# Every binary the gate axis gives, and the one-token K-major GDN step (it runs the kda binary).
-@pytest.mark.parametrize("layout,kda,T", [("vmajor", False, 2), ("vmajor", True, 2), ("kmajor", False, 1),
-                                          ("kmajor", False, 2), ("kmajor", True, 2)])
+# Every binary the gate axis gives, and the unfused one-token K-major GDN step (it runs the kda binary).
+@pytest.mark.parametrize("layout,kda,T,fused", [("vmajor", False, 2, True), ("vmajor", True, 2, True),
+                                                ("kmajor", False, 1, False), ("kmajor", False, 2, True),
+                                                ("kmajor", True, 2, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_aot_equals_jit_bit_for_bit(jit_only, layout, kda, T, dtype):
-    args, kw = make_case(B=256, T=T, H=16, HV=32, K=128, V=128, dtype=dtype, kda=kda, fused=True,
+def test_aot_equals_jit_bit_for_bit(jit_only, layout, kda, T, fused, dtype):
+    args, kw = make_case(B=256, T=T, H=16, HV=32, K=128, V=128, dtype=dtype, kda=kda, fused=fused,
                          qk_l2norm=True, layout=layout, pads=PADS, slots=260, device=DEV, seed=21)
     results = []
     for jit in (False, True):

@@ -68,10 +68,12 @@ def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
 
 
 def test_one_token_k_major_gdn_runs_the_kda_tile():
-    assert spec.binary_gate("gdn", "kmajor", 1) == "kda"
-    assert spec.binary_gate("gdn", "kmajor", 2) == "gdn"
-    assert [spec.binary_gate(g, "vmajor", t) for g in spec.GATES for t in (1, 4)] == ["gdn", "gdn", "kda", "kda"]
-    assert spec.binary_gate("kda", "kmajor", 1) == "kda"
+    assert spec.binary_gate("gdn", "kmajor", 1, False) == "kda"
+    assert spec.binary_gate("gdn", "kmajor", 1, True) == "gdn"  # the fused form: its own tile
+    assert spec.binary_gate("gdn", "kmajor", 2, False) == "gdn"
+    assert [spec.binary_gate(g, "vmajor", t, f) for g in spec.GATES for t in (1, 4) for f in (False, True)] == \
+        ["gdn"] * 4 + ["kda"] * 4
+    assert spec.binary_gate("kda", "kmajor", 1, False) == "kda"
 
 
 _COMPILE = textwrap.dedent("""

@@ -17,10 +17,11 @@ of flash-linear-attention's fused_recurrent (BV 8, one warp at K = 128). One war
 reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers and registers).
   The register cap (maxnreg) sets how many one-warp programs an SM holds: 64 registers -> 32
   (the most an SM takes), 72 -> 28, 80 -> 25, 96 -> 21. Compiled for sm90 at K = 128 without a
-  cap, ptxas takes GDN V-major 114, K-major 127 (one warp), KDA 96 / 121; GDN's caps (72
-  V-major, 80 K-major) keep its token loop free of spills (what spills is the state tile's
-  store offsets, stored once before the loop and read once after it) and were the fastest
-  measured (H100; 64 serializes the row reductions and costs T = 1 7%). KDA: no cap.
+  cap, ptxas takes GDN V-major 114, K-major 127 (one warp), KDA 96 (V-major) / 115 (K-major, 4
+  warps); GDN's caps (72 V-major, 80 at K = 256; 80 K-major) keep its token loop free of spills (what spills is
+  the state tile's store offsets, stored once before the loop and read once after it) and were
+  the fastest measured (H100; at 64 ptxas runs the row reductions one after another: T = 1 lost
+  6 points of copy). KDA: no cap.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
     K-major GDN steps of one token with g and beta given (binary_gate).
 num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
@@ -80,6 +81,13 @@ def block_v(k_dim: int, layout: str, gate: str = "gdn") -> int:
 MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 0, ("kmajor", "kda"): 0}
 
 
+def max_registers(k_dim: int, layout: str, gate: str) -> int:
+    """The cap of a variant: MAXNREG's, but 80 for V-major GDN's 256-column tile (q and k at eight
+    values a thread: at 72 ptxas spills inside the token loop)."""
+    cap = MAXNREG[layout, gate]
+    return 80 if (layout, gate, k_dim) == ("vmajor", "gdn", 256) else cap
+
+
 def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     """The `gate` axis of the binary that runs a call whose gate is `kind`: its own, except a
     K-major GDN step of one token with g and beta given, which runs the kda binary (its 4-warp
@@ -107,7 +115,7 @@ def variants():
 def launch(axes, arch: int) -> LaunchConfig:
     k, layout, gate = int(axes["k_dim"]), axes["layout"], axes["gate"]
     return LaunchConfig(num_warps=block_v(k, layout, gate) * k // 1024, num_stages=1,  # 32 floats a thread
-                        maxnreg=MAXNREG[layout, gate])
+                        maxnreg=max_registers(k, layout, gate))
 
 
 def axes_for(dtype: str, k_dim: int, layout: str, gate: str) -> dict:

@@ -62,7 +62,7 @@ def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
         assert cx["BV"] * 4 >= 128  # each K row of the 4-warp K-major tile is a full 128-byte line
     else:
         assert cfg.num_warps == 1  # every reduction inside the warp
-    assert cfg.maxnreg == spec.MAXNREG[axes["layout"], axes["gate"]]
+    assert cfg.maxnreg == spec.max_registers(axes["k_dim"], axes["layout"], axes["gate"])
     assert spec.launch(axes, 80) == cfg
     assert spec.grid(3, 5, 80, cx["BV"]) == (3 * 5 * -(-80 // cx["BV"]), 1, 1)
 
@@ -117,7 +117,7 @@ def test_sm90_state_moves_in_16_byte_vectors(layout, gate):
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["ld_v4"] >= 8 and got["st_v4"] == 8, got
     assert got["local"] == 0, got
-    cap = spec.MAXNREG[layout, gate]
+    cap = spec.max_registers(128, layout, gate)
     assert got["regs"] <= (cap or 255), got
     if (layout, gate) == ("vmajor", "gdn"):
         assert got["spill"] == 0, got

@@ -145,7 +145,7 @@ def sweep_decode(rows, copy_bw):
             out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
             axes, _grid, kargs = gd_op.launch_plan(*args, out, **kw)
             cfg = gd_spec.launch(axes, 90)
-            default = (gd_spec.constexprs(axes)["BV"], cfg.num_warps, cfg.maxnreg)
+            default = (gd_spec.constexprs(axes)["BV"], cfg.num_warps, cfg.maxnreg) if axes["gate"] == "gdn" else None
             for bv, warps, cap in SWEEP[layout]:
                 grid = gd_spec.grid(B, HV, V, bv)
 

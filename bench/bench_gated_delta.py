@@ -35,9 +35,9 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (64, 1, 16, 32, 128, 128),
     (256, 4, 16, 32, 128, 128),
 ]
-# (BV, num_warps) tried by --sweep, per layout: 32 fp32 state values a thread and neighbours.
-SWEEP = {"vmajor": [(4, 1), (8, 1), (16, 1), (8, 2), (16, 2), (32, 4), (64, 8)],
-         "kmajor": [(8, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8)]}
+# (BV, num_warps, maxnreg; 0: none) tried by --sweep for the GDN gate, per layout, at B 256 x T 1 and 4.
+SWEEP = {"vmajor": [(8, 1, 0), (8, 1, 64), (8, 1, 72), (16, 2, 0)],
+         "kmajor": [(8, 1, 0), (8, 1, 72), (8, 1, 80), (32, 4, 0)]}
 
 
 def decode_inputs(B, T, H, HV, K, V, layout, fused=False):
@@ -136,32 +136,36 @@ def bench_decode(rows, copy_bw, a):
 
 
 def sweep_decode(rows, copy_bw):
-    """The decode kernel at other tiles, through the JIT, at the first shape."""
-    B, T, H, HV, K, V = DECODE_SHAPES[0]
-    nbytes = 2 * B * HV * V * K * 4
-    print(f"\n-- sweep: B{B} T{T} H{H} HV{HV} K{K} V{V}, JIT, % of copy --")
-    for layout in gd_spec.LAYOUTS:
-        args, kw = decode_inputs(B, T, H, HV, K, V, layout)
-        out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
-        axes, _grid, kargs = gd_op.launch_plan(*args, out, **kw)
-        default = (gd_spec.block_v(K, layout), gd_spec.launch(axes, 90).num_warps)
-        for bv, warps in SWEEP[layout]:
-            grid = gd_spec.grid(B, HV, V, bv)
+    """The decode kernel (GDN gate) at other tiles and register caps, through the JIT, at B 256 x T 1 and 4."""
+    for B, T, H, HV, K, V in (DECODE_SHAPES[0], DECODE_SHAPES[2]):
+        nbytes = 2 * B * HV * V * K * 4
+        print(f"\n-- sweep: B{B} T{T} H{H} HV{HV} K{K} V{V}, GDN, JIT, % of copy --")
+        for layout in gd_spec.LAYOUTS:
+            args, kw = decode_inputs(B, T, H, HV, K, V, layout)
+            out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
+            axes, _grid, kargs = gd_op.launch_plan(*args, out, **kw)
+            cfg = gd_spec.launch(axes, 90)
+            default = (gd_spec.constexprs(axes)["BV"], cfg.num_warps, cfg.maxnreg) if axes["gate"] == "gdn" else None
+            for bv, warps, cap in SWEEP[layout]:
+                grid = gd_spec.grid(B, HV, V, bv)
 
-            def fn():
-                gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv, KMAJOR=int(layout == "kmajor"),
-                                                num_warps=warps, num_stages=1)
-            try:
-                t = device_time(fn)
-            except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
-                print(f"{layout:7s} BV {bv:3d} warps {warps}: failed ({type(e).__name__}: {str(e)[:80]})")
-                continue
-            mark = "  (spec default)" if (bv, warps) == default else ""
-            print(f"{layout:7s} BV {bv:3d} warps {warps}: {t * 1e6:8.1f} us {100 * nbytes / t / copy_bw:6.1f}%{mark}")
-            rows.add("gated_delta_decode_sweep", f"bf16,k{K},{layout},BV{bv},w{warps}", "jit",
-                     f"B{B} T{T} H{H} HV{HV} K{K} V{V}", "pct_of_copy", 100 * nbytes / t / copy_bw)
-        del args, kw, out, kargs
-        torch.cuda.empty_cache()
+                def fn():
+                    gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv,
+                                                    KMAJOR=int(layout == "kmajor"), PER_K=0, num_warps=warps,
+                                                    num_stages=1,
+                                                    **({"maxnreg": cap} if cap else {}))
+                try:
+                    t = device_time(fn)
+                except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
+                    print(f"{layout:7s} BV {bv:3d} warps {warps} cap {cap}: failed ({type(e).__name__}: {str(e)[:80]})")
+                    continue
+                mark = "  (spec default)" if (bv, warps, cap) == default else ""
+                print(f"{layout:7s} BV {bv:3d} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
+                      f"{100 * nbytes / t / copy_bw:6.1f}%{mark}")
+                rows.add("gated_delta_decode_sweep", f"bf16,k{K},{layout},gdn,BV{bv},w{warps},r{cap}", "jit",
+                         f"B{B} T{T} H{H} HV{HV} K{K} V{V}", "pct_of_copy", 100 * nbytes / t / copy_bw)
+            del args, kw, out, kargs
+            torch.cuda.empty_cache()
 
 
 SECTIONS = {"decode": bench_decode}

@@ -38,7 +38,7 @@ def main():
 
                     def fn():
                         gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv,
-                                                        KMAJOR=int(layout == "kmajor"), num_warps=warps,
+                                                        KMAJOR=int(layout == "kmajor"), PER_K=0, num_warps=warps,
                                                         num_stages=1, **({"maxnreg": cap} if cap else {}))
                     res.append(f"BV{bv}w{warps}r{cap} {100 * nbytes / device_time(fn) / bw:5.1f}")
                 print(f"B{B} T{T} {layout} {'fused' if fused else 'gdn'}: " + "  ".join(res), flush=True)

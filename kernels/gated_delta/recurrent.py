@@ -19,12 +19,19 @@ a few hundred bytes of q/k/v), so the layout of the tile is what matters:
               leave Triton unable to prove contiguity, and every state access would be a scalar.
 The other state strides (slot, head, the non-unit row stride) are runtime ints.
 
-GDN and KDA share one code path: the gate is read as a [K] vector with a runtime K stride, 0 for
-GDN (one value a head, broadcast over K). The fused-gate form (`fused` != 0) reads
-a (G), b (Beta), A_log and dt_bias instead of g and beta and computes
+The gate's shape is a constexpr (PER_K): GDN's one log-gate a head is a scalar, KDA's one a
+head and K channel a [BK] vector with a runtime K stride. The fused-gate form (`fused` != 0)
+reads a (G), b (Beta), A_log and dt_bias instead of g and beta and computes
 g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) here. Gate tensors (g, beta, a, b,
 A_log, dt_bias) arrive as byte pointers with a runtime dtype code each (0 fp32, 1 fp16, 2 bf16),
 so their dtype costs no binary: they are a few bytes a token next to the state.
+
+Registers decide the speed: a one-warp program holds 32 state floats a thread, and the fewer
+registers the rest takes, the more programs an SM keeps in flight to cover each token's memory
+round trip. So the GDN path holds nothing across the token loop that it can read again: its
+gate scalars (g, beta, and the fused form's A_log and dt_bias) are loaded each token, branch-free
+(_load_scalar) and before q/k/v, so one round trip serves the token; the state tile's offsets
+inside the head are int32; and the store's addresses are derived again after the loop.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
 of two, a constexpr) and every load and store along K or V is masked, so K = 60 or 100 runs in
@@ -54,6 +61,19 @@ def _load_f32(P, offs, code, mask):
     return x
 
 
+@triton.jit
+def _load_scalar(P, off, code, mask):
+    """`_load_f32` of one element without a branch on the code: its low (or only) 16 bits and,
+    when fp32, its high 16 bits two bytes on, each a load predicated by the code, so the load
+    issues beside the token's other loads and nothing waits on it before they are issued."""
+    p = P.to(tl.pointer_type(tl.uint16), bitcast=True) + off * tl.where(code == 0, 2, 1)
+    lo = tl.load(p, mask=mask, other=0).to(tl.uint32)
+    hi = tl.load(p + 1, mask=mask & (code == 0), other=0).to(tl.uint32)
+    f16 = lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    bits = tl.where(code == 0, lo | (hi << 16), lo << 16)  # fp32, or bf16 widened by its bits
+    return tl.where(code == 1, f16, bits.to(tl.float32, bitcast=True))
+
+
 @triton.jit(
     do_not_specialize=[
         "T", "HV", "group", "num_slots",
@@ -71,7 +91,7 @@ def gated_delta_decode_kernel(
     stride_sn, stride_sh, stride_srow,
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
-    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_v = tl.cdiv(V_DIM, BV)
@@ -87,21 +107,17 @@ def gated_delta_decode_kernel(
     v_mask = offs_v < V_DIM
     slot = tl.load(Idx + b)
     valid = (slot >= 0) & (slot < num_slots)
-    base = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    if KMAJOR:
-        s_offs = offs_k[None, :].to(tl.int64) * stride_srow + offs_v[:, None]
-    else:
-        s_offs = offs_v[:, None].to(tl.int64) * stride_srow + offs_k[None, :]
-    s_mask = valid & v_mask[:, None] & k_mask[None, :]
-    h = tl.load(base + s_offs, mask=s_mask, other=0.0)  # [BV, K] fp32
+    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
+                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
 
-    if fused:
-        # Per head: -exp(A_log) and dt_bias ([K] for KDA, stride_dk 0 for GDN), read once.
-        decay = -tl.exp(_load_f32(A_log, hv, alog_code, hv < HV))
-        dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
-    else:
-        decay = tl.full([], 0.0, tl.float32)
-        dt = tl.zeros([BK], dtype=tl.float32)
+    decay = tl.full([], 0.0, tl.float32)
+    dt = tl.zeros([BK], dtype=tl.float32)
+    if PER_K:
+        if fused:
+            # KDA: -exp(A_log) and the [K] dt_bias, read once (a vector is dearer to read each token).
+            decay = -tl.exp(_load_f32(A_log, hv, alog_code, hv < HV))
+            dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
 
     q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
     k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
@@ -109,23 +125,53 @@ def gated_delta_decode_kernel(
     o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    on = hv < HV
     for t in range(0, T):
+        # The gate's loads first: nothing between them and q/k/v's waits on a load.
+        if PER_K:
+            g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code, k_mask)  # [BK]
+        else:
+            g = _load_scalar(G, g_row + t * stride_gt, g_code, on)
+            a_log = _load_scalar(A_log, hv, alog_code, on & (fused != 0))
+            dt_h = _load_scalar(Dt_bias, hv * stride_dh, dt_code, on & (fused != 0))
+        beta = _load_scalar(Beta, beta_row + t * stride_bt, beta_code, on)
         q = tl.load(q_row + t * stride_qt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         k = tl.load(k_row + t * stride_kt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)
         if qk_l2norm:
             q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
             k = k / tl.sqrt(tl.sum(k * k) + L2NORM_EPS)
-        g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code, k_mask)  # [BK]
-        beta = _load_f32(Beta, beta_row + t * stride_bt, beta_code, hv < HV)
         if fused:
-            x = g + dt
-            g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+            if PER_K:
+                x = g + dt
+                g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+            else:
+                x = g + dt_h
+                g = -tl.exp(a_log) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
             beta = 1.0 / (1.0 + tl.exp(-beta))
-        h = h * tl.exp(g)[None, :]
+        if PER_K:
+            h = h * tl.exp(g)[None, :]
+        else:
+            h = h * tl.exp(g)
         v_new = beta * (v - tl.sum(h * k[None, :], 1))
         h = h + v_new[:, None] * k[None, :]
         o = tl.sum(h * q[None, :], 1) * scale
         o = tl.where(valid, o, 0.0)
         tl.store(o_row + t * stride_ot + offs_v, o.to(Out.dtype.element_ty), mask=v_mask)
-    tl.store(base + s_offs, h, mask=s_mask)
+    # The store's addresses come from a second read of the slot, so the compiler cannot keep the
+    # load's (a register a row) live across the token loop.
+    slot = tl.load(Idx + b)
+    valid = (slot >= 0) & (slot < num_slots)
+    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR), h,
+             mask=valid & v_mask[:, None] & k_mask[None, :])
+
+
+@triton.jit
+def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr):
+    """[BV, BK] int32 element offsets of the state tile inside its head (the loader checks that
+    a head's rows fit int32)."""
+    if KMAJOR:
+        return offs_k[None, :] * stride_srow + offs_v[:, None]
+    else:
+        return offs_v[:, None] * stride_srow + offs_k[None, :]

@@ -5,22 +5,27 @@ Axes (constexpr in the kernel):
   k_dim   the K tile BK: 64, 128, 256 (the state tile holds a whole row of K); K itself is a
           runtime int, any value up to the tile (block_k(K) picks the tile; K = 60 runs at 64)
   layout  the state pool: vmajor [slots, HV, V, K] (K contiguous) or kmajor [slots, HV, K, V]
-3 * 3 * 2 = 18 variants, each built at two specialization levels per arch. Everything else is
-runtime: K, V (any size up to 512; the grid tiles it), T, heads and GVA group, GDN vs KDA
-gates (a K stride of 0 for GDN), the fused-gate form, q/k L2 norm, and the dtypes of the gate
-tensors (a code each: fp32, fp16, bf16).
+  gate    gdn (one log-gate a head: a scalar, PER_K 0) or kda (one a head and K channel: a
+          [BK] vector, PER_K 1). Apart because the scalar path holds fewer registers.
+3 * 3 * 2 * 2 = 36 variants, each built at two specialization levels per arch. Everything else is
+runtime: K, V (any size up to 512; the grid tiles it), T, heads and GVA group, the fused-gate
+form, q/k L2 norm, and the dtypes of the gate tensors (a code each: fp32, fp16, bf16).
 
-The tile: BV value rows x K, fp32, held in registers across the T tokens, 32 floats a thread.
-  vmajor: BV = 1024 // K (16, 8, 4), one warp: a 4 KiB tile. This is the shape of
-    flash-linear-attention's fused_recurrent (BV 8, one warp at K = 128), measured at 97.7% of copy
-    bandwidth on the H100 (issue 19). Compiled for sm90 it takes 96 registers at K = 64 and 128
-    (119 at 256), no spills, one barrier a token; the 4-warp 32 x 128 tile takes 128 registers
-    and 17 barriers a token (cross-warp reductions), so it fits fewer programs an SM.
-  kmajor: BV = 32, so each K row of the tile is 128 contiguous bytes (one cache line; fla's K-first
-    path reads 32-byte rows, BV 8, and reaches 81%), K // 32 warps (125-127 registers on sm90).
+The tile: BV value rows x K, fp32, held in registers across the T tokens, 32 floats a thread,
+BV = 1024 // K (16, 8, 4) and one warp, in both layouts except KDA K-major. This is the shape
+of flash-linear-attention's fused_recurrent (BV 8, one warp at K = 128). One warp keeps every
+reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers and registers).
+  The register cap (maxnreg) sets how many one-warp programs an SM holds: 64 registers -> 32
+  (the most an SM takes), 72 -> 28, 80 -> 25, 96 -> 21. Compiled for sm90 at K = 128 without a
+  cap, ptxas takes GDN V-major 114, K-major 127 (one warp), KDA 96 (V-major) / 115 (K-major, 4
+  warps); GDN's caps (72 V-major, 80 at K = 256; 80 K-major) keep its token loop free of spills (what spills is
+  the state tile's store offsets, stored once before the loop and read once after it) and were
+  the fastest measured (H100; at 64 ptxas runs the row reductions one after another: T = 1 lost
+  6 points of copy). KDA: no cap.
+  kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
+    K-major GDN steps of one token with g and beta given (binary_gate).
 num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
-against the state tile). Not yet timed on a GPU: bench/bench_gated_delta.py --sweep times BV x
-warps through the JIT.
+against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.
 """
@@ -31,6 +36,7 @@ from aotc.kernels.variants import Arg, KernelSpec, LaunchConfig
 DTYPES = ("fp16", "bf16", "fp32")
 K_DIMS = (64, 128, 256)  # the K tiles built; K itself is any size up to MAX_K
 LAYOUTS = ("vmajor", "kmajor")
+GATES = ("gdn", "kda")
 MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
 MAX_K, MAX_V = 256, 512
 GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
@@ -58,7 +64,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K")
 
 
 def block_k(k: int) -> int:
@@ -66,30 +72,54 @@ def block_k(k: int) -> int:
     return next(t for t in K_DIMS if t >= k)
 
 
-def block_v(k_dim: int, layout: str) -> int:
+def block_v(k_dim: int, layout: str, gate: str = "gdn") -> int:
     """Value rows a program (see the module docstring)."""
-    return 32 if layout == "kmajor" else 1024 // k_dim
+    return 32 if (layout, gate) == ("kmajor", "kda") else 1024 // k_dim
+
+
+# ptxas register cap a thread, by (layout, gate); 0: none (see the module docstring)
+MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 0, ("kmajor", "kda"): 0}
+
+
+def max_registers(k_dim: int, layout: str, gate: str) -> int:
+    """The cap of a variant: MAXNREG's, but 80 for V-major GDN's 256-column tile (q and k at eight
+    values a thread: at 72 ptxas spills inside the token loop)."""
+    cap = MAXNREG[layout, gate]
+    return 80 if (layout, gate, k_dim) == ("vmajor", "gdn", 256) else cap
+
+
+def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
+    """The `gate` axis of the binary that runs a call whose gate is `kind`: its own, except a
+    K-major GDN step of one token with g and beta given, which runs the kda binary (its 4-warp
+    32-column tile, GDN's gate read as a vector of K stride 0). H100, B 256, % of copy: that tile
+    77.2 against the one-warp GDN tile's 71.2 at T = 1, 48.4 against 63.8 at T = 4; the fused
+    form ran faster in the GDN tile at T = 1 too (71.4 against main's 66.6). BENCHMARKS.md,
+    session 30."""
+    return "kda" if (kind, layout, tokens, fused) == ("gdn", "kmajor", 1, False) else kind
 
 
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
-    return {"BK": k, "BV": block_v(k, axes["layout"]), "KMAJOR": int(axes["layout"] == "kmajor")}
+    return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
+            "PER_K": int(axes["gate"] == "kda")}
 
 
 def variants():
     for dtype in DTYPES:
         for k in K_DIMS:
             for layout in LAYOUTS:
-                yield {"dtype": dtype, "k_dim": k, "layout": layout}
+                for gate in GATES:
+                    yield {"dtype": dtype, "k_dim": k, "layout": layout, "gate": gate}
 
 
 def launch(axes, arch: int) -> LaunchConfig:
-    k = int(axes["k_dim"])
-    return LaunchConfig(num_warps=block_v(k, axes["layout"]) * k // 1024, num_stages=1)  # 32 floats a thread
+    k, layout, gate = int(axes["k_dim"]), axes["layout"], axes["gate"]
+    return LaunchConfig(num_warps=block_v(k, layout, gate) * k // 1024, num_stages=1,  # 32 floats a thread
+                        maxnreg=max_registers(k, layout, gate))
 
 
-def axes_for(dtype: str, k_dim: int, layout: str) -> dict:
-    return {"dtype": dtype, "k_dim": k_dim, "layout": layout}
+def axes_for(dtype: str, k_dim: int, layout: str, gate: str) -> dict:
+    return {"dtype": dtype, "k_dim": k_dim, "layout": layout, "gate": gate}
 
 
 def grid(batch: int, hv: int, v_dim: int, bv: int) -> tuple[int, int, int]:

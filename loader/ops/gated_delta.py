@@ -178,24 +178,29 @@ def check_scale(scale, K, op) -> float:
 
 def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                   out):
-    """Every check that needs no tensor values; returns (Dims, scale, fused)."""
+    """Every check that needs no tensor values; returns (Dims, scale, fused, gate kind)."""
     guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
     d = check_qkv(q, k, v, OP, max_t=S.MAX_T)
     dev = q.device
-    _kind, fused = resolve_gates(g, beta, A_log, a, dt_bias, b, d, dev, OP)
+    kind, fused = resolve_gates(g, beta, A_log, a, dt_bias, b, d, dev, OP)
     check_state(state, state_layout, d, dev, OP)
+    rows, cols = state.shape[2], state.shape[3]
+    if (rows - 1) * state.stride(2) + cols > rules.I32_MAX:  # the kernel's offsets inside a head are int32
+        rules.fail(OP, "state", f"a head's rows within 2**31 elements ((rows - 1) * stride(2) + {cols})",
+                   f"stride(2) {state.stride(2)} over {rows} rows")
     check_state_indices(state_indices, d.B, dev, OP)
     if out is not None:
         check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
-    programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout))[0]
+    gate = S.binary_gate(kind, state_layout, d.T, fused)
+    programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout, gate))[0]
     if programs > rules.I32_MAX:
         rules.fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
               f"programs", f"{programs} programs")
     named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
     guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
-    return d, check_scale(scale, d.K, OP), fused
+    return d, check_scale(scale, d.K, OP), fused, kind
 
 
 def _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> dict:
@@ -221,10 +226,11 @@ class _Plan:
         self.eager_made = 0  # _Eager steady states made from this plan
 
 
-def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused):
+def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout)
+    gate = S.binary_gate(kind, state_layout, T, fused)
+    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout, gate)
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
     gs, bs = _strides(gt, 4), _strides(bt, 3)
@@ -264,9 +270,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l
                 A_log=None, a=None, dt_bias=None, b=None):
     """(axes, grid, args) of the kernel launch a checked call makes, args as Triton's JIT takes them
     (the bench's --sweep launches the same kernel with other tiles)."""
-    _d, scale, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
-                                     state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused)
+    _d, scale, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+                                           qk_l2norm, state_layout, out)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind)
     gt, bt = (a, b) if fused else (g, beta)
     al, dt = (A_log, dt_bias) if fused else (state_indices, state_indices)
     as_bytes = rules.as_bytes
@@ -276,9 +282,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l
 
 def _decode_op(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                out) -> None:
-    _d, scale, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
-                                     state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused)
+    _d, scale, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+                                           qk_l2norm, state_layout, out)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind)
     _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
 
 
@@ -354,7 +360,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
                 g = -exp(A_log) * softplus(a + dt_bias) (softplus threshold 20) and beta = sigmoid(b).
       state     fp32 pool, updated in place: [slots, HV, V, K] for state_layout="vmajor" (the
                 default, K contiguous) or [slots, HV, K, V] for "kmajor" (V contiguous). The
-                layout is always the argument's, never guessed from the shape. Other strides free.
+                layout is always the argument's, never guessed from the shape. Other strides free
+                (a head's rows within 2**31 elements).
       state_indices  [B] int32, contiguous: request b uses state[state_indices[b]]. An index < 0
                 is a padded row: its outputs are zeros and no state is read or written. (The
                 kernel also treats an index >= slots as padded, so nothing out of range is touched
@@ -395,10 +402,10 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
         key = plan = None
     if plan is None:
-        _d, scale_f, fused = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
-                                           qk_l2norm, state_layout, out)
+        _d, scale_f, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+                                                 qk_l2norm, state_layout, out)
         plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale_f, qk_l2norm, state_layout, out,
-                          fused)
+                          fused, kind)
         named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
         plan.apart = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
         _plans.put(key, plan)

@@ -70,16 +70,19 @@ def jit_only(tmp_path, monkeypatch):
     loader.set_artifacts(None)
 
 
-@pytest.mark.parametrize("layout", ["vmajor", "kmajor"])
+# Every binary the gate axis gives, and the unfused one-token K-major GDN step (it runs the kda binary).
+@pytest.mark.parametrize("layout,kda,T,fused", [("vmajor", False, 2, True), ("vmajor", True, 2, True),
+                                                ("kmajor", False, 1, False), ("kmajor", False, 2, True),
+                                                ("kmajor", True, 2, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_aot_equals_jit_bit_for_bit(jit_only, layout, dtype):
-    args, kw = make_case(B=256, T=2, H=16, HV=32, K=128, V=128, dtype=dtype, kda=layout == "kmajor", fused=True,
+def test_aot_equals_jit_bit_for_bit(jit_only, layout, kda, T, fused, dtype):
+    args, kw = make_case(B=256, T=T, H=16, HV=32, K=128, V=128, dtype=dtype, kda=kda, fused=fused,
                          qk_l2norm=True, layout=layout, pads=PADS, slots=260, device=DEV, seed=21)
     results = []
     for jit in (False, True):
         jit_only(jit)
         pool = args["state"].clone()
-        out = torch.full((256, 2, 32, 128), float("nan"), dtype=dtype, device=DEV)
+        out = torch.full((256, T, 32, 128), float("nan"), dtype=dtype, device=DEV)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader.gated_delta_decode(*[args[n] if n != "state" else pool for n in ORDER], **kw, out=out)

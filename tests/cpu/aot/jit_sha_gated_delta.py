@@ -8,7 +8,7 @@ import torch
 
 from tests.cpu.aot.jit_sha import jit_sha
 
-AXES = {"dtype": "bf16", "k_dim": 128, "layout": "vmajor"}
+AXES = {"dtype": "bf16", "k_dim": 128, "layout": "vmajor", "gate": "gdn"}
 FP32 = dict(AXES, dtype="fp32")
 
 

@@ -17,9 +17,9 @@ from aotc.kernels.variants import VariantKey
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    assert len(variants) == 18  # dtype 3 x K tile 3 x layout 2
+    assert len(variants) == 36  # dtype 3 x K tile 3 x layout 2 x gate 2
     keys = spec.DECODE.keys()
-    assert len(set(map(str, keys))) == 36
+    assert len(set(map(str, keys))) == 72
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("gated_delta_decode") is spec.DECODE
 
@@ -57,14 +57,27 @@ def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
     cfg = spec.launch(axes, 90)
     assert cx["BV"] * cx["BK"] == 32 * 32 * cfg.num_warps
     assert cx["BV"] & (cx["BV"] - 1) == 0 and cx["KMAJOR"] == (axes["layout"] == "kmajor")
-    if axes["layout"] == "kmajor":
-        assert cx["BV"] * 4 >= 128  # each K row of a K-major tile is a full 128-byte line
+    assert cx["PER_K"] == (axes["gate"] == "kda")
+    if (axes["layout"], axes["gate"]) == ("kmajor", "kda"):
+        assert cx["BV"] * 4 >= 128  # each K row of the 4-warp K-major tile is a full 128-byte line
+    else:
+        assert cfg.num_warps == 1  # every reduction inside the warp
+    assert cfg.maxnreg == spec.max_registers(axes["k_dim"], axes["layout"], axes["gate"])
     assert spec.launch(axes, 80) == cfg
     assert spec.grid(3, 5, 80, cx["BV"]) == (3 * 5 * -(-80 // cx["BV"]), 1, 1)
 
 
+def test_one_token_k_major_gdn_runs_the_kda_tile():
+    assert spec.binary_gate("gdn", "kmajor", 1, False) == "kda"
+    assert spec.binary_gate("gdn", "kmajor", 1, True) == "gdn"  # the fused form: its own tile
+    assert spec.binary_gate("gdn", "kmajor", 2, False) == "gdn"
+    assert [spec.binary_gate(g, "vmajor", t, f) for g in spec.GATES for t in (1, 4) for f in (False, True)] == \
+        ["gdn"] * 4 + ["kda"] * 4
+    assert spec.binary_gate("kda", "kmajor", 1, False) == "kda"
+
+
 _COMPILE = textwrap.dedent("""
-    import json, re, sys
+    import json, os, re, subprocess, sys, tempfile
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,21 +91,33 @@ _COMPILE = textwrap.dedent("""
                     attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in s.divisible_args("aligned")})
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=s.launch(axes, arch).triton_options())
     ptx = k.asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:  # ptxas's own account of registers and spills
+        open(os.path.join(d, "k.ptx"), "w").write(ptx)
+        ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+        info = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}a", os.path.join(d, "k.ptx"), "-o",
+                               os.path.join(d, "k.cubin")], capture_output=True, text=True).stderr
     print(json.dumps({"ld_v4": len(re.findall(r"ld\\.global[.a-z0-9]*\\.v4\\.b32", ptx)),
                       "st_v4": len(re.findall(r"st\\.global[.a-z0-9]*\\.v4\\.b32", ptx)),
-                      "local": ptx.count("ld.local") + ptx.count("st.local"), "shared": k.metadata.shared}))
+                      "local": ptx.count("ld.local") + ptx.count("st.local"), "shared": k.metadata.shared,
+                      "regs": int(re.search(r"Used (\\d+) registers", info).group(1)),
+                      "spill": int(re.search(r"(\\d+) bytes spill stores", info).group(1))}))
 """)
 
 
-@pytest.mark.parametrize("layout", spec.LAYOUTS)
-def test_sm90_state_moves_in_16_byte_vectors(layout):
+@pytest.mark.parametrize("layout,gate", [("vmajor", "gdn"), ("kmajor", "gdn"), ("kmajor", "kda")])
+def test_sm90_state_moves_in_16_byte_vectors(layout, gate):
     # 32 fp32 state values a thread: 8 vector loads and 8 vector stores, no scalar fallback,
-    # nothing spilled to local memory.
+    # nothing in local memory in the PTX; ptxas holds the register cap, and V-major GDN (the
+    # pool SGLang and vLLM keep) spills nothing under it.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    axes = {"dtype": "bf16", "k_dim": 128, "layout": layout}
+    axes = {"dtype": "bf16", "k_dim": 128, "layout": layout, "gate": gate}
     res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(axes), "90"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["ld_v4"] >= 8 and got["st_v4"] == 8, got
     assert got["local"] == 0, got
+    cap = spec.max_registers(128, layout, gate)
+    assert got["regs"] <= (cap or 255), got
+    if (layout, gate) == ("vmajor", "gdn"):
+        assert got["spill"] == 0, got

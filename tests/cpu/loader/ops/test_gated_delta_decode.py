@@ -183,3 +183,15 @@ def test_fullgraph_compile_traces_the_op():
     want = step(*a2)
     assert torch.equal(got, want)
     assert torch.equal(a1[5], a2[5]) and not torch.equal(a1[5], args["state"])  # the pool was updated in place
+
+
+def test_state_head_past_int32_offsets_is_refused():
+    # The kernel's offsets inside a head are int32: a pool whose rows are its outermost dim (every
+    # stride an int32, no element shared) but whose head spans past 2**31 elements is refused by
+    # name (a meta pool: such a view needs no memory there).
+    args, kw = _case()
+    meta = {n: t.to("meta") for n, t in args.items()}
+    meta["state"] = torch.empty_strided((9, 2, 32, 64), (64, 576, 70_000_000, 1), device="meta")
+    with pytest.raises(ValueError, match=r"state must be a head's rows within 2\*\*31 elements") as info:
+        loader.gated_delta_decode(*[meta[n] for n in ORDER], **kw, validate=False)
+    assert "stride(2) 70000000 over 32 rows" in str(info.value)

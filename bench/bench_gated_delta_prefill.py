@@ -15,8 +15,8 @@ the device-to-device copy bandwidth of the same run). Rows: JSON lines at --out.
 
 On sm90 the op's state pass is the warp-specialized Gluon kernel (state_ws_spec), and the variant
 string says so (",gluon_state"); AOTC_GDN_STATE_WS=0 times the Triton state pass (",triton_state").
---kernels: also each call's time split by kernel (aotc both layouts, fla state_v_first), for seeing
-which pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
+--kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
+pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
 --prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
 num_stages and maxnreg (0: none), JIT, with its registers and spills.
 
@@ -161,8 +161,7 @@ def sweep(rows):
             for bv, warps, stages in STATE_SWEEP:
                 def st():
                     chunk_kernels.gdn_chunk_state[(idx.shape[0], HV, V // bv)](
-                        *sargs, HEAD_K=K, HEAD_V=V, BV=bv, TF32=1, K_DIRECT=0,  # Kg at every tile: one workspace
-                        num_warps=warps, num_stages=stages)
+                        *sargs, HEAD_K=K, HEAD_V=V, BV=bv, TF32=1, num_warps=warps, num_stages=stages)
                 _sweep_row(rows, f"state BV {bv:2d} warps {warps} stages {stages}", st,
                            (bv, warps, stages) == (saxes["bv"], default.num_warps, default.num_stages),
                            f"bf16,k{K},v{V},BV{bv},w{warps},s{stages}", "gated_delta_prefill_state_sweep")
@@ -254,9 +253,8 @@ def main():
                 times[layout] = kernel_time(call)
                 if layout == "vmajor":
                     times["events"] = device_time(call)
-                if a.kernels:  # the variant names the pool's layout where it is K-major
-                    print_split(rows, "aotc", f"{name} h{H}/{HV}",
-                                f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}" + (",kmajor" if layout == "kmajor" else ""),
+                if a.kernels and layout == "vmajor":
+                    print_split(rows, "aotc", f"{name} h{H}/{HV}", f"bf16,k{K},v{V},{'kda' if kda else 'gdn'}",
                                 kernel_split(call))
                 fn, why = fla_call(q, k, v, g, beta, lengths, kda, layout == "vmajor") if a.fla else (None, "")
                 times["fla_" + layout] = kernel_time(fn) if fn else float("nan")

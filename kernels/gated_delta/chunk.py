@@ -18,19 +18,16 @@ A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the 
 chunk-wide too, in 32-channel steps, _kda_chunk_a), inverts I + A (GDN: by ten [64, 64] products,
 _inverse_doubling; KDA: the diagonal 16 x 16 blocks by batched products, then four [64, 64] ones,
 _kda_inverse) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots,
-and Aqk (input dtype), exp(G_last) (fp32, per K), Qg = scale q Gam and Kg = k exp(G_last - G):
-for KDA as [T, HV, K] tiles; for GDN, where Gam is a scalar a token, the row factors
-Fq = scale Gam / |q| and Fk = exp(G_last - G) / |k| (fp32 [T, HV]; the state pass reads q itself
-and scales its rows of q h by Fq: a [T, HV, K] write and its read back saved), and Kg only for
-the state pass's narrow tile: its wide tile reads k itself and scales V''s rows by Fk before
-k^T V' (a second such write and read saved). GDN at fp32 in the 256 tile works in 16-row
-sub-blocks instead (chunk_spec.prep_subblocks) and writes Qg, Kg as KDA. Registers and spills of
-each version: the kernel's comment.
+and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K) and Qg = scale q Gam:
+for KDA as a [T, HV, K] tile; for GDN, where
+Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
+reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). GDN at fp32 in
+the 256 tile works in 16-row sub-blocks instead (chunk_spec.prep_subblocks). Registers and
+spills of each version: the kernel's comment.
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
-Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V' (the wide tile: Ks^T (Fk V'), Ks k or Kg). It
-needs no gate, norm or exp of its own, so one binary serves GDN and KDA, and no per-chunk state
-is written to memory.
+Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so
+one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
 and more, so exp(-G_j) overflows within a chunk). Every pair is split at a cumulative gate R
@@ -58,7 +55,6 @@ CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
 KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
-F16_MAX = tl.constexpr(65504.0)  # fp16's largest finite value (_scaled_rows)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -274,14 +270,16 @@ def _assemble(x00, x11, x22, x33, x10, x20, x21, x30, x31, x32):
 
 
 @triton.jit
-def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Kg, Aqk, t, m, hv, HV, qk_l2norm, write_kg, scale, RL,
+def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Kg, Aqk, t, m, hv, HV, qk_l2norm, scale, RL,
                  HEAD_K: tl.constexpr, TF32: tl.constexpr):
-    """GDN, whole chunk, from its q, k rows (input dtype), gates and beta: writes Fq and Fk (q's
-    and k's row factors for the state pass, see gdn_chunk_prep), Kg rows if write_kg, Aqk rows;
-    returns A [64, 64] (strictly lower, with beta) and k's row factor for W (beta exp(G) / |k|).
+    """GDN, whole chunk, from its q, k rows (input dtype), gates and beta: writes Fq (q's row
+    factor, see gdn_chunk_prep), Kg, Aqk rows; returns A [64, 64] (strictly lower, with beta) and
+    k's row factor for W (beta exp(G) / |k|).
     A scalar gate per token makes exp(G_r - G_c) (r >= c, <= 1) safe chunk-wide; q and k enter the
     dots in the input dtype (fp32 accumulate; bf16 rounds normalized values to 8 bits, as fla does)."""
+    offs_k = tl.arange(0, HEAD_K)
     Gc = tl.cumsum(g, 0)
+    rows = (t[:, None] * HV + hv) * HEAD_K + offs_k[None, :]
     dt = q_in.dtype
     # q, then k: each goes to the input dtype once used, so no two [64, K] fp32 tiles are live.
     q = q_in.to(tl.float32)
@@ -294,16 +292,11 @@ def _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Kg, Aqk, t, m, hv, HV, qk_l2norm, 
     qb = q.to(dt)
     k = k_in.to(tl.float32)
     fk = beta * tl.exp(Gc)  # G <= 0
-    fs = tl.exp(RL - Gc)  # k's row factor in the state update, exp(G_last - G) / |k|
     if qk_l2norm != 0:
         rk = 1.0 / tl.sqrt(tl.sum(k * k, 1) + L2NORM_EPS)
         k = k * rk[:, None]
         fk = fk * rk
-        fs = fs * rk
-    tl.store(Fk + t * HV + hv, fs, mask=m)
-    if write_kg != 0:
-        rows = (t[:, None] * HV + hv) * HEAD_K + tl.arange(0, HEAD_K)[None, :]
-        tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
+    tl.store(Kg + rows, (k * tl.exp(RL - Gc)[:, None]).to(Kg.dtype.element_ty), mask=m[:, None])
     kb = k.to(dt)
     kt = tl.trans(kb)
     r = tl.arange(0, CHUNK)
@@ -498,24 +491,20 @@ def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
     return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
 
 
-@triton.jit(do_not_specialize=["qk_l2norm", "write_kg", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh",
-                                "s_bt", "s_bh"],
+@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
-    Q, K, V, G, Beta, W, U, Qg, Fq, Fk, Kg, Aqk, Decay, Cu_seqlens, State_indices,
-    scale, qk_l2norm, write_kg, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
+    Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
+    scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
     MERGE_TF32: tl.constexpr,
 ):
-    """One chunk of one value head: W, U [T, HV, *] and Aqk [T, HV, 64] rows of the chunk (input
-    dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query and key rows: GDN
-    (a scalar gate a token) writes their factors Fq [T, HV] = scale exp(G) / |q| and
-    Fk [T, HV] = exp(G_last - G) / |k| (fp32; the state pass reads q itself and scales q h's rows
-    by Fq), and Kg = k exp(G_last - G) / |k| only where write_kg != 0 (the narrow state tile reads
-    Kg; the wide one reads k and scales V''s rows by Fk); KDA (and GDN's sub-block version) writes
-    Qg = scale q exp(G), Kg = k exp(G_last - G) and Fq = Fk = 1 whatever write_kg. Grid (chunk
-    slots x HV,): program i is chunk slot i // HV, value head i % HV."""
+    """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
+    (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
+    (a scalar gate a token) writes only their factor Fq [T, HV] = scale exp(G) / |q| (fp32; the
+    state pass scales q h's rows by it and reads q itself), KDA writes Qg = scale q exp(G) and
+    Fq = 1. Grid (chunk slots x HV,): program i is chunk slot i // HV, value head i % HV."""
     # Value heads vary fastest: the programs of one chunk run side by side, so q and k rows shared by
     # a GVA group come from L2 and the workspace rows they write are contiguous
     # (BENCHMARKS.md, "Gated delta prefill precompute, session 29").
@@ -563,7 +552,6 @@ def gdn_chunk_prep(
         # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        tl.store(Fk + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
         a, ad, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
                                      s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
         x = _kda_inverse(a, ad, TF, EXACT)
@@ -590,7 +578,6 @@ def gdn_chunk_prep(
         _store_qg_kg(Qg, Kg, q, k, Gi, RL, scale, t0, 0, end, hv64, HV, HEAD_K)
         tq = t0 + tl.arange(0, CHUNK)
         tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        tl.store(Fk + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
         a00, q00 = _diag(q, k, Gi, bi, scale, rows, cols, Q.dtype.element_ty, MERGE_TF32)
         _store_aqk(Aqk, q00, zero, zero, zero, t0, 0, end, hv64, HV)
         q = _load_k(Q, t0, 1, end, hk, s_qt, s_qh, offs_k, K_DIM, qk_l2norm)
@@ -654,8 +641,8 @@ def gdn_chunk_prep(
         k_in = tl.load(K + t[:, None] * s_kt + hk * s_kh + offs_k[None, :], mask=km, other=0.0)
         RL = tl.sum(g, 0)  # the gate at the last token
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
-        a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Fk, Kg, Aqk, t, m, hv64, HV, qk_l2norm, write_kg, scale, RL,
-                             HEAD_K, MERGE_TF32)
+        a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Kg, Aqk, t, m, hv64, HV, qk_l2norm, scale, RL, HEAD_K,
+                             MERGE_TF32)
         x = _inverse_doubling(a, TF, EXACT)
 
     # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
@@ -718,34 +705,18 @@ def _store_aqk(Aqk, c0, c1, c2, c3, t0, b, end, hv, HV):
     tl.store(ptrs + 3 * SUB, c3.to(dt), mask=m)
 
 
-@triton.jit
-def _scaled_rows(vf, fk, DT: tl.constexpr):
-    """V''s rows times k's row factor (GDN: exp(G_last - G) / |k|, up to 1 / sqrt(eps) for a zero
-    key), rounded once to DT. fp16 saturates at its largest finite value: a near-zero key's row past
-    it would be inf, and inf x 0 in k^T V' a NaN (the row's true contribution is at most |V'|).
-    The Gluon state pass forms the same values (chunk_state_ws._consumer)."""
-    x = vf * fk[:, None]
-    if DT == tl.float16:
-        x = tl.where(x > F16_MAX, F16_MAX, tl.where(x < -F16_MAX, -F16_MAX, x))  # NaN stays NaN
-    return x.to(DT)
-
-
 @triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state(
-    W, U, Qs, Fq, Fk, Ks, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
-    num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr, K_DIRECT: tl.constexpr,
+    W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
+    num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr,
 ):
     """The inter-chunk recurrence and the output of one sequence, one value head, BV values.
     Grid (sequences, HV, HEAD_V // BV). The query rows are Qs[t, hv // group] (strides s_qt,
-    s_qh) times Fq[t, hv]: GDN passes q itself (group HV // H) and the prep's factors, KDA (and
-    GDN's sub-block prep) the prep's Qg (group 1) and ones. The state update h += Kg^T V' reads
-    the prep's Kg workspace [T, HV, HEAD_K] as Ks; with K_DIRECT (chunk_spec.state_constexprs: the
-    ALIGNED wide tiles) Ks[t, hv // group] by its strides (s_kt, s_kh: k itself for GDN, Kg for
-    KDA) instead, with V''s rows times Fk[t, hv] (GDN: exp(G_last - G) / |k|; else ones), and Fk
-    is read only then. The pool is read and written by strides (s_sv, s_sk: V-major has s_sk == 1,
-    K-major s_sv == 1), so one binary serves both layouts."""
+    s_qh) times Fq[t, hv]: GDN passes q itself (group HV // H) and the prep's factors, KDA the
+    prep's Qg (group 1) and ones. The pool is read and written by strides (s_sv, s_sk: V-major has
+    s_sk == 1, K-major s_sv == 1), so one binary serves both layouts."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
     vt = tl.program_id(2)
@@ -779,23 +750,12 @@ def gdn_chunk_state(
         u = tl.load(U + (t[:, None] * HV + hv) * HEAD_V + offs_v[None, :], mask=m, other=0.0)
         q = tl.load(Qs + t[:, None] * s_qt + hq * s_qh + offs_k[None, :], mask=m & k_in[None, :], other=0.0)
         fq = tl.load(Fq + t * HV + hv, mask=t < end, other=0.0)
-        # The wide tile reads k itself (no Kg workspace written or read); the narrow one, at V / 32
-        # programs a head, Kg (BENCHMARKS.md, "Gated delta prefill: k in the state pass").
-        if K_DIRECT:
-            fk = tl.load(Fk + t * HV + hv, mask=t < end, other=0.0)
-            kt = tl.load(Ks + t[None, :] * s_kt + hq * s_kh + offs_k[:, None],
-                         mask=(t < end)[None, :] & k_in[:, None], other=0.0)
-        else:
-            kt = tl.load(Ks + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
+        kgt = tl.load(Kg + (t[None, :] * HV + hv) * HEAD_K + offs_k[:, None], mask=(t < end)[None, :], other=0.0)
         aqk = tl.load(Aqk + (t[:, None] * HV + hv) * CHUNK + offs_c[None, :], mask=m, other=0.0)
         decay = tl.load(Decay + ((first_slot + c).to(tl.int64) * HV + hv) * HEAD_K + offs_k)
         hb = h.to(w.dtype)
-        vf = u.to(tl.float32) - _dot(w, hb, TF32)
-        vnew = vf.to(w.dtype)
+        vnew = (u.to(tl.float32) - _dot(w, hb, TF32)).to(w.dtype)
         o = _dot(q, hb, TF32) * fq[:, None] + _dot(aqk, vnew, TF32)
         tl.store(Out + t[:, None] * s_ot + hv * s_oh + offs_v[None, :], o.to(dt), mask=m & v_in[None, :])
-        if K_DIRECT:
-            h = h * decay[:, None] + _dot(kt, _scaled_rows(vf, fk, w.dtype), TF32)
-        else:
-            h = h * decay[:, None] + _dot(kt, vnew, TF32)
+        h = h * decay[:, None] + _dot(kgt, vnew, TF32)
     tl.store(s_ptrs, h, mask=s_mask)

@@ -45,17 +45,6 @@ def state_block_vs(head_k: int, head_v: int, dtype: str = "bf16") -> tuple[int, 
     return (NARROW_BV, head_v)
 
 
-def state_reads_k(bv: int) -> bool:
-    """Whether the ALIGNED state pass at value tile bv reads k (or KDA's Kg) by its key head and
-    scales V''s rows by Fk, so that GDN's prep writes no Kg (chunk.gdn_chunk_state's K_DIRECT; the
-    Gluon pass alike): the wide tiles. The narrow one, at V / 32 programs a head reading each
-    chunk's key rows, reads the Kg workspace: reading k there measured slower on the H100
-    (BENCHMARKS.md, "Gated delta prefill: k in the state pass"). The GENERIC binaries never read k
-    (K_DIRECT 0 at every tile: their 16-warp one-stage config is the one whose 256-tile binary
-    faulted reading k, and the wide one was not run reading it)."""
-    return bv > NARROW_BV
-
-
 def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int, dtype: str = "bf16") -> int:
     """BV for a state-pass call with grid (num_seqs, hv, head_v // BV): the wide tile when it alone
     gives at least one program an SM (num_seqs * hv * (head_v // wide) >= sms), else 32.
@@ -70,7 +59,7 @@ def state_block_v(num_seqs: int, hv: int, head_k: int, head_v: int, sms: int, dt
         BV64 w8 s3 0.487, BV128 w8 s2 0.373 (best), BV128 w16 s2 0.640, BV128 w8 s1 0.452.
         Here 256 * 1 >= 132 -> 128.
     Near one program an SM BV32 wins (V / 32 times the programs for the sequential walk over
-    chunks); past it the wide tile wins (each chunk's W, q, k tiles read once, not V / 32 times).
+    chunks); past it the wide tile wins (each chunk's W, q, Kg tiles read once, not V / 32 times).
     Outputs and final states of every config that ran were bit-identical to BV32 w4 s2's. The
     threshold between the two shapes is not measured finer than that; BV64 at V = 64 not measured.
     """
@@ -84,12 +73,11 @@ PREP_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V"))
     + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"))
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg"))
-    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("Fq", "Fk"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
     + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk"))
     + (Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
-       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("write_kg", "i32"), Arg("num_seqs", "i32"),
-       Arg("num_slots", "i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
        Arg("HV", "i32"),
        Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
     # q/k/v token and head strides: multiples of 16 elements for contiguous tensors at these
@@ -100,23 +88,22 @@ PREP_ARGS = (
 
 STATE_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qs"))
-    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("Fq", "Fk"))
-    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Ks", "Aqk", "Out"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk", "Out"))
     + (Arg("State", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"), Arg("group", "i32"),
        Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
-    # the query and key rows' strides (q's and k's, or the Qg and Kg workspaces'), as the output's:
-    # multiples of 16
-    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_ot", "s_oh"))
+    # the query rows' strides (q's or the Qg workspace's), as the output's: multiples of 16
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_ot", "s_oh"))
     # pool strides: one of the last two is 1 (V-major or K-major), so none is assumed
     + tuple(Arg(n, "i32") for n in ("s_sn", "s_sh", "s_sv", "s_sk"))
 )
 
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
-    """Whether the precompute works in 16-row sub-blocks and writes Qg and Kg (the state pass then
-    reads them, group 1, not q and k): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
+    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
+    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
     [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
     return kda or (dtype == "fp32" and head_k > 128)
 
@@ -140,12 +127,7 @@ def state_target_constexprs(axes, arch) -> dict:
 
 
 def state_constexprs(axes) -> dict:
-    bv = int(axes["bv"])
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": bv, "K_DIRECT": int(state_reads_k(bv))}
-
-
-def state_constexprs_generic(axes) -> dict:
-    return dict(state_constexprs(axes), K_DIRECT=0)  # state_reads_k: never at GENERIC
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "BV": int(axes["bv"])}
 
 
 def prep_variants():
@@ -185,7 +167,7 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
 
 
 def state_launch(axes, arch: int) -> LaunchConfig:
-    # Stages prefetch later chunks' W, q, k (16 KiB each at K = 128, bf16), U and Aqk while the
+    # Stages prefetch later chunks' W, q, Kg (16 KiB each at K = 128, bf16), U and Aqk while the
     # dots of this one run. Triton 3.6's BV 32 binaries at K = V = 128 (3 stages) take 188 KiB of
     # shared memory on sm90 and 128 KiB on sm80 (inside 227 / 163 KiB). At K = V = 256 (one
     # stage, 124 KiB) the H100 run at d62b607 found Triton 3.6's binary wrong below 16 warps: 8
@@ -276,7 +258,7 @@ GDN_CHUNK_STATE = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32", "K_DIRECT"),
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
     constexprs=state_constexprs,
     target_constexprs=state_target_constexprs,
     variants=state_variants,
@@ -290,8 +272,8 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32", "K_DIRECT"),
-    constexprs=state_constexprs_generic,
+    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
+    constexprs=state_constexprs,
     target_constexprs=state_target_constexprs,
     variants=state_variants,
     launch=state_launch_generic,

@@ -4,16 +4,13 @@ The same recurrence, arguments and grid (sequences, HV, HEAD_V // BV) as chunk.p
 gdn_chunk_state, for 16-bit inputs at K, V tiles <= 128:
 
   producer (4 warps; 8 beside two consumers, so the launch's warps stay a power of two): per chunk,
-      cp.async copies of W, q, Kg or k [64, K] (q and k by their key head's strides), Aqk [64, 64],
-      U [64, BV] and the decay [K] into a ring of STAGES shared-memory stages (mbarriers
-      full/empty), as far ahead as the ring allows.
+      cp.async copies of W, q, Kg [64, K], Aqk [64, 64], U [64, BV] and the decay [K] into a ring of
+      STAGES shared-memory stages (mbarriers full/empty), as far ahead as the ring allows.
   NC consumers (one warpgroup each, the first the default partition), BV // NC value columns each:
       the state tile h [K, BV // NC] in fp32 registers and its 16-bit copy in shared memory (wgmma's
       B operand). Per chunk only W h -> V' = U - W h -> h exp(G_last) + Kg^T V' is sequential; q h
       and Aqk V' are issued asynchronously beside it (wgmma groups retire in order, so each wait
       names what it needs). Two consumers share one ring: the chunk's tiles are read once a head.
-      At a tile wider than NARROW_BV the update is k^T (Fk V'), as chunk.py's (Fk V' in a buffer
-      of its own: V' stays Aqk V''s B operand).
 
 The state update is chunk.py's products in the same dtypes (final states bit-identical to it on the
 H100); the output sums q h fq + Aqk V' in another order. Served where the op asks for it
@@ -27,8 +24,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 CHUNK = gl.constexpr(64)
-F16_MAX = gl.constexpr(65504.0)
-NARROW_BV = gl.constexpr(32)  # chunk_spec.NARROW_BV
 CONSUMER_WARPS = gl.constexpr(4)  # a warpgroup; the first is the default partition (the launch's num_warps)
 
 
@@ -46,9 +41,9 @@ def _copy_rows(dst, P, t0, end, s_t, off, n_cols, D: gl.constexpr, PW: gl.conste
 
 
 @gluon.jit
-def _producer(W, U, Qs, Ks, Aqk, Decay, w_s, u_s, q_s, k_s, a_s, d_s, full, empty, start, end, n_chunks,
-              first_slot, hv, hq, HV, s_qt, s_qh, s_kt, s_kh, K_DIM, v0, HEAD_K: gl.constexpr, HEAD_V: gl.constexpr,
-              BC: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr, DIRECT: gl.constexpr):
+def _producer(W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+              first_slot, hv, hq, HV, s_qt, s_qh, K_DIM, v0, HEAD_K: gl.constexpr, HEAD_V: gl.constexpr,
+              BC: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr, PW: gl.constexpr):
     ld1: gl.constexpr = gl.BlockedLayout(size_per_thread=[4], threads_per_warp=[32], warps_per_cta=[PW],
                                          order=[0])
     offs_d = gl.arange(0, HEAD_K, layout=ld1)
@@ -61,10 +56,7 @@ def _producer(W, U, Qs, Ks, Aqk, Decay, w_s, u_s, q_s, k_s, a_s, d_s, full, empt
         _copy_rows(q_s.index(st), Qs, t0, end, s_qt, hq * s_qh, K_DIM, HEAD_K, PW)
         for i in gl.static_range(NC):  # each consumer's columns of U
             _copy_rows(u_s.index(st * NC + i), U, t0, end, HV * HEAD_V, hv * HEAD_V + v0 + i * BC, BC, BC, PW)
-        if DIRECT:  # k (or KDA's Kg) by its key head's strides
-            _copy_rows(k_s.index(st), Ks, t0, end, s_kt, hq * s_kh, K_DIM, HEAD_K, PW)
-        else:  # the narrow tile: the Kg workspace, a value head's rows
-            _copy_rows(k_s.index(st), Ks, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K, PW)
+        _copy_rows(kg_s.index(st), Kg, t0, end, HV * HEAD_K, hv * HEAD_K, HEAD_K, HEAD_K, PW)
         _copy_rows(a_s.index(st), Aqk, t0, end, HV * CHUNK, hv * CHUNK, CHUNK, CHUNK, PW)
         async_copy.async_copy_global_to_shared(
             d_s.index(st), Decay + ((first_slot + c).to(gl.int64) * HV + hv) * HEAD_K + offs_d)
@@ -98,11 +90,10 @@ def _state_mask(K_DIM, valid, v_in, HEAD_K: gl.constexpr, rows_l: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s, full, empty, start, end, n_chunks,
-              n_zero, valid, slot, hv, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K: gl.constexpr,
-              BV: gl.constexpr, NC: gl.constexpr, CI: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr):
-    """Consumer CI of NC: columns [v0, v0 + BV) of the program's value tile. DIRECT: the state
-    update takes k's rows and V''s rows times Fk (vk_s), else Kg's rows and V' (vk_s is vn_s)."""
+def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, empty, start, end, n_chunks, n_zero,
+              valid, slot, hv, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K: gl.constexpr,
+              BV: gl.constexpr, NC: gl.constexpr, CI: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer CI of NC: columns [v0, v0 + BV) of the program's value tile."""
     DT: gl.constexpr = w_s.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                   instr_shape=[16, BV, 16])
@@ -122,8 +113,6 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
     h_s.store(h.to(DT))
     fence_async_shared()
     zero = gl.zeros([CHUNK, BV], gl.float32, layout=mma)
-    if DIRECT:  # k's row factors a chunk ahead: V''s rows need them right after W h
-        fk_next = gl.load(Fk + (start + offs_c).to(gl.int64) * HV + hv, mask=start + offs_c < end, other=0.0)
     for c in range(n_chunks):
         st = c % STAGES
         ph = (c // STAGES) & 1
@@ -131,26 +120,17 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
         tm = t < end
         t64 = t.to(gl.int64)
         fq = gl.load(Fq + t64 * HV + hv, mask=tm, other=0.0)
-        if DIRECT:
-            fk = fk_next
-            fk_next = gl.load(Fk + (t64 + CHUNK) * HV + hv, mask=t + CHUNK < end, other=0.0)
         mbarrier.wait(full.index(st), ph)
         fence_async_shared()  # the stage came by cp.async (generic proxy); wgmma reads it (async proxy)
         wh = warpgroup_mma(w_s.index(st), h_s, zero, use_acc=False, is_async=True)
         qh = warpgroup_mma(q_s.index(st), h_s, zero, use_acc=False, is_async=True)
         wh = warpgroup_mma_wait(num_outstanding=1, deps=(wh,))
         u = u_s.index(st * NC + CI).load(mma)
-        vf = u.to(gl.float32) - wh
-        vn_s.store(vf.to(DT))
-        if DIRECT:
-            vk = vf * gl.expand_dims(fk, 1)
-            if DT == gl.float16:  # saturated as chunk._scaled_rows does (a zero key's row: no inf x 0)
-                vk = gl.where(vk > F16_MAX, F16_MAX, gl.where(vk < -F16_MAX, -F16_MAX, vk))
-            vk_s.store(vk.to(DT))
+        vn_s.store((u.to(gl.float32) - wh).to(DT))
         fence_async_shared()
         dec = d_s.index(st).load(rows_l)
         h = h * gl.expand_dims(dec, 1)
-        hn = warpgroup_mma(k_s.index(st).permute((1, 0)), vk_s, h, is_async=True)
+        hn = warpgroup_mma(kg_s.index(st).permute((1, 0)), vn_s, h, is_async=True)
         o = warpgroup_mma(a_s.index(st), vn_s, zero, use_acc=False, is_async=True)
         h, qh = warpgroup_mma_wait(num_outstanding=1, deps=(hn, qh))
         h_s.store(h.to(DT))
@@ -168,8 +148,8 @@ def _consumer(Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s, vn_s, vk_s,
 @gluon.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "group", "s_sn", "s_sh", "s_sv", "s_sk"],
            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices"])
 def gdn_chunk_state_ws(
-    W, U, Qs, Fq, Fk, Ks, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
-    num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_kt, s_kh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
+    W, U, Qs, Fq, Kg, Aqk, Out, State, Decay, Cu_seqlens, State_indices,
+    num_seqs, num_slots, HV, group, K_DIM, V_DIM, s_qt, s_qh, s_ot, s_oh, s_sn, s_sh, s_sv, s_sk,
     HEAD_K: gl.constexpr, HEAD_V: gl.constexpr, BV: gl.constexpr, NC: gl.constexpr,
 ):
     """chunk.gdn_chunk_state's contract: one sequence, one value head, BV values a program, split
@@ -184,10 +164,9 @@ def gdn_chunk_state_ws(
     PW: gl.constexpr = 8 if NC == 2 else 4
     PRODUCER_REGS: gl.constexpr = 48 if NC == 2 else 72
     CONSUMER_REGS: gl.constexpr = 208
-    # the ring: stages of W, q, k [64, K], Aqk [64, 64], U [64, BV], decay [K] (bf16, K 128: 61 KiB
-    # at BV 32, 73 at 128), beside h, V' and Fk V' (16 KiB a 32-column consumer)
+    # the ring: stages of W, q, Kg [64, K], Aqk [64, 64], U [64, BV], decay [K] (bf16, K 128: 61 KiB
+    # at BV 32, 73 at 128), beside h and V' (12 KiB a 32-column consumer)
     STAGES: gl.constexpr = 3 if BV * HEAD_K <= 64 * 128 else 2
-    DIRECT: gl.constexpr = BV > NARROW_BV  # chunk.gdn_chunk_state's choice of k or Kg
     DT: gl.constexpr = W.dtype.element_ty
     n = gl.program_id(0)
     hv = gl.program_id(1)
@@ -207,17 +186,13 @@ def gdn_chunk_state_ws(
     row_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, HEAD_K], DT)
     w_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
     q_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
-    k_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
+    kg_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, HEAD_K], row_sl)
     a_s = gl.allocate_shared_memory(DT, [STAGES, CHUNK, CHUNK], gl.NVMMASharedLayout.get_default_for([CHUNK, CHUNK], DT))
     u_s = gl.allocate_shared_memory(DT, [STAGES * NC, CHUNK, BC], gl.NVMMASharedLayout.get_default_for([CHUNK, BC], DT))
     d_s = gl.allocate_shared_memory(gl.float32, [STAGES, HEAD_K],
                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
     h_s = gl.allocate_shared_memory(DT, [NC, HEAD_K, BC], gl.NVMMASharedLayout.get_default_for([HEAD_K, BC], DT))
     vn_s = gl.allocate_shared_memory(DT, [NC, CHUNK, BC], gl.NVMMASharedLayout.get_default_for([CHUNK, BC], DT))
-    if DIRECT:
-        vk_s = gl.allocate_shared_memory(DT, [NC, CHUNK, BC], gl.NVMMASharedLayout.get_default_for([CHUNK, BC], DT))
-    else:
-        vk_s = vn_s
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -228,22 +203,20 @@ def gdn_chunk_state_ws(
     first_slot = start // CHUNK + n
     if NC == 1:
         gl.warp_specialize([
-            (_consumer, (Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s.index(0), vn_s.index(0), vk_s.index(0),
-                         full, empty, start, end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot,
-                         s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K, BC, NC, 0, STAGES, DIRECT)),
-            (_producer, (W, U, Qs, Ks, Aqk, Decay, w_s, u_s, q_s, k_s, a_s, d_s, full, empty, start, end, n_chunks,
-                         first_slot, hv64, hq64, HV, s_qt, s_qh, s_kt, s_kh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES,
-                         PW, DIRECT)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
+                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
+            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES, PW)),
         ], [PW], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s.index(0), vn_s.index(0), vk_s.index(0),
-                         full, empty, start, end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot,
-                         s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K, BC, NC, 0, STAGES, DIRECT)),
-            (_consumer, (Out, State, Fq, Fk, w_s, u_s, q_s, k_s, a_s, d_s, h_s.index(1), vn_s.index(1), vk_s.index(1),
-                         full, empty, start, end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot,
-                         s_oh, s_sn, s_sh, s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES, DIRECT)),
-            (_producer, (W, U, Qs, Ks, Aqk, Decay, w_s, u_s, q_s, k_s, a_s, d_s, full, empty, start, end, n_chunks,
-                         first_slot, hv64, hq64, HV, s_qt, s_qh, s_kt, s_kh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES,
-                         PW, DIRECT)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(0), vn_s.index(0), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0, s_ot, s_oh, s_sn, s_sh, s_sv,
+                         s_sk, HEAD_K, BC, NC, 0, STAGES)),
+            (_consumer, (Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s.index(1), vn_s.index(1), full, empty, start,
+                         end, n_chunks, n_zero, valid, slot, hv64, HV, K_DIM, V_DIM, v0 + BC, s_ot, s_oh, s_sn, s_sh,
+                         s_sv, s_sk, HEAD_K, BC, NC, 1, STAGES)),
+            (_producer, (W, U, Qs, Kg, Aqk, Decay, w_s, u_s, q_s, kg_s, a_s, d_s, full, empty, start, end, n_chunks,
+                         first_slot, hv64, hq64, HV, s_qt, s_qh, K_DIM, v0, HEAD_K, HEAD_V, BC, NC, STAGES, PW)),
         ], [CONSUMER_WARPS, PW], [CONSUMER_REGS, PRODUCER_REGS])

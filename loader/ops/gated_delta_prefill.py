@@ -89,72 +89,48 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     name = QKV_DTYPES[q.dtype]
     if bv is None:
         bv = _spec.state_block_v(N, HV, K, V, sm_count(q.device), name)
-    saxes = _spec.state_axes(name, K, V, bv)
-    args = (q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout)
-    reads_k = _spec.state_reads_k(bv)  # the ALIGNED state pass reads k itself (GDN: no Kg written)
-    prep, st_args = _plan_args(*args, bv, reads_k)
-    spec = _state_spec(st_args, saxes)
-    if reads_k and spec is _spec.GDN_CHUNK_STATE_GENERIC:  # the GENERIC binaries read Kg at every tile
-        prep, st_args = _plan_args(*args, bv, False)
-    return [prep, (spec, saxes, (N, HV, V // bv), st_args)]
-
-
-def _plan_args(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout, bv, reads_k):
-    """(the precompute's launch, the state pass's arguments) with fresh workspaces; reads_k: the
-    state pass reads k (chunk_spec.state_reads_k), so GDN's prep writes no Kg (write_kg 0)."""
-    _, T, H, K_dim = q.shape
-    HV, V_dim = v.shape[2], v.shape[3]
-    K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)
-    N = state_indices.shape[0]
-    name = QKV_DTYPES[q.dtype]
     kda = g.dim() == 4
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
-    w, u, qg, fq, fk, kg, aqk, decay = workspace(q, v, N, kda, reads_k)
+    w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, g.dim() == 4)
     prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
-        q, k, v, g, beta, w, u, qg, fq, fk, kg, aqk, decay, cu_seqlens, state_indices,
-        float(scale), int(qk_l2norm), int(not reads_k), N, state.shape[0], HV, HV // H, K_dim, V_dim,
+        q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
+        float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
-    # q's rows: the precompute's Qg [T, HV, K] (one a value head), else q itself (a key head shared
-    # by HV // H value heads); k's: the Kg workspace where the prep writes it (KDA, sub-blocks, a
-    # tile that reads Kg: that reads it by value head whatever the strides), else k
     if subblocks:
         qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
     else:
         qs, group, s_qt, s_qh = q, HV // H, q.stride(1), q.stride(2)
-    ks, s_kt, s_kh = (kg, kg.stride(0), kg.stride(1)) if kg is not w else (k, k.stride(1), k.stride(2))
     if state_layout == "vmajor":
         s_v, s_k = state.stride(2), state.stride(3)
     else:
         s_k, s_v = state.stride(2), state.stride(3)
-    st_args = (w, u, qs, fq, fk, ks, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
-               K_dim, V_dim, s_qt, s_qh, s_kt, s_kh, out.stride(1), out.stride(2), state.stride(0), state.stride(1),
-               s_v, s_k)
-    return prep, st_args
+    st_args = (w, u, qs, fq, kg, aqk, out, state, decay, cu_seqlens, state_indices, N, state.shape[0], HV, group,
+               K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
+    saxes = _spec.state_axes(name, K, V, bv)
+    st = (_state_spec(st_args, saxes), saxes, (N, HV, V // bv), st_args)
+    return [prep, st]
 
 
-def workspace(q, v, N: int, kda: bool, reads_k: bool):
-    """The chunk kernels' workspaces for one call (torch's caching allocator): W, U, Qg, q's and k's
-    row factors, Kg, the chunks' attention, the decays. reads_k: the state pass's tile reads k
-    (chunk_spec.state_reads_k), so GDN's chunk-wide prep writes no Kg."""
+def workspace(q, v, N: int, kda: bool):
+    """The chunk kernels' workspaces for one call (torch's caching allocator): W, U, Qg, q's row
+    factors, k's gated copy, the chunks' attention, the decays."""
     _, T, _, K_dim = q.shape
     HV, V_dim = v.shape[2], v.shape[3]
     K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)
     dev, dt = q.device, q.dtype
     w = torch.empty(T, HV, K, dtype=dt, device=dev)
     u = torch.empty(T, HV, V, dtype=dt, device=dev)
-    # q's and k's rows for the state pass: the sub-block precompute's gated copies Qg, Kg (KDA); else
-    # q itself and k or Kg (w, aligned like every workspace, stands in for a Qg or Kg the precompute
-    # never touches then), scaled by fq (q h's rows) and, reading k, fk (V''s rows in k^T V').
-    sub = _spec.prep_subblocks(QKV_DTYPES[dt], K, kda)
-    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if sub else w
+    # q's rows for the state pass: the sub-block precompute's gated copy Qg (KDA); else q itself (w,
+    # aligned like every workspace, stands in for the Qg the precompute never touches then), both
+    # scaled by fq.
+    qg = torch.empty(T, HV, K, dtype=dt, device=dev) if _spec.prep_subblocks(QKV_DTYPES[dt], K, kda) else w
     fq = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    fk = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    kg = torch.empty(T, HV, K, dtype=dt, device=dev) if sub or not reads_k else w
+    kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
     decay = torch.empty(T // _spec.CHUNK + N, HV, K, dtype=torch.float32, device=dev)
-    return w, u, qg, fq, fk, kg, aqk, decay
+    return w, u, qg, fq, kg, aqk, decay
 
 
 def _state_spec(args, axes):
@@ -223,7 +199,7 @@ class _Checked:
     launches (`run`: fresh workspaces, pointers packed; the state pass's ALIGNED kernel where the
     pointers allow it, as `_state_spec` picks)."""
 
-    __slots__ = ("match", "scale", "meets", "prep", "aligned", "generic", "index", "kda", "reads_k")
+    __slots__ = ("match", "scale", "meets", "prep", "aligned", "generic", "index", "kda")
 
     def __init__(self, args, scale, outputs, reads):
         self.match, self.scale = rules.call_matcher(*args), scale
@@ -246,21 +222,13 @@ class _Checked:
         index = q.device.index
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # stands in for each call's
-        (pspec, paxes, pgrid, pargs), (sspec, saxes, sgrid, sargs) = launch_plan(
+        (pspec, paxes, pgrid, pargs), (_, saxes, sgrid, sargs) = launch_plan(
             q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
         prep = prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index)
         aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
                             for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
-        # At a tile whose ALIGNED pass reads k the GENERIC one reads Kg (chunk_spec.state_reads_k), and
-        # the prep's write_kg follows the plan's: only the plan's own kind of launch is kept.
-        reads_k = _spec.state_reads_k(saxes["bv"]) and sspec is not _spec.GDN_CHUNK_STATE_GENERIC
-        if reads_k:
-            generic = None
-        elif _spec.state_reads_k(saxes["bv"]):
-            aligned = None
         if prep is not None and (aligned is not None or generic is not None):
             self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
-            self.reads_k = reads_k
 
     def run(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out):
         """Both launches with fresh workspaces: out, or None where the checked path must run (no
@@ -268,20 +236,19 @@ class _Checked:
         if self.prep is None or _current_device() != self.index:
             return None
         N = state_indices.shape[0]
-        w, u, qg, fq, fk, kg, aqk, decay = workspace(q, v, N, self.kda, self.reads_k)
+        w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, self.kda)
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-        wp, up, qgp, fqp, fkp, kgp, ap, dp = (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), fk.data_ptr(),
-                                              kg.data_ptr(), aqk.data_ptr(), decay.data_ptr())
-        qp, kp, cp, ip = q.data_ptr(), k.data_ptr(), cu_seqlens.data_ptr(), state_indices.data_ptr()
-        st = (wp, up, qgp if qg is not w else qp, fqp, fkp, kgp if kg is not w else kp, ap, out.data_ptr(),
-              state.data_ptr(), dp, cp, ip)
+        wp, up, qgp, fqp, kgp, ap, dp = (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), kg.data_ptr(),
+                                         aqk.data_ptr(), decay.data_ptr())
+        qp, cp, ip = q.data_ptr(), cu_seqlens.data_ptr(), state_indices.data_ptr()
+        st = (wp, up, qgp if qg is not w else qp, fqp, kgp, ap, out.data_ptr(), state.data_ptr(), dp, cp, ip)
         launch = self.aligned if self.aligned is not None and not self.aligned.misaligned(st) else self.generic
         if launch is None:
             return None
         stream = _current_stream(self.index)
-        self.prep((qp, kp, v.data_ptr(), g.data_ptr(), beta.data_ptr(), wp, up, qgp, fqp, fkp, kgp, ap, dp, cp, ip),
-                  stream)
+        self.prep((qp, k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), wp, up, qgp, fqp, kgp, ap, dp, cp,
+                   ip), stream)
         launch(st, stream)
         return out
 
@@ -326,9 +293,8 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
     Kernels: the per-chunk precompute, then the state pass: on sm90 (16-bit, K and V tiles <= 128,
       16-byte-aligned arguments) a warp-specialized Gluon kernel, else Triton's; both write the
       same final states (AOTC_GDN_STATE_WS=0 keeps Triton's on sm90 too).
-    Workspace: W, U, k exp(G_last - G) (but for GDN where the state pass's ALIGNED wide value tile
-      runs; and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's attention
-      `[T, HV, 64]` in q's dtype, q's and k's row factors `[T, HV]` fp32, allocated per call
+    Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's
+      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch;

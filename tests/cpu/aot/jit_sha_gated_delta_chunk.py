@@ -21,12 +21,12 @@ def args(aligned: bool, dtype=torch.bfloat16, pointers_aligned=None) -> list:
     f32 = torch.empty(1 << 16, dtype=torch.float32)
     idx = torch.empty(64, dtype=torch.int32)
     assert bf.data_ptr() % 16 == 0 and f32.data_ptr() % 16 == 0
-    # W, U, Qs; Fq, Fk; Ks, Aqk, Out; State, Decay; Cu_seqlens, State_indices
-    ptrs = ([bf[i * 8192 + off:] for i in range(3)] + [f32[16384 + off:], f32[24576 + off:]]
-            + [bf[i * 8192 + off:] for i in range(3, 6)] + [f32[off:], f32[32768 + off:], idx, idx[8:]])
+    # W, U, Qs; Fq; Kg, Aqk, Out; State, Decay; Cu_seqlens, State_indices
+    ptrs = ([bf[i * 8192 + off:] for i in range(3)] + [f32[16384 + off:]] + [bf[i * 8192 + off:] for i in range(3, 6)]
+            + [f32[off:], f32[32768 + off:], idx, idx[8:]])
     counts = [3, 40, 32, 2]  # num_seqs, num_slots, HV, group: never specialized
     dims = [128, 128] if aligned else [127, 127]  # K_DIM, V_DIM (the head sizes inside the 128 tiles)
-    q_out_strides = [2048, 128, 2048, 128, 4096, 128] if aligned else [2049, 129, 2049, 129, 4097, 129]  # q, k, out
+    q_out_strides = [2048, 128, 4096, 128] if aligned else [2049, 129, 4097, 129]
     pool_strides = [524288, 16384, 128, 1]  # never specialized
     return ptrs + counts + dims + q_out_strides + pool_strides
 

@@ -95,52 +95,6 @@ def test_strided_inputs_and_int64_metadata():
     check(case, out, pool, ref_out, ref_pool, torch.bfloat16)
 
 
-def run_tile(case, bv, *, dtype, **inputs):
-    """The op's two launches with the state pass at value tile `bv` (32 reads the Kg workspace, the
-    wide tile k itself: chunk_spec.state_reads_k), qk_l2norm on, V-major."""
-    from aotc.loader.dispatch import run_kernel
-    from aotc.loader.ops.gated_delta_prefill import launch_plan
-
-    c = dict(case, **inputs)
-    pool = c["state"].clone()
-    out = torch.full(c["v"].shape, float("nan"), dtype=dtype)
-    plan = launch_plan(c["q"], c["k"], c["v"], c["g"], c["beta"], pool, c["state_indices"], c["cu_seqlens"], out,
-                       c["q"].shape[-1] ** -0.5, True, "vmajor", bv=bv)
-    assert plan[1][1]["bv"] == bv
-    for launch in plan:
-        run_kernel(*launch)
-    ref_out, ref_pool = gated_delta_reference(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"],
-                                              c["state_indices"], c["cu_seqlens"], qk_l2norm=True)
-    return out, pool, ref_out, ref_pool
-
-
-@pytest.mark.parametrize("bv", [32, 64])
-@pytest.mark.parametrize("kda", [False, True])
-def test_k_strides_unlike_q_gva(kda, bv):
-    # The wide state tile reads k by its own strides (GDN: k itself, by the key head hv // group;
-    # KDA: the Kg workspace), the narrow one Kg: k here is a view with twice q's head stride, under
-    # GVA (HV = 2H), NaN between its heads.
-    case = make_case([70, 1, 64], H=2, HV=4, kda=kda, strong_gates=kda, seed=8)
-    k = torch.cat([case["k"], torch.full_like(case["k"], float("nan"))], -1)[..., :64]
-    assert k.stride(2) == 2 * case["q"].stride(2)
-    out, pool, ref_out, ref_pool = run_tile(case, bv, dtype=torch.bfloat16, k=k)
-    check(case, out, pool, ref_out, ref_pool, torch.bfloat16)
-
-
-@pytest.mark.parametrize("bv", [32, 64])
-def test_fp16_zero_keys_beside_large_values(bv):
-    # The wide state tile takes V' rows times k's factor exp(G_last - G) / |k| (up to 1 / sqrt(eps)
-    # = 1000 for a zero key) in fp16: such a row past fp16's range must not become inf (inf x 0 =
-    # NaN in k^T V'); a zero key adds nothing to the state, whatever its value.
-    case = make_case([70, 65], H=1, HV=2, dtype=torch.float16, seed=9)
-    k, v = case["k"].clone(), case["v"].clone()
-    zero = torch.tensor([3, 40, 64, 69, 71, 100])
-    k[:, zero] = 0
-    v[:, zero] = v[:, zero] * 1000 / v[:, zero].abs().amax()  # beta |v| x 1000 past 65504
-    out, pool, ref_out, ref_pool = run_tile(case, bv, dtype=torch.float16, k=k, v=v)
-    check(dict(case, k=k, v=v), out, pool, ref_out, ref_pool, torch.float16)  # (a NaN fails its bound)
-
-
 @pytest.mark.parametrize("kda", [False, True])
 def test_chunked_equals_decode_token_by_token(kda):
     # One 70-token sequence prefilled at once (two chunks), then again through the recurrent

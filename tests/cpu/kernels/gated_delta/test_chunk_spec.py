@@ -35,21 +35,6 @@ def test_16_bit_generic_state_binaries_take_16_warps():
             assert cfg == chunk_spec.GDN_CHUNK_STATE.launch_config(axes, 90)
 
 
-def test_state_tiles_reading_k_agree_with_the_kernels():
-    # The op allocates Kg and asks the prep for it (write_kg) exactly where the kernels read it: the
-    # narrow tile and every GENERIC binary; the ALIGNED wide tiles (Triton's K_DIRECT, the Gluon
-    # pass's BV > NARROW_BV) read k.
-    from aotc.kernels.gated_delta import chunk_state_ws
-
-    assert chunk_state_ws.NARROW_BV.value == chunk_spec.NARROW_BV == 32
-    tiles = {(a["head_k"], a["bv"]): chunk_spec.state_reads_k(a["bv"]) for a in chunk_spec.state_variants()}
-    assert tiles == {(64, 32): False, (64, 64): True, (128, 32): False, (128, 128): True, (256, 32): False}
-    for axes in chunk_spec.state_variants():
-        assert chunk_spec.GDN_CHUNK_STATE.compile_constexprs(axes, 90)["K_DIRECT"] == chunk_spec.state_reads_k(
-            axes["bv"])
-        assert chunk_spec.GDN_CHUNK_STATE_GENERIC.compile_constexprs(axes, 90)["K_DIRECT"] == 0
-
-
 def test_head_tile_rounds_up():
     assert [chunk_spec.head_tile(d) for d in (1, 32, 60, 64, 65, 100, 128, 129, 256)] == [
         64, 64, 64, 64, 128, 128, 128, 256, 256]
@@ -82,7 +67,7 @@ def test_launch_configs():
     for axes in chunk_spec.state_variants():
         d, bv = axes["head_k"], axes["bv"]
         seen.add((d, bv))
-        assert chunk_spec.state_constexprs(axes) == {"HEAD_K": d, "HEAD_V": d, "BV": bv, "K_DIRECT": int(bv > 32)}
+        assert chunk_spec.state_constexprs(axes) == {"HEAD_K": d, "HEAD_V": d, "BV": bv}
         assert axes["head_v"] % bv == 0
         for arch in (80, 90):
             cfg = chunk_spec.state_launch(axes, arch)

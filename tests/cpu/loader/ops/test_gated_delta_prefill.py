@@ -196,32 +196,3 @@ def test_a_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
     cu = torch.tensor([0, T], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV below 2\*\*31"):
         op.gated_delta_prefill(q, q, v, g, g, state, torch.zeros(1, dtype=torch.int32), cu)
-
-
-@pytest.mark.parametrize("K,wide", [(64, True), (60, True), (64, False)])
-def test_only_an_aligned_wide_tile_reads_k(K, wide):
-    # chunk_spec.state_reads_k: the ALIGNED wide tile reads k itself (the prep writes no Kg:
-    # write_kg 0, Ks is k); the narrow tile and every GENERIC binary (K = 60: rows off 16 elements)
-    # read the Kg workspace the prep writes. Whichever runs, the result is the reference's.
-    from aotc.kernels.gated_delta import chunk_spec
-    from aotc.loader.dispatch import run_kernel
-
-    c = make_case([1, 63, 70, 0], H=1, HV=2, K=K, V=K, padded=(3,), seed=14)
-    out = torch.full(c["v"].shape, float("nan"), dtype=c["q"].dtype)
-    pool = c["state"].clone()
-    (pspec, paxes, pgrid, pargs), (sspec, saxes, sgrid, sargs) = op.launch_plan(
-        c["q"], c["k"], c["v"], c["g"], c["beta"], pool, c["state_indices"], c["cu_seqlens"], out, K ** -0.5, True,
-        "vmajor", bv=64 if wide else 32)
-    reads_k = wide and K % 16 == 0
-    assert (sspec is chunk_spec.GDN_CHUNK_STATE_GENERIC) == (K % 16 != 0)
-    write_kg = pargs[[a.name for a in chunk_spec.PREP_ARGS].index("write_kg")]
-    ks = sargs[[a.name for a in chunk_spec.STATE_ARGS].index("Ks")]
-    assert write_kg == int(not reads_k) and (ks is c["k"]) == reads_k
-    run_kernel(pspec, paxes, pgrid, pargs)
-    run_kernel(sspec, saxes, sgrid, sargs)
-    ref_out, ref_pool = gated_delta_reference(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"],
-                                              c["state_indices"], c["cu_seqlens"], qk_l2norm=True)
-    assert_close(out, ref_out, torch.bfloat16, "out")
-    used = c["state_indices"].long()
-    used = used[used >= 0]
-    assert_close(pool[used], ref_pool[used], torch.bfloat16, "states")

@@ -178,7 +178,7 @@ def check_scale(scale, K, op) -> float:
 
 def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                   out):
-    """Every check that needs no tensor values; returns (Dims, scale, fused, gate kind)."""
+    """Every check that needs no tensor values; returns (Dims, scale, fused, the binary's gate axis)."""
     guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
     d = check_qkv(q, k, v, OP, max_t=S.MAX_T)
     dev = q.device
@@ -200,7 +200,7 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
               f"programs", f"{programs} programs")
     named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
     guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
-    return d, check_scale(scale, d.K, OP), fused, kind
+    return d, check_scale(scale, d.K, OP), fused, gate
 
 
 def _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> dict:
@@ -226,10 +226,9 @@ class _Plan:
         self.eager_made = 0  # _Eager steady states made from this plan
 
 
-def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind):
+def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    gate = S.binary_gate(kind, state_layout, T, fused)
     axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout, gate)
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
@@ -270,9 +269,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l
                 A_log=None, a=None, dt_bias=None, b=None):
     """(axes, grid, args) of the kernel launch a checked call makes, args as Triton's JIT takes them
     (the bench's --sweep launches the same kernel with other tiles)."""
-    _d, scale, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+    _d, scale, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
                                            qk_l2norm, state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate)
     gt, bt = (a, b) if fused else (g, beta)
     al, dt = (A_log, dt_bias) if fused else (state_indices, state_indices)
     as_bytes = rules.as_bytes
@@ -282,9 +281,9 @@ def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l
 
 def _decode_op(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                out) -> None:
-    _d, scale, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+    _d, scale, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
                                            qk_l2norm, state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, kind)
+    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate)
     _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
 
 
@@ -402,10 +401,10 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
         key = plan = None
     if plan is None:
-        _d, scale_f, fused, kind = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
+        _d, scale_f, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
                                                  qk_l2norm, state_layout, out)
         plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale_f, qk_l2norm, state_layout, out,
-                          fused, kind)
+                          fused, gate)
         named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
         plan.apart = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
         _plans.put(key, plan)

@@ -93,3 +93,34 @@ def test_workers_and_case_timeout_reach_pytest(tmp_path, monkeypatch):
     assert seen[0][-4:] == ["-n", "3", "-o", "timeout=120"]
     assert seen[2][-2:] == ["-k", "clamped or chunk"] and "-k" not in seen[0]
     assert "-n" not in seen[1] and not any(a.startswith("timeout=") for a in seen[1])
+
+
+@pytest.mark.parametrize("gpus,worker,expected", [(4, "gw5", "1"), (4, "gw0", "0"), (0, "gw5", None), (4, "", None)])
+def test_gpus_spread_workers_one_gpu_each(gpus, worker, expected):
+    # the sandbox conftest sets CUDA_VISIBLE_DEVICES at import, before the test module imports torch
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTEST_XDIST_WORKER")}
+    env.update(AOTC_CONFORMANCE_GPUS=str(gpus), PYTEST_XDIST_WORKER=worker)
+    path = os.path.join(os.path.dirname(vllm_runner.__file__), "sandbox_conftest.py")
+    code = (f"import importlib.util, os; s = importlib.util.spec_from_file_location('c', {path!r}); "
+            "s.loader.exec_module(importlib.util.module_from_spec(s)); print(os.environ.get('CUDA_VISIBLE_DEVICES'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(expected)
+
+
+def test_gpus_reach_the_worker_environment(tmp_path, monkeypatch):
+    envs = []
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, env=None, **kw):
+            envs.append(env)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(vllm_runner.subprocess, "Popen", Proc)
+    log = str(tmp_path / "x.jsonl")
+    vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=4, gpus=4)
+    vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=1, gpus=4)
+    assert envs[0]["AOTC_CONFORMANCE_GPUS"] == "4" and envs[1]["AOTC_CONFORMANCE_GPUS"] == "0"

@@ -1,11 +1,18 @@
 """conftest.py of the conformance sandbox (vllm_runner.py copies it there): registers vLLM's test
 markers, skips `optional` tests as vLLM's CI does without --optional, keeps every Nth case of each
 test function (AOTC_CONFORMANCE_SAMPLE, default 1: all) and appends one JSON line per finished case
-to AOTC_CONFORMANCE_LOG: nodeid, outcome, and for failures the exception's last line."""
+to AOTC_CONFORMANCE_LOG: nodeid, outcome, and for failures the exception's last line. With
+AOTC_CONFORMANCE_GPUS=N each xdist worker sees one of N GPUs (worker gwK: GPU K mod N), set before
+the test module imports torch: processes sharing one GPU time-slice it, so workers only help apart."""
 import json
 import os
 
 import pytest
+
+_GPUS = int(os.environ.get("AOTC_CONFORMANCE_GPUS", "0"))
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _GPUS > 0 and _WORKER.startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_WORKER[2:]) % _GPUS)
 
 
 def pytest_configure(config):

@@ -15,7 +15,9 @@ same cases for both; FILE=N for one file). A file over --timeout seconds reports
 On an H100 test_prefix_prefill.py's cases take ~2.6 s each (its setup copies tokens one by one),
 so its 231 cases a GPU (426 on two) outlast one 10-minute device call run one after another:
 --workers W runs each file under pytest-xdist's W processes (the sampled cases are the same in
-every worker: the conftest keeps every Nth by collection order), --case-timeout fails one case
+every worker: the conftest keeps every Nth by collection order), and --gpus N puts worker K on GPU
+K mod N alone (processes sharing one GPU time-slice it: on one H100 six workers ran 77 cases of
+test_prefix_prefill.py in 265 s, no faster than one), --case-timeout fails one case
 that hangs (pytest-timeout) instead of losing the file. Keep --jobs at 1 on one GPU: files run at
 once share it (test_prefix_prefill.py's cases took ~10x longer beside the others, and vLLM's
 column met CUDA out-of-memory).
@@ -174,7 +176,7 @@ def _repo_parent() -> str:
 
 
 def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str, workers: int = 1,
-             case_timeout: float = 0.0, select: str = "") -> dict:
+             case_timeout: float = 0.0, select: str = "", gpus: int = 0) -> dict:
     """Run one test file in the sandbox (under `workers` xdist processes when > 1, each case failed
     after `case_timeout` seconds when > 0; only the cases pytest's `-k select` keeps when given); returns {"rows": [...], "timed_out": bool, "seconds": s,
     "stderr_tail": str}."""
@@ -182,6 +184,7 @@ def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str
     env["PYTHONPATH"] = os.pathsep.join([sandbox, _repo_parent(), env.get("PYTHONPATH", "")])
     env["AOTC_CONFORMANCE_LOG"] = log
     env["AOTC_CONFORMANCE_SAMPLE"] = str(sample)
+    env["AOTC_CONFORMANCE_GPUS"] = str(gpus if workers > 1 else 0)
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, "-m", "pytest", os.path.join("tests", test_file), "-q", "-p", "no:cacheprovider",
            "-c", os.path.join(sandbox, "pytest.ini"), "--rootdir", sandbox, "-o", "python_files=test_*.py",
@@ -276,7 +279,7 @@ def reasons(results: dict, impl: str, limit: int = 12) -> str:
 
 
 def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), sample=1, timeout=600.0, jobs=1,
-        workdir=None, workers=1, case_timeout=0.0, select="") -> dict:
+        workdir=None, workers=1, case_timeout=0.0, select="", gpus=0) -> dict:
     """{impl: {file: run_file's result}}; sample: N for every file or {file: N}. Raises PeerMissing
     without vLLM's files."""
     from concurrent.futures import ThreadPoolExecutor
@@ -290,7 +293,7 @@ def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), 
         i, f = job
         n = sample.get(f, 1) if isinstance(sample, dict) else sample
         return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"), workers,
-                             case_timeout, select)
+                             case_timeout, select, gpus)
 
     results: dict = {i: {} for i in impls}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -314,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--case-timeout", type=float, default=0.0, help="seconds before one case fails (pytest-timeout)")
     p.add_argument("--json", help="write the per-case results here")
     p.add_argument("--select", default="", help="pytest -k expression: run only the cases it keeps")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="N > 0: each xdist worker sees one of N GPUs (worker K: GPU K mod N); 0: all see all")
     a = p.parse_args(argv)
     impls = tuple(a.impl or ("aotc", "vllm"))
     files = tuple(a.file or ("prefix_prefill", "unified"))
@@ -330,7 +335,7 @@ def main(argv=None) -> int:
             print("skipped: no CUDA device")
             return 0
         results = run(a.peer, impls, files, sample, a.timeout, a.jobs, workers=a.workers, case_timeout=a.case_timeout,
-                      select=a.select)
+                      select=a.select, gpus=a.gpus)
     except PeerMissing as e:
         print(f"skipped: {e}")
         return 0

@@ -3,7 +3,7 @@ markers, skips `optional` tests as vLLM's CI does without --optional, keeps ever
 test function (AOTC_CONFORMANCE_SAMPLE, default 1: all) and appends one JSON line per finished case
 to AOTC_CONFORMANCE_LOG: nodeid, outcome, and for failures the exception's last line. With
 AOTC_CONFORMANCE_GPUS=N each xdist worker sees one of N GPUs (worker gwK: GPU K mod N), set before
-the test module imports torch: processes sharing one GPU time-slice it, so workers only help apart."""
+the test module imports torch: on one GPU more workers did not run test_prefix_prefill.py faster."""
 import json
 import os
 

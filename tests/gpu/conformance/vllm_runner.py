@@ -16,7 +16,7 @@ On an H100 test_prefix_prefill.py's cases take ~2.6 s each (its setup copies tok
 so its 231 cases a GPU (426 on two) outlast one 10-minute device call run one after another:
 --workers W runs each file under pytest-xdist's W processes (the sampled cases are the same in
 every worker: the conftest keeps every Nth by collection order), and --gpus N puts worker K on GPU
-K mod N alone (processes sharing one GPU time-slice it: on one H100 six workers ran 77 cases of
+K mod N alone (on one H100 six workers ran 77 cases of
 test_prefix_prefill.py in 265 s, no faster than one), --case-timeout fails one case
 that hangs (pytest-timeout) instead of losing the file. Keep --jobs at 1 on one GPU: files run at
 once share it (test_prefix_prefill.py's cases took ~10x longer beside the others, and vLLM's

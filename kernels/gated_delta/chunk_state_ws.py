@@ -13,9 +13,10 @@ gdn_chunk_state, for 16-bit inputs at K, V tiles <= 128:
       names what it needs). Two consumers share one ring: the chunk's tiles are read once a head.
 
 The state update is chunk.py's products in the same dtypes (final states bit-identical to it on the
-H100); the output sums q h fq + Aqk V' in another order. Served where the op asks for it
-(state_ws_spec.ws_serves: sm90, fp16/bf16, ALIGNED arguments, as cp.async copies 16 bytes);
-everything else runs chunk.py's kernel. Speed: BENCHMARKS.md, "Gated delta prefill: Gluon state pass".
+H100); the output too: Aqk V' accumulated onto q h fq, the order Triton's dot-plus-add takes.
+Served where the op asks for it (state_ws_spec.ws_serves: sm90, fp16/bf16, ALIGNED arguments, as
+cp.async copies 16 bytes); everything else runs chunk.py's kernel. Speed: BENCHMARKS.md, "Gated
+delta prefill: Gluon state pass".
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -131,13 +132,13 @@ def _consumer(Out, State, Fq, w_s, u_s, q_s, kg_s, a_s, d_s, h_s, vn_s, full, em
         dec = d_s.index(st).load(rows_l)
         h = h * gl.expand_dims(dec, 1)
         hn = warpgroup_mma(kg_s.index(st).permute((1, 0)), vn_s, h, is_async=True)
-        o = warpgroup_mma(a_s.index(st), vn_s, zero, use_acc=False, is_async=True)
-        h, qh = warpgroup_mma_wait(num_outstanding=1, deps=(hn, qh))
+        qh = warpgroup_mma_wait(num_outstanding=1, deps=(qh,))
+        o = warpgroup_mma(a_s.index(st), vn_s, qh * gl.expand_dims(fq, 1), is_async=True)  # Aqk V' on q h fq
+        h = warpgroup_mma_wait(num_outstanding=1, deps=(hn,))
         h_s.store(h.to(DT))
         fence_async_shared()
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
         mbarrier.arrive(empty.index(st))
-        o = o + qh * gl.expand_dims(fq, 1)
         gl.store(Out + gl.expand_dims(t64 * s_ot, 1) + gl.expand_dims(o_cols, 0), o.to(ODT),
                  mask=gl.expand_dims(tm, 1) & gl.expand_dims(v_in, 0))
     # the pool's addresses formed again here: not kept live across the loop

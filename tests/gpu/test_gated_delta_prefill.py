@@ -222,9 +222,8 @@ torch.cuda.synchronize()
                                                     (torch.float16, False, "kmajor"), (torch.float16, True, "vmajor")])
 def test_gluon_state_pass_against_triton(bv, dtype, kda, state_layout, monkeypatch):
     # sm90 runs chunk_state_ws.py (state_ws_spec.ws_serves); AOTC_GDN_STATE_WS=0 the Triton state pass
-    # on the same precompute. The state update is the same products in the same dtypes: final states
-    # bit-identical (as on the H100 at every case tried); the output's q h * fq + Aqk V' is summed in
-    # another order, so out agrees to a bf16 rounding of its largest value.
+    # on the same precompute. The same products in the same dtypes and order (the output Aqk V'
+    # accumulated onto q h fq, as Triton's dot-plus-add): final states and outputs bit-identical.
     from aotc.kernels.gated_delta import state_ws_spec
     from aotc.loader.ops.gated_delta_prefill import aligned_state_spec
 
@@ -244,4 +243,4 @@ def test_gluon_state_pass_against_triton(bv, dtype, kda, state_layout, monkeypat
     used = case["state_indices"].long()
     used = used[used >= 0]
     assert torch.equal(pool[used].view(torch.int32), t_pool[used].view(torch.int32))
-    assert rel_err(out, t_out) <= 4e-3  # one bf16 rounding step of the largest output (2 ** -8)
+    assert torch.equal(out.view(torch.int16), t_out.view(torch.int16))

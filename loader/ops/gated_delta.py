@@ -344,8 +344,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
 
     Per token and value head (reference.py): h *= exp(g); v' = beta * (v - h k); h += v' k^T;
     o = scale * h q, with h [V, K] fp32.
-    Shapes (B requests, T in [1, 8] tokens each, H query/key heads, HV value heads, HV % H == 0:
-    value head hv reads q/k head hv // (HV // H)):
+    Shapes (B <= 65535 requests, T in [1, 8] tokens each, H query/key heads, HV <= 65535 value
+    heads, HV % H == 0: value head hv reads q/k head hv // (HV // H)):
       q, k      [B, T, H, K] fp16, bf16 or fp32 (fp32 runs in fp32 throughout), K in [1, 256]
                 (the kernel's tile is K rounded up to 64, 128 or 256, masked); last dim contiguous.
       v         [B, T, HV, V] q's dtype; V in [1, 512]; last dim contiguous.
@@ -369,7 +369,7 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
       out       [B, T, HV, V] in q's dtype, last dim contiguous; allocated when None.
       validate  copy state_indices to the host and check every index < slots and no slot named
                 twice (one device sync; skipped under CUDA-graph capture and torch.compile).
-    Returns out. CUDA-graph safe: the grid is B * HV * cdiv(V, BV), no length or value in it.
+    Returns out. CUDA-graph safe: the grid is (cdiv(V, BV), HV, B), no length or value in it.
     Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index;
     an out or state that is an expand()ed view or shares memory with another argument, checked by
     address on every call), naming the argument, before anything is launched; NotImplementedError

@@ -2,8 +2,10 @@
 
 One program per (request b, value head hv, tile of BV value rows): it loads its [BV, K] slice
 of the request's state h once, runs the T <= 8 tokens of the request through it in registers and
-stores it once. The grid is (B * HV * cdiv(V, BV),): it depends on no length, so one CUDA graph
-serves every step. Per token (reference.py):
+stores it once. The grid is (cdiv(V, BV), HV, B): it depends on no length, so one CUDA graph
+serves every step, and a program finds its tile from its three ids without a division (the
+value tiles of one head are x neighbours: the head's state streams in order). Per token
+(reference.py):
 
     h  = h * exp(g)         g: one log-gate a head (GDN) or one a head and K channel (KDA)
     v' = beta * (v - h k)
@@ -32,6 +34,9 @@ round trip. So the GDN path holds nothing across the token loop that it can read
 gate scalars (g, beta, and the fused form's A_log and dt_bias) are loaded each token, branch-free
 (_load_scalar) and before q/k/v, so one round trip serves the token; the state tile's offsets
 inside the head are int32; and the store's addresses are derived again after the loop.
+Token 0 runs ahead of the loop, its inputs read right after the slot and before the state tile:
+their round trip and layout changes (the 4-warp K-major tile's shared-memory exchanges) overlap
+the slot's, so when the tile arrives only the update is left.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
 of two, a constexpr) and every load and store along K or V is masked, so K = 60 or 100 runs in
@@ -93,19 +98,28 @@ def gated_delta_decode_kernel(
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
     BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(V_DIM, BV)
-    i_v = pid % n_v  # value tiles of one head are neighbours: the head's state streams in order
-    bh = pid // n_v
-    b = bh // HV
-    hv = bh % HV
+    i_v = tl.program_id(0)
+    hv = tl.program_id(1)
+    b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
     hq = hv // group
 
     offs_k = tl.arange(0, BK)
     k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
     offs_v = i_v * BV + tl.arange(0, BV)
     v_mask = offs_v < V_DIM
+    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    on = hv < HV
+    # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
     slot = tl.load(Idx + b)
+    g, a_log, dt_h, beta, q, k, v = _token_inputs(
+        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
+        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
@@ -119,45 +133,15 @@ def gated_delta_decode_kernel(
             decay = -tl.exp(_load_f32(A_log, hv, alog_code, hv < HV))
             dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
 
-    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
-    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
-    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
-    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
-    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
-    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
-    on = hv < HV
-    for t in range(0, T):
-        # The gate's loads first: nothing between them and q/k/v's waits on a load.
-        if PER_K:
-            g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code, k_mask)  # [BK]
-        else:
-            g = _load_scalar(G, g_row + t * stride_gt, g_code, on)
-            a_log = _load_scalar(A_log, hv, alog_code, on & (fused != 0))
-            dt_h = _load_scalar(Dt_bias, hv * stride_dh, dt_code, on & (fused != 0))
-        beta = _load_scalar(Beta, beta_row + t * stride_bt, beta_code, on)
-        q = tl.load(q_row + t * stride_qt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        k = tl.load(k_row + t * stride_kt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-        if qk_l2norm:
-            q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
-            k = k / tl.sqrt(tl.sum(k * k) + L2NORM_EPS)
-        if fused:
-            if PER_K:
-                x = g + dt
-                g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-            else:
-                x = g + dt_h
-                g = -tl.exp(a_log) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-            beta = 1.0 / (1.0 + tl.exp(-beta))
-        if PER_K:
-            h = h * tl.exp(g)[None, :]
-        else:
-            h = h * tl.exp(g)
-        v_new = beta * (v - tl.sum(h * k[None, :], 1))
-        h = h + v_new[:, None] * k[None, :]
-        o = tl.sum(h * q[None, :], 1) * scale
-        o = tl.where(valid, o, 0.0)
-        tl.store(o_row + t * stride_ot + offs_v, o.to(Out.dtype.element_ty), mask=v_mask)
+    h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
+    tl.store(o_row + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
+    for t in range(1, T):
+        g, a_log, dt_h, beta, q, k, v = _token_inputs(
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv, on,
+            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+        h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
+        tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
     # The store's addresses come from a second read of the slot, so the compiler cannot keep the
     # load's (a register a row) live across the token loop.
     slot = tl.load(Idx + b)
@@ -175,3 +159,48 @@ def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr):
         return offs_k[None, :] * stride_srow + offs_v[:, None]
     else:
         return offs_v[:, None] * stride_srow + offs_k[None, :]
+
+
+@triton.jit
+def _token_inputs(Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv, on,
+                  offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+                  stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
+    """Token t's gate (g: a scalar, or [BK] when PER_K; the fused form's a_log and dt_h scalars),
+    beta, and q, k, v in fp32. The gate's loads first: nothing between them and q/k/v's waits."""
+    if PER_K:
+        g = _load_f32(G, g_row + t * stride_gt + offs_k * stride_gk, g_code, k_mask)  # [BK]
+        a_log = 0.0
+        dt_h = 0.0
+    else:
+        g = _load_scalar(G, g_row + t * stride_gt, g_code, on)
+        a_log = _load_scalar(A_log, hv, alog_code, on & (fused != 0))
+        dt_h = _load_scalar(Dt_bias, hv * stride_dh, dt_code, on & (fused != 0))
+    beta = _load_scalar(Beta, beta_row + t * stride_bt, beta_code, on)
+    q = tl.load(q_row + t * stride_qt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    k = tl.load(k_row + t * stride_kt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+    return g, a_log, dt_h, beta, q, k, v
+
+
+@triton.jit
+def _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K: tl.constexpr):
+    """One token through the [BV, BK] state tile h: (h', o) of the module docstring's update."""
+    if qk_l2norm:
+        q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
+        k = k / tl.sqrt(tl.sum(k * k) + L2NORM_EPS)
+    if fused:
+        if PER_K:
+            x = g + dt
+            g = decay * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        else:
+            x = g + dt_h
+            g = -tl.exp(a_log) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        beta = 1.0 / (1.0 + tl.exp(-beta))
+    if PER_K:
+        h = h * tl.exp(g)[None, :]
+    else:
+        h = h * tl.exp(g)
+    v_new = beta * (v - tl.sum(h * k[None, :], 1))
+    h = h + v_new[:, None] * k[None, :]
+    o = tl.sum(h * q[None, :], 1) * scale
+    return h, o

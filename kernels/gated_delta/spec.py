@@ -17,13 +17,14 @@ of flash-linear-attention's fused_recurrent (BV 8, one warp at K = 128). One war
 reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers and registers).
   The register cap (maxnreg) sets how many one-warp programs an SM holds: 64 registers -> 32
   (the most an SM takes), 72 -> 28, 80 -> 25, 96 -> 21. Compiled for sm90 at K = 128 without a
-  cap, ptxas takes GDN V-major 114, K-major 127 (one warp), KDA 96 (V-major) / 115 (K-major, 4
+  cap, ptxas takes GDN V-major 126, K-major 111 (one warp), KDA 128 (V-major and K-major, 4
   warps); GDN's caps (72 V-major, 80 at K = 256; 80 K-major) keep its token loop free of spills (what spills is
   the state tile's store offsets, stored once before the loop and read once after it) and were
   the fastest measured (H100; at 64 ptxas runs the row reductions one after another: T = 1 lost
-  6 points of copy). KDA: no cap.
+  6 points of copy). KDA V-major: 96 (what it took before token 0 ran ahead of the loop; none at
+  K = 256, where 96 spills); KDA K-major: none.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
-    K-major GDN steps of one token with g and beta given (binary_gate).
+    K-major GDN steps of one token (binary_gate).
 num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
 against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
 
@@ -78,24 +79,30 @@ def block_v(k_dim: int, layout: str, gate: str = "gdn") -> int:
 
 
 # ptxas register cap a thread, by (layout, gate); 0: none (see the module docstring)
-MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 0, ("kmajor", "kda"): 0}
+MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 96, ("kmajor", "kda"): 0}
+
+
+# The 256-column V-major tiles hold q and k (and KDA's gate) at eight values a thread: V-major GDN
+# spills inside the token loop at 72 (not at 80), KDA at 96 (it runs uncapped there).
+_CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 
 
 def max_registers(k_dim: int, layout: str, gate: str) -> int:
-    """The cap of a variant: MAXNREG's, but 80 for V-major GDN's 256-column tile (q and k at eight
-    values a thread: at 72 ptxas spills inside the token loop)."""
-    cap = MAXNREG[layout, gate]
-    return 80 if (layout, gate, k_dim) == ("vmajor", "gdn", 256) else cap
+    """The cap of a variant: MAXNREG's, or _CAP_256's for a 256-column tile."""
+    if k_dim == 256 and (layout, gate) in _CAP_256:
+        return _CAP_256[layout, gate]
+    return MAXNREG[layout, gate]
 
 
 def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     """The `gate` axis of the binary that runs a call whose gate is `kind`: its own, except a
-    K-major GDN step of one token with g and beta given, which runs the kda binary (its 4-warp
-    32-column tile, GDN's gate read as a vector of K stride 0). H100, B 256, % of copy: that tile
-    77.2 against the one-warp GDN tile's 71.2 at T = 1, 48.4 against 63.8 at T = 4; the fused
-    form ran faster in the GDN tile at T = 1 too (71.4 against main's 66.6). BENCHMARKS.md,
-    session 30."""
-    return "kda" if (kind, layout, tokens, fused) == ("gdn", "kmajor", 1, False) else kind
+    K-major GDN step of one token (g and beta given, or the fused form's a and b), which runs the
+    kda binary: its 4-warp 32-column tile, GDN's gate read as a vector of K stride 0 (the fused
+    form's dt_bias too). Its 128-byte K rows keep the L2 under the one-warp tile's 32-byte rows'
+    load (ncu, H100: L2 60% against 91%), and with token 0 read before the state tile it runs
+    at ~88% of copy against the one-warp tile's ~64% at T = 1; at T = 4 the one-warp tile leads
+    (~67 against ~54). BENCHMARKS.md, session 31."""
+    return "kda" if (kind, layout, tokens) == ("gdn", "kmajor", 1) else kind
 
 
 def constexprs(axes) -> dict:
@@ -123,8 +130,11 @@ def axes_for(dtype: str, k_dim: int, layout: str, gate: str) -> dict:
 
 
 def grid(batch: int, hv: int, v_dim: int, bv: int) -> tuple[int, int, int]:
-    """(B * HV * cdiv(V, BV), 1, 1): no length in it."""
-    return (batch * hv * (-(-v_dim // bv)), 1, 1)
+    """(cdiv(V, BV), HV, B): no length in it, and no division in the kernel to find a tile."""
+    return (-(-v_dim // bv), hv, batch)
+
+
+GRID_YZ_MAX = 65535  # CUDA's limit on a grid's second and third axes: HV and B
 
 
 DECODE = KernelSpec(

@@ -194,10 +194,9 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
     if not isinstance(qk_l2norm, bool):
         raise TypeError(f"{OP}: qk_l2norm must be a bool, got {type(qk_l2norm).__name__}")
     gate = S.binary_gate(kind, state_layout, d.T, fused)
-    programs = S.grid(d.B, d.HV, d.V, S.block_v(S.block_k(d.K), state_layout, gate))[0]
-    if programs > rules.I32_MAX:
-        rules.fail(OP, "q.shape[0] * v.shape[2] (B * HV)", f"small enough for a grid of B * HV * V-tiles < 2**31 "
-              f"programs", f"{programs} programs")
+    rules.need(OP, d.B <= S.GRID_YZ_MAX, "q.shape[0] (B)", f"at most {S.GRID_YZ_MAX} (the grid's third axis)", d.B)
+    rules.need(OP, d.HV <= S.GRID_YZ_MAX, "v.shape[2] (HV)", f"at most {S.GRID_YZ_MAX} (the grid's second axis)",
+               d.HV)
     named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
     guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
     return d, check_scale(scale, d.K, OP), fused, gate
@@ -245,13 +244,13 @@ def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, 
             state.stride(0), state.stride(1), state.stride(2),
             *gs, *bs, *ds, *codes, int(fused), int(qk_l2norm))
     plan = _Plan(axes, S.grid(B, HV, V, bv), ints, fused)
-    if q.is_cuda and plan.grid[0]:
+    if q.is_cuda and math.prod(plan.grid):
         plan.fast = prepare(S.DECODE, axes, plan.grid, ints, q.device.index)
     return plan
 
 
 def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> None:
-    if not plan.grid[0]:
+    if not math.prod(plan.grid):
         return
     gt, bt = (a, b) if plan.fused else (g, beta)
     al, dt = (A_log, dt_bias) if plan.fused else (state_indices, state_indices)  # never read unfused
@@ -345,8 +344,8 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
 
     Per token and value head (reference.py): h *= exp(g); v' = beta * (v - h k); h += v' k^T;
     o = scale * h q, with h [V, K] fp32.
-    Shapes (B requests, T in [1, 8] tokens each, H query/key heads, HV value heads, HV % H == 0:
-    value head hv reads q/k head hv // (HV // H)):
+    Shapes (B <= 65535 requests, T in [1, 8] tokens each, H query/key heads, HV <= 65535 value
+    heads, HV % H == 0: value head hv reads q/k head hv // (HV // H)):
       q, k      [B, T, H, K] fp16, bf16 or fp32 (fp32 runs in fp32 throughout), K in [1, 256]
                 (the kernel's tile is K rounded up to 64, 128 or 256, masked); last dim contiguous.
       v         [B, T, HV, V] q's dtype; V in [1, 512]; last dim contiguous.
@@ -370,7 +369,7 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
       out       [B, T, HV, V] in q's dtype, last dim contiguous; allocated when None.
       validate  copy state_indices to the host and check every index < slots and no slot named
                 twice (one device sync; skipped under CUDA-graph capture and torch.compile).
-    Returns out. CUDA-graph safe: the grid is B * HV * cdiv(V, BV), no length or value in it.
+    Returns out. CUDA-graph safe: the grid is (cdiv(V, BV), HV, B), no length or value in it.
     Raises TypeError (wrong type or dtype) or ValueError (shape, stride, device, option, index;
     an out or state that is an expand()ed view or shares memory with another argument, checked by
     address on every call), naming the argument, before anything is launched; NotImplementedError

@@ -64,12 +64,12 @@ def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
         assert cfg.num_warps == 1  # every reduction inside the warp
     assert cfg.maxnreg == spec.max_registers(axes["k_dim"], axes["layout"], axes["gate"])
     assert spec.launch(axes, 80) == cfg
-    assert spec.grid(3, 5, 80, cx["BV"]) == (3 * 5 * -(-80 // cx["BV"]), 1, 1)
+    assert spec.grid(3, 5, 80, cx["BV"]) == (-(-80 // cx["BV"]), 5, 3)  # V tiles, HV, B: no division
 
 
 def test_one_token_k_major_gdn_runs_the_kda_tile():
     assert spec.binary_gate("gdn", "kmajor", 1, False) == "kda"
-    assert spec.binary_gate("gdn", "kmajor", 1, True) == "gdn"  # the fused form: its own tile
+    assert spec.binary_gate("gdn", "kmajor", 1, True) == "kda"  # the fused form too
     assert spec.binary_gate("gdn", "kmajor", 2, False) == "gdn"
     assert [spec.binary_gate(g, "vmajor", t, f) for g in spec.GATES for t in (1, 4) for f in (False, True)] == \
         ["gdn"] * 4 + ["kda"] * 4

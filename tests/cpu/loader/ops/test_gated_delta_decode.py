@@ -195,3 +195,16 @@ def test_state_head_past_int32_offsets_is_refused():
     with pytest.raises(ValueError, match=r"state must be a head's rows within 2\*\*31 elements") as info:
         loader.gated_delta_decode(*[meta[n] for n in ORDER], **kw, validate=False)
     assert "stride(2) 70000000 over 32 rows" in str(info.value)
+
+
+@pytest.mark.parametrize("B,HV,msg", [(65536, 2, r"q.shape\[0\] \(B\) must be at most 65535"),
+                                      (3, 65536, r"v.shape\[2\] \(HV\) must be at most 65535")])
+def test_grid_axes_past_65535_are_refused(B, HV, msg):
+    # The grid is (V tiles, HV, B), and CUDA takes at most 65535 on its second and third axes: a
+    # larger batch or head count is refused by name before any launch (meta tensors: no memory).
+    args, kw = _case()
+    shapes = {"q": (B, 2, 1, 64), "k": (B, 2, 1, 64), "v": (B, 2, HV, 32), "g": (B, 2, HV), "beta": (B, 2, HV),
+              "state": (B + 6, HV, 32, 64), "state_indices": (B,)}
+    meta = {n: torch.empty(shapes[n], dtype=args[n].dtype, device="meta") for n in ORDER}
+    with pytest.raises(ValueError, match=msg):
+        loader.gated_delta_decode(*[meta[n] for n in ORDER], **kw, validate=False)

@@ -281,4 +281,116 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
     levels=(GENERIC,),
 )
 
-KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC)
+
+# KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the
+# inverse and W / U / Qg / Kg / decay; A passes through the Akk workspace (fp32 [T, HV, 64]).
+KDA_A_ARGS = (
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
+    + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
+       Arg("Aqk", "ptr", aligned=True, dtype="dtype"), Arg("Akk", "ptr", aligned=True, dtype="=fp32"),
+       Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("HV", "i32"), Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True))
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh"))
+    + tuple(Arg(n, "i32") for n in ("s_gt", "s_gh", "s_bt", "s_bh"))
+)
+
+KDA_WY_ARGS = (
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V"))
+    + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
+       Arg("Akk", "ptr", aligned=True, dtype="=fp32"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U", "Qg"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"), Arg("Kg", "ptr", aligned=True, dtype="dtype"),
+       Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
+       Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("HV", "i32"), Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True))
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_vt", "s_vh"))
+    + tuple(Arg(n, "i32") for n in ("s_gt", "s_gh", "s_bt", "s_bh"))
+)
+
+
+def kda_a_variants():
+    for dtype in DTYPES:
+        for d in HEAD_DIMS:
+            yield {"dtype": dtype, "head_k": d}
+
+
+def kda_wy_variants():
+    for dtype in DTYPES:
+        for d in HEAD_DIMS:
+            yield {"dtype": dtype, "head_k": d, "head_v": d}
+
+
+def kda_a_constexprs(axes) -> dict:
+    return {"HEAD_K": int(axes["head_k"])}
+
+
+def kda_wy_constexprs(axes) -> dict:
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"])}
+
+
+def kda_intra_launch(axes, arch: int) -> LaunchConfig:
+    # A [16, 16, 16] fp32 tile a channel step (32 elements a thread at 4 warps), no loads worth
+    # pipelining: many small programs an SM hide each other's latency.
+    return LaunchConfig(num_warps=4, num_stages=1)
+
+
+def kda_inter_launch(axes, arch: int) -> LaunchConfig:
+    # Twelve [16, 16] accumulators and [16, 32] operands: one warp (one MMA tile), one stage.
+    return LaunchConfig(num_warps=1, num_stages=1)
+
+
+def kda_wy_launch(axes, arch: int) -> LaunchConfig:
+    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps (8 at 256, whose W/U column
+    # loops are twice as long), one stage.
+    return LaunchConfig(num_warps=8 if int(axes["head_k"]) > 128 else 4, num_stages=1)
+
+
+def kda_a_axes(dtype: str, head_k: int) -> dict:
+    return {"dtype": dtype, "head_k": head_k}
+
+
+def kda_wy_axes(dtype: str, head_k: int, head_v: int) -> dict:
+    return {"dtype": dtype, "head_k": head_k, "head_v": head_v}
+
+
+KDA_CHUNK_INTRA = KernelSpec(
+    name="kda_chunk_intra",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_intra",
+    args=KDA_A_ARGS,
+    constexpr_names=("HEAD_K",),
+    constexprs=kda_a_constexprs,
+    variants=kda_a_variants,
+    launch=kda_intra_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KDA_CHUNK_INTER = KernelSpec(
+    name="kda_chunk_inter",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_inter",
+    args=KDA_A_ARGS,
+    constexpr_names=("HEAD_K", "TF32"),
+    constexprs=kda_a_constexprs,
+    target_constexprs=state_target_constexprs,
+    variants=kda_a_variants,
+    launch=kda_inter_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KDA_CHUNK_WY = KernelSpec(
+    name="kda_chunk_wy",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_wy",
+    args=KDA_WY_ARGS,
+    constexpr_names=("HEAD_K", "HEAD_V", "MERGE_TF32"),
+    constexprs=kda_wy_constexprs,
+    target_constexprs=prep_target_constexprs,
+    variants=kda_wy_variants,
+    launch=kda_wy_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC, KDA_CHUNK_INTRA, KDA_CHUNK_INTER, KDA_CHUNK_WY)

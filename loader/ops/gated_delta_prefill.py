@@ -44,11 +44,11 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
-    blocks = 4 if g.dim() == 4 else 1  # KDA's kda_chunk_intra: a program a 16-token block
-    programs = (d.T // _spec.CHUNK + n) * v.shape[2] * blocks  # the precompute's flat grid (launch_plan)
+    kda = g.dim() == 4  # KDA's kda_chunk_intra: a program a 16-token block
+    programs = (d.T // _spec.CHUNK + n) * v.shape[2] * (4 if kda else 1)  # the precompute's flat grid (launch_plan)
     if programs >= 2 ** 31:
-        rules.fail(OP, "q.shape[1] (T)", f"(T // 64 + N) * HV * {blocks} below 2**31 (the precompute's grid)",
-                   programs)
+        grid = "(T // 64 + N) * HV" + (" * 4" if kda else "")
+        rules.fail(OP, "q.shape[1] (T)", f"{grid} below 2**31 (the precompute's grid)", programs)
     return check_scale(scale, d.K, OP)
 
 

@@ -1,4 +1,5 @@
 """The chunked gated delta rule's variant table: counts, keys, the kernels' parameter lists, launch configs."""
+import importlib
 import inspect
 import re
 
@@ -48,11 +49,12 @@ def test_keys_round_trip():
 
 def test_parameters_match_the_kernels():
     for spec in chunk_spec.KERNELS:
-        fn = getattr(chunk, spec.function)
+        module = importlib.import_module(spec.module)  # chunk.py, kda_chunk.py
+        fn = getattr(module, spec.function)
         names = list(inspect.signature(fn.fn).parameters)
         assert names == [a.name for a in spec.args] + list(spec.constexpr_names)
         # the decorator's list, read from the source (the interpreter's wrapper does not keep it)
-        source = inspect.getsource(chunk)
+        source = inspect.getsource(module)
         at = source.index(f"def {spec.function}(")
         decorator = source[source.rindex("@triton.jit(", 0, at):at]
         unspecialized = set(re.findall(r'"(\w+)"', decorator.split("do_not_specialize_on_alignment")[0]))

@@ -196,3 +196,18 @@ def test_a_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
     cu = torch.tensor([0, T], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV below 2\*\*31"):
         op.gated_delta_prefill(q, q, v, g, g, state, torch.zeros(1, dtype=torch.int32), cu)
+
+
+def test_a_kda_batch_past_its_intra_block_grid_is_refused_before_launch(no_launch):
+    """KDA's kda_chunk_intra takes a program a 16-token block: (T // 64 + N) * HV * 4 programs,
+    refused past 2**31 where GDN's grid would still fit."""
+    T, HV = 2 ** 21, 2 ** 14
+    q = torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, T, 1, 1)
+    v = torch.zeros(1, 1, HV, 1, dtype=torch.bfloat16).expand(1, T, HV, 1)
+    g = torch.zeros(1, 1, HV, 1).expand(1, T, HV, 1)
+    beta = torch.zeros(1, 1, HV).expand(1, T, HV)
+    state = torch.zeros(1, HV, 1, 1)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    assert (T // 64 + 1) * HV < 2 ** 31 <= (T // 64 + 1) * HV * 4
+    with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV \* 4 below 2\*\*31"):
+        op.gated_delta_prefill(q, q, v, g, beta, state, torch.zeros(1, dtype=torch.int32), cu)

@@ -97,17 +97,16 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     subblocks = _spec.prep_subblocks(name, K, kda)
     w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, kda)
     if kda:  # three precompute kernels (kda_chunk.py): A's diagonal blocks, those below, the inverse and W/U
-        a_args = (q, k, g, beta, aqk, akk, cu_seqlens, state_indices, float(scale), int(qk_l2norm), N, state.shape[0],
-                  HV, HV // H, K_dim, q.stride(1), q.stride(2), k.stride(1), k.stride(2), g.stride(1), g.stride(2),
-                  beta.stride(1), beta.stride(2))
+        common = (cu_seqlens, state_indices, float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim,
+                  q.stride(1), q.stride(2), k.stride(1), k.stride(2), g.stride(1), g.stride(2), beta.stride(1),
+                  beta.stride(2))
         a_axes = _spec.kda_a_axes(name, K)
-        pre = [(_spec.KDA_CHUNK_INTRA, a_axes, (slots * 4 * HV, 1, 1), a_args),
-               (_spec.KDA_CHUNK_INTER, a_axes, (slots * HV, 1, 1), a_args),
+        pre = [(_spec.KDA_CHUNK_INTRA, a_axes, (slots * 4 * HV, 1, 1), (q, k, g, beta, aqk, akk) + common),
+               (_spec.KDA_CHUNK_INTER, a_axes, (slots * HV, 1, 1),
+                (q, k, g, beta, w, qg, fq, kg, aqk, akk, decay) + common),
                (_spec.KDA_CHUNK_WY, _spec.kda_wy_axes(name, K, V), (slots * HV, 1, 1), (
-                   q, k, v, g, beta, akk, w, u, qg, fq, kg, decay, cu_seqlens, state_indices,
-                   float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
-                   q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                   g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))]
+                   akk, v, beta, w, u, cu_seqlens, state_indices, N, state.shape[0], HV, K_dim, V_dim,
+                   v.stride(1), v.stride(2), beta.stride(1), beta.stride(2)))]
     else:
         pre = [(_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
             q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
@@ -269,8 +268,8 @@ class _Checked:
         if self.kda:  # kda_chunk_intra, kda_chunk_inter, kda_chunk_wy (launch_plan's order)
             akp = akk.data_ptr()
             self.prep[0]((qp, kp, gp, bp, ap, akp, cp, ip), stream)
-            self.prep[1]((qp, kp, gp, bp, ap, akp, cp, ip), stream)
-            self.prep[2]((qp, kp, vp, gp, bp, akp, wp, up, qgp, fqp, kgp, dp, cp, ip), stream)
+            self.prep[1]((qp, kp, gp, bp, wp, qgp, fqp, kgp, ap, akp, dp, cp, ip), stream)
+            self.prep[2]((akp, vp, bp, wp, up, cp, ip), stream)
         else:
             self.prep[0]((qp, kp, vp, gp, bp, wp, up, qgp, fqp, kgp, ap, dp, cp, ip), stream)
         launch(st, stream)

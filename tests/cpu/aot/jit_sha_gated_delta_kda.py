@@ -21,30 +21,41 @@ def _buffers(aligned: bool):
             torch.empty(64, dtype=torch.int32))
 
 
-def a_args(aligned: bool) -> list:
-    """kda_chunk_intra's and kda_chunk_inter's (one signature)."""
-    bf, f32, idx = _buffers(aligned)
-    # Q, K; G, Beta; Aqk; Akk; Cu_seqlens, State_indices
-    ptrs = bf[:2] + f32[:2] + [bf[2], f32[2], idx, idx[8:]]
+def _tail(aligned: bool) -> list:
     scalars = [0.088, 1, 3, 40, 32, 2]  # scale, qk_l2norm, num_seqs, num_slots, HV, group
     dims = [128] if aligned else [127]  # K_DIM (a head size inside the 128 tile)
     qk_strides = [2048, 128, 2048, 128] if aligned else [2049, 129, 2049, 129]
     gate_strides = [4096, 128, 32, 1]  # never specialized
-    return ptrs + scalars + dims + qk_strides + gate_strides
+    return scalars + dims + qk_strides + gate_strides
+
+
+def intra_args(aligned: bool) -> list:
+    bf, f32, idx = _buffers(aligned)
+    # Q, K; G, Beta; Aqk; Akk; Cu_seqlens, State_indices
+    return bf[:2] + f32[:2] + [bf[2], f32[2], idx, idx[8:]] + _tail(aligned)
+
+
+def inter_args(aligned: bool) -> list:
+    bf, f32, idx = _buffers(aligned)
+    # Q, K; G, Beta; W, Qg; Fq; Kg, Aqk; Akk, Decay; Cu_seqlens, State_indices
+    return bf[:2] + f32[:2] + bf[2:4] + [f32[2]] + bf[4:6] + f32[3:5] + [idx, idx[8:]] + _tail(aligned)
 
 
 def wy_args(aligned: bool) -> list:
     bf, f32, idx = _buffers(aligned)
-    # Q, K, V; G, Beta, Akk; W, U, Qg; Fq; Kg; Decay; Cu_seqlens, State_indices
-    ptrs = bf[:3] + f32[:3] + bf[3:6] + [f32[3], bf[6], f32[4], idx, idx[8:]]
-    scalars = [0.088, 1, 3, 40, 32, 2]  # scale, qk_l2norm, num_seqs, num_slots, HV, group
+    # Akk, V, Beta, W, U, Cu_seqlens, State_indices
+    ptrs = [f32[0], bf[0], f32[1], bf[1], bf[2], idx, idx[8:]]
+    scalars = [3, 40, 32]  # num_seqs, num_slots, HV
     dims = [128, 128] if aligned else [127, 127]  # K_DIM, V_DIM
-    qkv_strides = [2048, 128, 2048, 128, 4096, 128] if aligned else [2049, 129, 2049, 129, 4097, 129]
-    gate_strides = [4096, 128, 32, 1]
-    return ptrs + scalars + dims + qkv_strides + gate_strides
+    v_strides = [4096, 128] if aligned else [4097, 129]
+    return ptrs + scalars + dims + v_strides + [32, 1]
+
+
+ARGS = {"kda_chunk_intra": ("A_AXES", intra_args), "kda_chunk_inter": ("A_AXES", inter_args),
+        "kda_chunk_wy": ("WY_AXES", wy_args)}
 
 
 if __name__ == "__main__":
     arch, kernel = int(sys.argv[1]), sys.argv[2]
-    axes, args = (WY_AXES, wy_args) if kernel == "kda_chunk_wy" else (A_AXES, a_args)
-    print(jit_sha(kernel, axes, args(True), arch), jit_sha(kernel, axes, args(False), arch))
+    axes, args = ARGS[kernel]
+    print(jit_sha(kernel, globals()[axes], args(True), arch), jit_sha(kernel, globals()[axes], args(False), arch))

@@ -1,8 +1,8 @@
 """KDA's precompute kernels (kda_chunk.py) on the Triton interpreter, each output against float64
 torch: kda_chunk_intra's diagonal 16 x 16 blocks and kda_chunk_inter's blocks below them, together
 A (strictly lower, beta, 1 / |k|) and Aqk (lower with the diagonal, scale, 1 / |q|, 1 / |k|, zeros
-above); kda_chunk_wy's Qg, Kg, decays, Fq, W = X (beta k exp(G) / |k|) and U = X (beta v) with
-X = (I + A)^-1. Sequences of 1, 15, 16, 17, 33, 64 and 70 tokens put rows on every side of the
+above), and kda_chunk_inter's Qg, Kg, W operand, decays, Fq; kda_chunk_wy's W = X (W operand) and
+U = X (beta v) with X = (I + A)^-1. Sequences of 1, 15, 16, 17, 33, 64 and 70 tokens put rows on every side of the
 16-token block and 64-token chunk boundaries; strong gates (SGLang's strong range, and ten times
 it: thousands a chunk) make any unsplit decay overflow. Workspaces are NaN-poisoned first: every
 element a later kernel reads must be written. Tolerances: max abs error over max |want| per output
@@ -72,8 +72,9 @@ def test_kda_precompute_kernels_against_float64(dtype, gain):
                        out, scale, True, "vmajor")
     assert [p[0].name for p in plan[:3]] == ["kda_chunk_intra", "kda_chunk_inter", "kda_chunk_wy"]
     aqk, akk = plan[0][3][4:6]
-    wy = plan[2][3]
-    w, u, qg, fq, kg, decay = wy[6:12]
+    w, qg, fq, kg = plan[1][3][4:8]
+    decay = plan[1][3][10]
+    u = plan[2][3][4]
     for t in (w, u, qg, fq, kg, aqk, akk, decay):
         t.fill_(float("nan"))
     run_kernel(*plan[0])
@@ -81,18 +82,19 @@ def test_kda_precompute_kernels_against_float64(dtype, gain):
     want, decays = _expected(c, scale)
     T = c["q"].shape[1]
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-    assert not akk.isnan().any() and not aqk.isnan().any(), "an A / Aqk element was not written"
+    assert not any(t.isnan().any() for t in (akk, aqk, qg, fq, kg, w)), "a workspace element was not written"
     assert _rel(akk, want["A"]) <= tol, "A"
     assert _rel(aqk, want["Aqk"]) <= tol, "Aqk"
-    run_kernel(*plan[2])
-    assert not any(t.isnan().any() for t in (w, u, qg, fq, kg)), "a W / U / Qg / Fq / Kg element was not written"
     assert torch.equal(fq, torch.ones(T, 2)), "Fq"
     assert _rel(qg, want["Qg"]) <= tol, "Qg"
     assert _rel(kg, want["Kg"]) <= tol, "Kg"
+    assert _rel(w, want["W"]) <= tol, "W operand"
     cu = c["cu_seqlens"].tolist()
     for (s, t0), dec in decays.items():
         slot = t0 // CHUNK + s  # the chunk slot of the device schedule (chunk.py)
         assert _rel(decay[slot], dec) <= 1e-5, f"decay of chunk {t0} (sequence {s})"
+    run_kernel(*plan[2])
+    assert not u.isnan().any() and not w.isnan().any(), "a W / U element was not written"
     x = want["X"]
     v = c["v"][0].double()
     beta = c["beta"][0].double()

@@ -313,11 +313,13 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
       The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
       (chunk_spec.state_block_v): one captured CUDA graph serves every length.
-    Kernels: the per-chunk precompute, then the state pass: on sm90 (16-bit, K and V tiles <= 128,
+    Kernels: the per-chunk precompute (GDN one kernel; KDA three: A's diagonal 16 x 16 blocks, the
+      blocks below them, the inverse and W/U), then the state pass: on sm90 (16-bit, K and V tiles <= 128,
       16-byte-aligned arguments) a warp-specialized Gluon kernel, else Triton's; both write the
       same final states (AOTC_GDN_STATE_WS=0 keeps Triton's on sm90 too).
     Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's
-      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
+      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32 (KDA: also A `[T, HV, 64]`
+      fp32), allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch;

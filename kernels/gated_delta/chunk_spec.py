@@ -341,18 +341,21 @@ def kda_wy_constexprs(axes) -> dict:
 
 def kda_intra_launch(axes, arch: int) -> LaunchConfig:
     # [BC, 16, 16] fp32 tiles a channel step, no loads worth pipelining: many small programs an SM
-    # hide each other's latency.
+    # hide each other's latency. Warp counts timed on the H100 for the first version only
+    # (BENCHMARKS.md, "KDA precompute as three kernels").
     return LaunchConfig(num_warps=4, num_stages=1)
 
 
 def kda_inter_launch(axes, arch: int) -> LaunchConfig:
     # Twelve [16, 16] accumulators, [16, 32] operands: few warps (a 16-row MMA tile is repeated in
-    # every warp), one stage.
+    # every warp); 2, not 1, since it also writes Qg / Kg / W's operand (1 warp spilled 90 B before
+    # that: BENCHMARKS.md, "KDA precompute as three kernels"). One stage.
     return LaunchConfig(num_warps=2, num_stages=1)
 
 
 def kda_wy_launch(axes, arch: int) -> LaunchConfig:
-    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps, one stage.
+    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps (8 and 2 were slower, same
+    # table), one stage.
     return LaunchConfig(num_warps=4, num_stages=1)
 
 

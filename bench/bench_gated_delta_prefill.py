@@ -17,16 +17,17 @@ On sm90 the op's state pass is the warp-specialized Gluon kernel (state_ws_spec)
 string says so (",gluon_state"); AOTC_GDN_STATE_WS=0 times the Triton state pass (",triton_state").
 --kernels: also each call's time split by kernel (aotc V-major, fla state_v_first), for seeing which
 pass dominates. --no-fla: aotc alone (a second checkout timed in the same device call).
---prep-sweep W:S:R,...: the precompute alone at 1 x 8192 (GDN and KDA) under these num_warps,
-num_stages and maxnreg (0: none), JIT, with its registers and spills.
+--prep-sweep W:S:R,...: the precompute kernels alone at 1 x 8192 (GDN's one, KDA's three) under
+these num_warps, num_stages and maxnreg (0: none), JIT, with their registers and spills.
 
---sweep: each kernel at 1 x 8192 (GDN and KDA for the precompute) under other num_warps /
+--sweep: GDN's two kernels at 1 x 8192 under other num_warps /
 num_stages (and BV for the state pass), JIT-compiled from the same source and timed the same way,
 for choosing chunk_spec.prep_launch / state_launch / state_block_v.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import warnings
@@ -138,9 +139,10 @@ STATE_SWEEP = [(32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 1), (64, 4, 2), (64, 
 
 
 def sweep(rows):
-    """Both kernels of the chunked prefill at 1 x 8192 (V-major) under other launch choices, JIT."""
+    """GDN's two kernels at 1 x 8192 (V-major) under other launch choices, JIT (KDA's precompute
+    kernels: --prep-sweep)."""
     print("\n-- sweep: 1x8192, JIT, bf16, K = V = 128, V-major pool --")
-    for kda in (False, True):
+    for kda in (False,):
         q, k, v, g, beta, state, idx, cu = make([8192], kda, "vmajor")
         out = torch.empty_like(v)
         (pspec, paxes, pgrid, pargs), (sspec, saxes, _sgrid, sargs) = op.launch_plan(
@@ -180,30 +182,34 @@ def _sweep_row(rows, label, fn, is_default, variant, op_name):
 
 
 def prep_sweep(rows, configs, gates=("gdn", "kda")):
-    """The precompute alone at 1 x 8192 (V-major; the gates asked for) under other launch choices, JIT."""
+    """The precompute kernels alone at 1 x 8192 (V-major; the gates asked for) under other launch
+    choices, JIT; each kernel in launch order (KDA: kda_chunk_intra, kda_chunk_inter, kda_chunk_wy,
+    each reading what the one before wrote)."""
     print("\n-- precompute sweep: 1x8192, JIT, bf16, K = V = 128 --")
     for kda in [g == "kda" for g in gates]:
         q, k, v, g, beta, state, idx, cu = make([8192], kda, "vmajor")
         out = torch.empty_like(v)
-        (pspec, paxes, pgrid, pargs), _st = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True,
-                                                            "vmajor")
+        *pre, _st = op.launch_plan(q, k, v, g, beta, state, idx, cu, out, K ** -0.5, True, "vmajor")
         gate = "kda" if kda else "gdn"
-        default = chunk_spec.prep_launch(paxes, 90)
-        consts = pspec.compile_constexprs(paxes, 90)
-        for warps, stages, cap in configs:
-            def prep():
-                return chunk_kernels.gdn_chunk_prep[pgrid](*pargs, **consts, num_warps=warps, num_stages=stages,
-                                                           **({"maxnreg": cap} if cap else {}))
-            try:
-                kern = prep()
-                res = f" regs {kern.n_regs} spills {kern.n_spills} smem {kern.metadata.shared}"
-            except Exception as e:  # noqa: BLE001
-                res = f" ({type(e).__name__})"
-            _sweep_row(rows, f"prep {gate} warps {warps:2d} stages {stages} maxnreg {cap:3d}{res}", prep,
-                       (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),
-                       f"bf16,k{K},v{V},{gate},w{warps},s{stages}" + (f",r{cap}" if cap else ""),
-                       "gated_delta_prefill_prep_sweep")
-        del q, k, v, g, beta, state, out, pargs
+        for pspec, paxes, pgrid, pargs in pre:
+            default = pspec.launch_config(paxes, 90)
+            consts = pspec.compile_constexprs(paxes, 90)
+            fn = getattr(importlib.import_module(pspec.module), pspec.function)
+            for warps, stages, cap in configs:
+                def prep():
+                    return fn[pgrid](*pargs, **consts, num_warps=warps, num_stages=stages,
+                                     **({"maxnreg": cap} if cap else {}))
+                try:
+                    kern = prep()
+                    res = f" regs {kern.n_regs} spills {kern.n_spills} smem {kern.metadata.shared}"
+                except Exception as e:  # noqa: BLE001
+                    res = f" ({type(e).__name__})"
+                _sweep_row(rows, f"{pspec.name} warps {warps:2d} stages {stages} maxnreg {cap:3d}{res}", prep,
+                           (warps, stages, cap) == (default.num_warps, default.num_stages, default.maxnreg),
+                           f"bf16,k{K},v{V},{gate},{pspec.name},w{warps},s{stages}" + (f",r{cap}" if cap else ""),
+                           "gated_delta_prefill_prep_sweep")
+            run_kernel(pspec, paxes, pgrid, pargs)  # the next kernel reads the workspace this one wrote
+        del q, k, v, g, beta, state, out, pre
         torch.cuda.empty_cache()
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# ncu over the KDA precompute (gdn_chunk_prep, KDA) at B 1 x T 8192 (bf16, H 16, HV 32, K = V = 128,
+# ncu over the KDA precompute (kda_chunk_intra, kda_chunk_inter, kda_chunk_wy) at B 1 x T 8192 (bf16, H 16, HV 32, K = V = 128,
 # l2norm in kernel): speed of light, warp stalls, instruction mix, occupancy, and the SASS source
 # page (per-instruction executed counts and stall samples) as CSV, caches flushed.
 #   usage (from bench/): bash ncu_kda_prep.sh OUTDIR
 set -uo pipefail
 out=$1
-ncu --clock-control none --cache-control all -k regex:gdn_chunk_prep -c 1 \
+ncu --clock-control none --cache-control all -k regex:kda_chunk_ -c 3 \
   --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
   --section InstructionStats --section SchedulerStats --section SourceCounters \
   --import-source no -o "$out/kda_prep" -f \

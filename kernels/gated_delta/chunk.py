@@ -13,28 +13,25 @@ so with X = (I + A)^-1:  W = X (beta k Gam),  U = X (beta v),  V' = U - W S0^T, 
     O   = scale (q Gam) S0^T + Aqk V',   Aqk_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)  (j <= i)
     S_C = S0 exp(G_last) + V'^T (k exp(G_last - G)).
 
-Two kernels. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel) builds
-A and Aqk (GDN: two [64, K] x [K, 64] dots over the whole chunk, q and k in the input dtype; KDA:
-chunk-wide too, in 32-channel steps, _kda_chunk_a), inverts I + A (GDN: by ten [64, 64] products,
-_inverse_doubling; KDA: the diagonal 16 x 16 blocks by batched products, then four [64, 64] ones,
-_kda_inverse) and writes W = X (beta k Gam), U = X (beta v) by [64, 64] x [64, 64-column] dots,
-and Kg = k exp(G_last - G), Aqk (input dtype), exp(G_last) (fp32, per K) and Qg = scale q Gam:
-for KDA as a [T, HV, K] tile; for GDN, where
-Gam is a scalar a token, only its row factor Fq = scale Gam / |q| (fp32 [T, HV]; the state pass
-reads q and scales its rows of q h: a [T, HV, K] write and its read back saved). GDN at fp32 in
-the 256 tile works in 16-row sub-blocks instead (chunk_spec.prep_subblocks). Registers and
-spills of each version: the kernel's comment.
+Two kernels for GDN. `gdn_chunk_prep` (grid: chunk slots x value heads, every chunk in parallel)
+builds A and Aqk by two [64, K] x [K, 64] dots over the whole chunk (q and k in the input dtype),
+inverts I + A by ten [64, 64] products (_inverse_doubling) and writes W = X (beta k Gam),
+U = X (beta v) by [64, 64] x [64, 64-column] dots, Kg = k exp(G_last - G), Aqk (input dtype),
+exp(G_last) (fp32, per K) and, Gam being a scalar a token, only the query rows' factor
+Fq = scale Gam / |q| (fp32 [T, HV]; the state pass reads q and scales its rows of q h: a
+[T, HV, K] write and its read back saved). GDN at fp32 in the 256 tile works in 16-row sub-blocks
+instead and writes Qg = scale q Gam (chunk_spec.prep_subblocks). Registers and spills of each
+version: the kernel's comment. KDA's precompute is three kernels of its own (kda_chunk.py), with
+the same outputs (Qg written, Fq = 1).
 `gdn_chunk_state` (grid: sequences x value heads x V tiles) walks a sequence's chunks in order
 with its state tile in registers, and per chunk runs four dots: V' = U - W h, O = Fq (Qs h) +
 Aqk V' (Qs: q or Qg), h = h exp(G_last) + Kg^T V'. It needs no gate, norm or exp of its own, so
 one binary serves GDN and KDA, and no per-chunk state is written to memory.
 
 KDA stability: exp(G_ic - G_jc) must not be formed as exp(G_i) exp(-G_j) (gates reach -10 a token
-and more, so exp(-G_j) overflows within a chunk). Every pair is split at a cumulative gate R
-between the two tokens: exp(G_i - R) exp(R - G_j), both factors <= 1, so each is a plain dot of
-decayed q or k rows: R at 16-token block boundaries for pairs in different blocks, at 4-token
-quarter boundaries inside a block, and the token before i inside a quarter (_kda_blocks,
-_kda_within).
+and more, so exp(-G_j) overflows within a chunk): kda_chunk.py splits pairs in different 16-token
+blocks at a cumulative gate between them (both factors <= 1) and forms the pairs inside a block
+elementwise.
 
 Head sizes and dtypes: HEAD_K / HEAD_V are the tiles (64, 128, 256); the head sizes K_DIM / V_DIM
 are runtime ints. Every load of q, k, v, a KDA gate and the pool and every store of the output and
@@ -54,7 +51,6 @@ from aotc.kernels.common.schedule import owner_of_block
 CHUNK = tl.constexpr(64)
 SUB = tl.constexpr(16)
 WCOL = tl.constexpr(64)  # columns a W/U dot (see the kernel)
-KSTEP = tl.constexpr(32)  # KDA: channels a step of the A products (_kda_chunk_a)
 L2NORM_EPS = tl.constexpr(1e-6)  # reference.py's l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -326,185 +322,20 @@ def _dot_acc(a, b, acc, TF32: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
-@triton.jit
-def _pick(s: tl.constexpr, x1, x2, x3):
-    if s == 1:
-        return x1
-    elif s == 2:
-        return x2
-    else:
-        return x3
-
-
-@triton.jit
-def _kda_blocks(A, Aq, q, k, Gc, r, DT: tl.constexpr, TF32: tl.constexpr):
-    """The pairs of different 16-token blocks of one channel step (rows of block s against the
-    blocks before it), into the [64, 64] accumulators: left k_r exp(G_r - E_{s-1}), right
-    k_c exp(E_{s-1} - G_c), E_{s-1} the gate at block s's last token before it; both <= 1, and
-    the rows and columns outside the pair are zeros, so each dot accumulates in place."""
-    blk = r // SUB
-    E1 = tl.sum(tl.where((r == SUB - 1)[:, None], Gc, 0.0), 0)
-    E2 = tl.sum(tl.where((r == 2 * SUB - 1)[:, None], Gc, 0.0), 0)
-    E3 = tl.sum(tl.where((r == 3 * SUB - 1)[:, None], Gc, 0.0), 0)
-    ref = tl.where((blk == 1)[:, None], E1[None, :], tl.where((blk == 2)[:, None], E2[None, :], E3[None, :]))
-    left = tl.exp(tl.where((blk >= 1)[:, None], Gc - ref, float("-inf")))
-    kl = k * left
-    ql = q * left
-    for s in tl.static_range(1, 4):
-        Es = _pick(s, E1, E2, E3)
-        right = tl.trans((k * tl.exp(tl.where((blk < s)[:, None], Es[None, :] - Gc, float("-inf")))).to(DT))
-        rows = (blk == s)[:, None]
-        A = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, A, TF32)
-        Aq = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aq, TF32)
-    return A, Aq
-
-
-@triton.jit
-def _kda_within(Ad, Aqd, q3, k3, g3, G3, DT: tl.constexpr, TF32: tl.constexpr):
-    """The pairs inside each 16-token block of one channel step, as [4, 16, 16] (block, row,
-    column) by batched dots: 4-token quarters (rows of quarter s against the quarters before it,
-    split at the gate before quarter s: both factors <= 1, rows and columns outside are zeros),
-    then tokens of a quarter (row at position s against the positions before it, split at the
-    token before it: the left factor is exp(g_r); pairs across quarters meet two references and
-    are dropped after the dot)."""
-    i = tl.arange(0, SUB)
-    quar = (i // 4)[None, :, None]
-    R1 = tl.sum(tl.where(i[None, :, None] == 3, G3, 0.0), 1)
-    R2 = tl.sum(tl.where(i[None, :, None] == 7, G3, 0.0), 1)
-    R3 = tl.sum(tl.where(i[None, :, None] == 11, G3, 0.0), 1)
-    ref = tl.where(quar == 1, R1[:, None, :], tl.where(quar == 2, R2[:, None, :], R3[:, None, :]))
-    left = tl.exp(tl.where(quar >= 1, G3 - ref, float("-inf")))
-    kl = k3 * left
-    ql = q3 * left
-    for s in tl.static_range(1, 4):
-        Rs = _pick(s, R1, R2, R3)
-        right = tl.permute((k3 * tl.exp(tl.where(quar < s, Rs[:, None, :] - G3, float("-inf")))).to(DT), (0, 2, 1))
-        rows = quar == s
-        Ad = _dot_acc(tl.where(rows, kl, 0.0).to(DT), right, Ad, TF32)
-        Aqd = _dot_acc(tl.where(rows, ql, 0.0).to(DT), right, Aqd, TF32)
-    pos = (i % 4)[None, :, None]
-    e = tl.exp(g3)
-    kl = k3 * e
-    ql = q3 * e
-    sameq = ((i // 4)[:, None] == (i // 4)[None, :])[None, :, :]
-    zi = tl.zeros(G3.shape, tl.int32)
-    for s in tl.static_range(1, 4):
-        Gref = tl.gather(G3, (i - i % 4 + s - 1)[None, :, None] + zi, 1)
-        right = tl.permute((k3 * tl.exp(tl.where(pos < s, Gref - G3, float("-inf")))).to(DT), (0, 2, 1))
-        rows = pos == s
-        Ad += tl.where(sameq, _dot(tl.where(rows, kl, 0.0).to(DT), right, TF32), 0.0)
-        Aqd += tl.where(sameq, _dot(tl.where(rows, ql, 0.0).to(DT), right, TF32), 0.0)
-    return Ad, Aqd
-
-
-@triton.jit
-def _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0, K_DIM):
-    """q, k (input dtype) and g (fp32) [64, KSTEP] of the channel step at c0; channels at or past
-    K_DIM and tokens past the chunk's end read as zeros."""
-    c = c0 + tl.arange(0, KSTEP)
-    km = m[:, None] & (c < K_DIM)[None, :]
-    q = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=km, other=0.0)
-    k = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=km, other=0.0)
-    g = tl.load(G + t[:, None] * s_gt + hv * s_gh + c[None, :], mask=km, other=0.0)
-    return q, k, g
-
-
-@triton.jit
-def _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
-                 K_DIM, qk_l2norm, scale, HEAD_K: tl.constexpr, DT: tl.constexpr, TF32: tl.constexpr):
-    """KDA, whole chunk: writes the Aqk rows; returns (A's pairs across 16-token blocks [64, 64],
-    A's 16 x 16 diagonal blocks [4, 16, 16], both with beta, 1 / |q|, 1 / |k|) (ones without
-    qk_l2norm).
-
-    A_rc = sum_ch k_r k_c exp(G_r - G_c) needs the decay split so that no factor exceeds 1 (a
-    chunk's per-channel gates reach -600): in KSTEP-channel steps (q, k, g, G [64, KSTEP]; the
-    decay is per channel, so steps just add), plain dots at three 4-ary levels: 16-token blocks
-    (_kda_blocks), their 4-token quarters and the quarters' tokens (_kda_within). Aqk's diagonal
-    is sum q_r k_r. q and k enter unnormalized; 1 / |q|, 1 / |k| scale rows and columns after the
-    last step."""
-    r = tl.arange(0, CHUNK)
-    A = tl.zeros([CHUNK, CHUNK], tl.float32)
-    Aq = tl.zeros([CHUNK, CHUNK], tl.float32)
-    Ad = tl.zeros([4, SUB, SUB], tl.float32)
-    Aqd = tl.zeros([4, SUB, SUB], tl.float32)
-    ssq = tl.zeros([CHUNK], tl.float32)
-    ssk = tl.zeros([CHUNK], tl.float32)
-    qkd = tl.zeros([CHUNK], tl.float32)
-    # Each step's q, k, g are loaded one step ahead (the last step's loads are all masked off), so
-    # their latency overlaps the step before instead of opening every step.
-    qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, 0, K_DIM)
-    for c0 in range(0, HEAD_K, KSTEP):
-        q = qn.to(tl.float32)
-        k = kn.to(tl.float32)
-        g = gn
-        qn, kn, gn = _kda_step_tiles(Q, K, G, t, m, hv, hk, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c0 + KSTEP, K_DIM)
-        Gc = tl.cumsum(g, 0)
-        ssq += tl.sum(q * q, 1)
-        ssk += tl.sum(k * k, 1)
-        qkd += tl.sum(q * k, 1)
-        A, Aq = _kda_blocks(A, Aq, q, k, Gc, r, DT, TF32)
-        Ad, Aqd = _kda_within(Ad, Aqd, tl.reshape(q, [4, SUB, KSTEP]), tl.reshape(k, [4, SUB, KSTEP]),
-                              tl.reshape(g, [4, SUB, KSTEP]), tl.reshape(Gc, [4, SUB, KSTEP]), DT, TF32)
-    if qk_l2norm != 0:
-        rq = 1.0 / tl.sqrt(ssq + L2NORM_EPS)
-        rk = 1.0 / tl.sqrt(ssk + L2NORM_EPS)
-    else:
-        rq = tl.full([CHUNK], 1.0, tl.float32)
-        rk = tl.full([CHUNK], 1.0, tl.float32)
-    blk = r // SUB
-    row = (t[:, None] * HV + hv) * CHUNK
-    tl.store(Aqk + row + r[None, :], (Aq * (rq * scale)[:, None] * rk[None, :]).to(Aqk.dtype.element_ty),
-             mask=m[:, None] & (blk[:, None] != blk[None, :]))
-    i = tl.arange(0, SUB)
-    rq3 = tl.reshape(rq * scale, [4, SUB])
-    rk3 = tl.reshape(rk, [4, SUB])
-    diag = tl.reshape(qkd, [4, SUB])[:, :, None] * rq3[:, :, None] * rk3[:, :, None]
-    Aqd = tl.where((i[:, None] == i[None, :])[None, :, :], diag, Aqd * rq3[:, :, None] * rk3[:, None, :])
-    b = tl.arange(0, 4)
-    t3 = tl.reshape(t, [4, SUB])
-    tl.store(Aqk + ((t3 * HV + hv) * CHUNK)[:, :, None] + (b[:, None, None] * SUB + i[None, None, :]),
-             Aqd.to(Aqk.dtype.element_ty), mask=tl.reshape(m, [4, SUB])[:, :, None])
-    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
-    fk = beta * rk
-    A = A * fk[:, None] * rk[None, :]
-    Ad = Ad * tl.reshape(fk, [4, SUB])[:, :, None] * rk3[:, None, :]
-    return A, Ad, rq, rk
-
-
-@triton.jit
-def _kda_inverse(L, Ad, TF: tl.constexpr, EXACT: tl.constexpr):
-    """X = (I + A)^-1 with A = L + Ad: L [64, 64] the pairs across 16-token blocks, Ad [4, 16, 16]
-    the strictly lower diagonal blocks. D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) by batched
-    16 x 16 products, then as _inverse_doubling: N = D^-1 L, X = (I - N)(I + N^2) D^-1."""
-    i = tl.arange(0, SUB)
-    eye3 = tl.where((i[:, None] == i[None, :])[None, :, :], 1.0, 0.0) + tl.zeros([4, SUB, SUB], tl.float32)
-    p2 = _mm(Ad, Ad, TF, EXACT)
-    p4 = _mm(p2, p2, TF, EXACT)
-    d = _mm(_mm(eye3 - Ad, eye3 + p2, TF, EXACT), eye3 + p4, TF, EXACT)
-    d = _mm(d, eye3 + _mm(p4, p4, TF, EXACT), TF, EXACT)
-    b = tl.arange(0, 4)
-    d4 = tl.where(b[:, None, None, None] == b[None, None, :, None], d[:, :, None, :], 0.0)
-    dinv = tl.reshape(d4, [CHUNK, CHUNK])
-    r = tl.arange(0, CHUNK)
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    n = _mm(dinv, L, TF, EXACT)
-    return _mm(_mm(eye - n, eye + _mm(n, n, TF, EXACT), TF, EXACT), dinv, TF, EXACT)
-
-
 @triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
             do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
 def gdn_chunk_prep(
     Q, K, V, G, Beta, W, U, Qg, Fq, Kg, Aqk, Decay, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM, V_DIM,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_gt, s_gh, s_bt, s_bh,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, KDA: tl.constexpr, SUBBLOCKS: tl.constexpr,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, SUBBLOCKS: tl.constexpr,
     MERGE_TF32: tl.constexpr,
 ):
     """One chunk of one value head: W, U, Kg [T, HV, *] and Aqk [T, HV, 64] rows of the chunk
     (input dtype), Decay[slot, hv, :] = exp(G_last) (fp32) and the state pass's query rows: GDN
     (a scalar gate a token) writes only their factor Fq [T, HV] = scale exp(G) / |q| (fp32; the
-    state pass scales q h's rows by it and reads q itself), KDA writes Qg = scale q exp(G) and
-    Fq = 1. Grid (chunk slots x HV,): program i is chunk slot i // HV, value head i % HV."""
+    state pass scales q h's rows by it and reads q itself); in 16-row sub-blocks (SUBBLOCKS) it
+    writes Qg = scale q exp(G) and Fq = 1 instead. Grid (chunk slots x HV,): program i is chunk slot i // HV, value head i % HV."""
     # Value heads vary fastest: the programs of one chunk run side by side, so q and k rows shared by
     # a GVA group come from L2 and the workspace rows they write are contiguous
     # (BENCHMARKS.md, "Gated delta prefill precompute, session 29").
@@ -541,21 +372,12 @@ def gdn_chunk_prep(
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
     # (H100 JIT report, K = 128, 4 warps); with its factors used as formed and q, k loaded up front:
     # 168 / 24 at the cap, 205 / 0 without it (cuobjdump here: stack 240 -> 96 bytes).
-    # KDA by channel steps (_kda_chunk_a) at 8 warps: 255 / 6 (H100 JIT report, K = 128).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
     TF: tl.constexpr = MERGE_TF32
     EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
-    if KDA:
-        # Per-channel gates: A and Aqk chunk-wide in KSTEP-channel steps (_kda_chunk_a), X by the
-        # [64, 64] products as GDN; Qg, Kg, W and the decay in the column pass below.
-        tq = t0 + tl.arange(0, CHUNK)
-        tl.store(Fq + tq.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tq < end)
-        a, ad, rq, rk = _kda_chunk_a(Q, K, G, Beta, Aqk, t, m, hv64, hk, HV, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh,
-                                     s_bt, s_bh, K_DIM, qk_l2norm, scale, HEAD_K, Q.dtype.element_ty, MERGE_TF32)
-        x = _kda_inverse(a, ad, TF, EXACT)
-    elif SUBBLOCKS:
+    if SUBBLOCKS:
         R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
         g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh)
         R1 = R0 + tl.sum(g, 0)
@@ -652,26 +474,7 @@ def gdn_chunk_prep(
     # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).
-    if KDA:
-        # Column blocks of the chunk: Qg = scale q exp(G), Kg = k exp(G_last - G), the decay
-        # exp(G_last) and W = X (beta k exp(G)), k and q normalized by _kda_chunk_a's factors.
-        fk = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0) * rk
-        for c0 in tl.static_range(0, HEAD_K, WCOL):
-            c = c0 + tl.arange(0, WCOL)
-            cm = m[:, None] & (c < K_DIM)[None, :]
-            gc = tl.load(G + t[:, None] * s_gt + hv64 * s_gh + c[None, :], mask=cm, other=0.0)
-            Gc = tl.cumsum(gc, 0)
-            RLc = tl.sum(gc, 0)  # the gate at the chunk's last token (past the end g reads 0)
-            tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c, tl.exp(RLc))
-            eg = tl.exp(Gc)
-            ws = (t[:, None] * HV + hv64) * HEAD_K + c[None, :]
-            qc = tl.load(Q + t[:, None] * s_qt + hk * s_qh + c[None, :], mask=cm, other=0.0).to(tl.float32)
-            tl.store(Qg + ws, (qc * (rq * scale)[:, None] * eg).to(Qg.dtype.element_ty), mask=m[:, None])
-            kc = tl.load(K + t[:, None] * s_kt + hk * s_kh + c[None, :], mask=cm, other=0.0).to(tl.float32)
-            tl.store(Kg + ws, (kc * rk[:, None] * tl.exp(RLc[None, :] - Gc)).to(Kg.dtype.element_ty), mask=m[:, None])
-            kc = _wy_operand(kc * fk[:, None] * eg, W.dtype.element_ty)
-            tl.store(W + ws, _mm(xw, kc, TF, EXACT).to(W.dtype.element_ty), mask=m[:, None])
-    elif SUBBLOCKS:  # the per-row factor of k: beta exp(G) / |k| (else _gdn_chunk_a's)
+    if SUBBLOCKS:  # the per-row factor of k: beta exp(G) / |k| (else _gdn_chunk_a's)
         rs = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
         rs = rs * tl.exp(tl.cumsum(tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0), 0))
         if qk_l2norm != 0:
@@ -682,10 +485,9 @@ def gdn_chunk_prep(
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
-    if not KDA:
-        for c0 in tl.static_range(0, HEAD_K, WCOL):
-            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
-            _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    for c0 in tl.static_range(0, HEAD_K, WCOL):
+        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
+        _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
     bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
     for c0 in tl.static_range(0, HEAD_V, WCOL):
         vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]

@@ -1,15 +1,17 @@
-"""Variants of the chunked gated delta rule (`chunk.py`): the per-chunk precompute and the state pass.
+"""Variants of the chunked gated delta rule: GDN's precompute and the state pass (`chunk.py`), KDA's
+precompute (`kda_chunk.py`: kda_chunk_intra, kda_chunk_inter, kda_chunk_wy).
 
 Axes: `dtype` (q/k/v, output and workspace: fp16, bf16, fp32), `head_k`, `head_v` (the K and V
 tiles: 64, 128, 256; built where they are equal, the shapes models use; other pairs run through
-the JIT fallback), for the precompute `gate` ("gdn": one log-gate a head; "kda": one a head and K
-channel), and for the state pass `bv` (value rows a program: 32, or the whole head_v where head_k,
+the JIT fallback), for GDN's precompute `gate` (only "gdn" since KDA's precompute has kernels of
+its own; kept in its keys), and for the state pass `bv` (value rows a program: 32, or the whole head_v where head_k,
 head_v <= 128 and the inputs are 16-bit; the op picks one per call with `state_block_v`). The head
 sizes K and V themselves are runtime ints up to their tiles (`head_tile`: K = 60 runs in the 64
 tile, 100 in the 128 one, the rest of the tile masked); qk_l2norm, scale, GVA group, lengths and
 strides are runtime values too; both state layouts share one binary (the pool is addressed by
 strides).
-3 x 3 x 2 = 18 precompute variants, each built at two specialization levels per target, and
+3 x 3 = 9 GDN precompute variants, 9 kda_chunk_intra and 9 kda_chunk_inter (dtype x head_k),
+9 kda_chunk_wy (dtype x head tile), each built at two specialization levels per target, and
 2 x (2 + 2 + 1) + 3 = 13 state variants, built ALIGNED under gdn_chunk_state and GENERIC under
 gdn_chunk_state_generic (two specs of one kernel: their launch configs differ, see
 state_launch_generic).
@@ -23,7 +25,6 @@ from aotc.kernels.variants import ALIGNED, GENERIC, Arg, KernelSpec, LaunchConfi
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 128, 256)  # the tiles built; a head size is any value up to MAX_HEAD
 MAX_HEAD = 256
-GATES = ("gdn", "kda")
 CHUNK = 64  # tokens a chunk (kernel.CHUNK): the op sizes its workspace and grid with it
 
 
@@ -102,16 +103,19 @@ STATE_ARGS = (
 
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
-    """Whether the precompute works in 16-row sub-blocks and writes Qg (the state pass then reads
-    Qg, group 1, not q): always for KDA; for GDN at fp32 with the 256 tile, where its chunk-wide
-    [64, K] x [K, 64] dots take 256 KiB of shared memory on sm90 (Triton 3.6; 64 KiB this way)."""
+    """Whether the precompute writes Qg (the state pass then reads Qg, group 1, not q): always for
+    KDA (kda_chunk_wy); for GDN at fp32 with the 256 tile, where gdn_chunk_prep works in 16-row
+    sub-blocks (its chunk-wide [64, K] x [K, 64] dots would take 256 KiB of shared memory on sm90,
+    Triton 3.6; 64 KiB this way)."""
     return kda or (dtype == "fp32" and head_k > 128)
 
 
 def prep_constexprs(axes) -> dict:
-    kda = axes["gate"] == "kda"
-    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]), "KDA": int(kda),
-            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), kda))}
+    if axes["gate"] != "gdn":
+        raise ValueError(f"gdn_chunk_prep: gate {axes['gate']!r}: only 'gdn' (KDA runs kda_chunk_intra, "
+                         "kda_chunk_inter, kda_chunk_wy)")
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"]),
+            "SUBBLOCKS": int(prep_subblocks(axes.get("dtype", "bf16"), int(axes["head_k"]), False))}
 
 
 def prep_target_constexprs(axes, arch) -> dict:
@@ -131,10 +135,10 @@ def state_constexprs(axes) -> dict:
 
 
 def prep_variants():
+    # GDN only: KDA's precompute is KDA_CHUNK_INTRA, KDA_CHUNK_INTER and KDA_CHUNK_WY
     for dtype in DTYPES:
         for d in HEAD_DIMS:
-            for gate in GATES:
-                yield {"dtype": dtype, "head_k": d, "head_v": d, "gate": gate}
+            yield {"dtype": dtype, "head_k": d, "head_v": d, "gate": "gdn"}
 
 
 def state_variants():
@@ -156,13 +160,8 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # 1.037 (K = V = 64 and sm80 not measured). Still the best at the current kernel: maxnreg 128 (4
     # programs an SM, 44 B spilled) 0.256 / 0.491 ms against 168's 0.235 / 0.455 (BENCHMARKS.md,
     # "Gated delta prefill precompute, session 29").
-    # KDA (_kda_chunk_a's channel steps): 8 warps at every head size, no cap. H100, JIT, bf16,
-    # K = V = 128, 1 x 8192, prep ms (registers / spill bytes): 8 warps 1.746 (255 / 6), 4 warps
-    # 1.981 (255 / 64), 8 warps maxnreg 192 1.881, 16 warps 2.771 (128 / 70).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
-    if axes["gate"] == "kda":
-        return LaunchConfig(num_warps=8, num_stages=1)
-    cap = 168 if axes["gate"] == "gdn" and not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
+    cap = 168 if not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
 
 
@@ -243,7 +242,7 @@ GDN_CHUNK_PREP = KernelSpec(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_prep",
     args=PREP_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "KDA", "SUBBLOCKS", "MERGE_TF32"),
+    constexpr_names=("HEAD_K", "HEAD_V", "SUBBLOCKS", "MERGE_TF32"),
     constexprs=prep_constexprs,
     target_constexprs=prep_target_constexprs,
     variants=prep_variants,
@@ -281,4 +280,129 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
     levels=(GENERIC,),
 )
 
-KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC)
+
+# KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the
+# inverse and W / U / Qg / Kg / decay; A passes through the Akk workspace (fp32 [T, HV, 64]).
+KDA_INTRA_ARGS = (
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
+    + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
+       Arg("Aqk", "ptr", aligned=True, dtype="dtype"), Arg("Akk", "ptr", aligned=True, dtype="=fp32"),
+       Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("HV", "i32"), Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True))
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh"))
+    + tuple(Arg(n, "i32") for n in ("s_gt", "s_gh", "s_bt", "s_bh"))
+)
+
+KDA_INTER_ARGS = (
+    tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
+    + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "Qg"))
+    + (Arg("Fq", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Kg", "Aqk"))
+    + (Arg("Akk", "ptr", aligned=True, dtype="=fp32"), Arg("Decay", "ptr", aligned=True, dtype="=fp32"),
+       Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
+       Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
+       Arg("HV", "i32"), Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True))
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh"))
+    + tuple(Arg(n, "i32") for n in ("s_gt", "s_gh", "s_bt", "s_bh"))
+)
+
+KDA_WY_ARGS = (
+    (Arg("Akk", "ptr", aligned=True, dtype="=fp32"), Arg("V", "ptr", aligned=True, dtype="dtype"),
+     Arg("Beta", "ptr", dtype="=fp32"))
+    + tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("W", "U"))
+    + (Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
+       Arg("num_seqs", "i32"), Arg("num_slots", "i32"), Arg("HV", "i32"),
+       Arg("K_DIM", "i32", aligned=True), Arg("V_DIM", "i32", aligned=True),
+       Arg("s_vt", "i32", aligned=True), Arg("s_vh", "i32", aligned=True), Arg("s_bt", "i32"), Arg("s_bh", "i32"))
+)
+
+
+def kda_a_variants():
+    for dtype in DTYPES:
+        for d in HEAD_DIMS:
+            yield {"dtype": dtype, "head_k": d}
+
+
+def kda_wy_variants():
+    for dtype in DTYPES:
+        for d in HEAD_DIMS:
+            yield {"dtype": dtype, "head_k": d, "head_v": d}
+
+
+def kda_a_constexprs(axes) -> dict:
+    return {"HEAD_K": int(axes["head_k"])}
+
+
+def kda_wy_constexprs(axes) -> dict:
+    return {"HEAD_K": int(axes["head_k"]), "HEAD_V": int(axes["head_v"])}
+
+
+def kda_intra_launch(axes, arch: int) -> LaunchConfig:
+    # [BC, 16, 16] fp32 tiles a channel step, no loads worth pipelining: many small programs an SM
+    # hide each other's latency. Warp counts timed on the H100 for the first version only
+    # (BENCHMARKS.md, "KDA precompute as three kernels").
+    return LaunchConfig(num_warps=4, num_stages=1)
+
+
+def kda_inter_launch(axes, arch: int) -> LaunchConfig:
+    # Twelve [16, 16] accumulators, [16, 32] operands: few warps (a 16-row MMA tile is repeated in
+    # every warp); 2, not 1, since it also writes Qg / Kg / W's operand (1 warp spilled 90 B before
+    # that: BENCHMARKS.md, "KDA precompute as three kernels"). One stage.
+    return LaunchConfig(num_warps=2, num_stages=1)
+
+
+def kda_wy_launch(axes, arch: int) -> LaunchConfig:
+    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps (8 and 2 were slower, same
+    # table), one stage.
+    return LaunchConfig(num_warps=4, num_stages=1)
+
+
+def kda_a_axes(dtype: str, head_k: int) -> dict:
+    return {"dtype": dtype, "head_k": head_k}
+
+
+def kda_wy_axes(dtype: str, head_k: int, head_v: int) -> dict:
+    return {"dtype": dtype, "head_k": head_k, "head_v": head_v}
+
+
+KDA_CHUNK_INTRA = KernelSpec(
+    name="kda_chunk_intra",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_intra",
+    args=KDA_INTRA_ARGS,
+    constexpr_names=("HEAD_K",),
+    constexprs=kda_a_constexprs,
+    variants=kda_a_variants,
+    launch=kda_intra_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KDA_CHUNK_INTER = KernelSpec(
+    name="kda_chunk_inter",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_inter",
+    args=KDA_INTER_ARGS,
+    constexpr_names=("HEAD_K", "TF32"),
+    constexprs=kda_a_constexprs,
+    target_constexprs=state_target_constexprs,
+    variants=kda_a_variants,
+    launch=kda_inter_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KDA_CHUNK_WY = KernelSpec(
+    name="kda_chunk_wy",
+    module="aotc.kernels.gated_delta.kda_chunk",
+    function="kda_chunk_wy",
+    args=KDA_WY_ARGS,
+    constexpr_names=("HEAD_K", "HEAD_V", "MERGE_TF32"),
+    constexprs=kda_wy_constexprs,
+    target_constexprs=prep_target_constexprs,
+    variants=kda_wy_variants,
+    launch=kda_wy_launch,
+    sources=("kda_chunk.py", "chunk.py"),
+)
+
+KERNELS = (GDN_CHUNK_PREP, GDN_CHUNK_STATE, GDN_CHUNK_STATE_GENERIC, KDA_CHUNK_INTRA, KDA_CHUNK_INTER, KDA_CHUNK_WY)

@@ -44,9 +44,11 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
-    programs = (d.T // _spec.CHUNK + n) * v.shape[2]  # the precompute's flat grid (launch_plan)
+    kda = g.dim() == 4  # KDA's kda_chunk_intra: a program a 16-token block
+    programs = (d.T // _spec.CHUNK + n) * v.shape[2] * (4 if kda else 1)  # the precompute's flat grid (launch_plan)
     if programs >= 2 ** 31:
-        rules.fail(OP, "q.shape[1] (T)", "(T // 64 + N) * HV below 2**31 (the precompute's grid)", programs)
+        grid = "(T // 64 + N) * HV" + (" * 4" if kda else "")
+        rules.fail(OP, "q.shape[1] (T)", f"{grid} below 2**31 (the precompute's grid)", programs)
     return check_scale(scale, d.K, OP)
 
 
@@ -78,7 +80,8 @@ def sm_count(device) -> int:
 
 def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
                 bv=None):
-    """The two launches [(spec, axes, grid, args), ...] for validated arguments, with their
+    """The launches [(spec, axes, grid, args), ...] for validated arguments (the precompute: one
+    kernel for GDN, three for KDA; then the state pass), with their
     workspace (the bench reuses it). cu_seqlens and state_indices are int32 here. `bv`: the state
     pass's value tile, by default chunk_spec.state_block_v of the shapes and q's device's SMs (no
     length: one CUDA graph serves every length); one of chunk_spec.state_block_vs(K, V)."""
@@ -92,12 +95,24 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     kda = g.dim() == 4
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
-    w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, g.dim() == 4)
-    prep = (_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
-        q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
-        float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
-        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-        g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))
+    w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, kda)
+    if kda:  # three precompute kernels (kda_chunk.py): A's diagonal blocks, those below, the inverse and W/U
+        common = (cu_seqlens, state_indices, float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim,
+                  q.stride(1), q.stride(2), k.stride(1), k.stride(2), g.stride(1), g.stride(2), beta.stride(1),
+                  beta.stride(2))
+        a_axes = _spec.kda_a_axes(name, K)
+        pre = [(_spec.KDA_CHUNK_INTRA, a_axes, (slots * 4 * HV, 1, 1), (q, k, g, beta, aqk, akk) + common),
+               (_spec.KDA_CHUNK_INTER, a_axes, (slots * HV, 1, 1),
+                (q, k, g, beta, w, qg, fq, kg, aqk, akk, decay) + common),
+               (_spec.KDA_CHUNK_WY, _spec.kda_wy_axes(name, K, V), (slots * HV, 1, 1), (
+                   akk, v, beta, w, u, cu_seqlens, state_indices, N, state.shape[0], HV, K_dim, V_dim,
+                   v.stride(1), v.stride(2), beta.stride(1), beta.stride(2)))]
+    else:
+        pre = [(_spec.GDN_CHUNK_PREP, _spec.prep_axes(name, K, V, kda), (slots * HV, 1, 1), (
+            q, k, v, g, beta, w, u, qg, fq, kg, aqk, decay, cu_seqlens, state_indices,
+            float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim, V_dim,
+            q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+            g.stride(1), g.stride(2), beta.stride(1), beta.stride(2)))]
     if subblocks:
         qs, group, s_qt, s_qh = qg, 1, qg.stride(0), qg.stride(1)
     else:
@@ -110,12 +125,13 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
                K_dim, V_dim, s_qt, s_qh, out.stride(1), out.stride(2), state.stride(0), state.stride(1), s_v, s_k)
     saxes = _spec.state_axes(name, K, V, bv)
     st = (_state_spec(st_args, saxes), saxes, (N, HV, V // bv), st_args)
-    return [prep, st]
+    return [*pre, st]
 
 
 def workspace(q, v, N: int, kda: bool):
     """The chunk kernels' workspaces for one call (torch's caching allocator): W, U, Qg, q's row
-    factors, k's gated copy, the chunks' attention, the decays."""
+    factors, k's gated copy, the chunks' attention, the decays, and for KDA A (fp32 [T, HV, 64]:
+    kda_chunk_intra / kda_chunk_inter write it, kda_chunk_wy inverts it; None for GDN)."""
     _, T, _, K_dim = q.shape
     HV, V_dim = v.shape[2], v.shape[3]
     K, V = _spec.head_tile(K_dim), _spec.head_tile(V_dim)
@@ -130,7 +146,8 @@ def workspace(q, v, N: int, kda: bool):
     kg = torch.empty(T, HV, K, dtype=dt, device=dev)
     aqk = torch.empty(T, HV, _spec.CHUNK, dtype=dt, device=dev)
     decay = torch.empty(T // _spec.CHUNK + N, HV, K, dtype=torch.float32, device=dev)
-    return w, u, qg, fq, kg, aqk, decay
+    akk = torch.empty(T, HV, _spec.CHUNK, dtype=torch.float32, device=dev) if kda else None
+    return w, u, qg, fq, kg, aqk, decay, akk
 
 
 def _state_spec(args, axes):
@@ -222,12 +239,12 @@ class _Checked:
         index = q.device.index
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # stands in for each call's
-        (pspec, paxes, pgrid, pargs), (_, saxes, sgrid, sargs) = launch_plan(
+        *pre, (_, saxes, sgrid, sargs) = launch_plan(
             q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
-        prep = prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index)
+        prep = [prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index) for pspec, paxes, pgrid, pargs in pre]
         aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
                             for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
-        if prep is not None and (aligned is not None or generic is not None):
+        if None not in prep and (aligned is not None or generic is not None):
             self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
 
     def run(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out):
@@ -236,7 +253,7 @@ class _Checked:
         if self.prep is None or _current_device() != self.index:
             return None
         N = state_indices.shape[0]
-        w, u, qg, fq, kg, aqk, decay = workspace(q, v, N, self.kda)
+        w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, self.kda)
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
         wp, up, qgp, fqp, kgp, ap, dp = (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), kg.data_ptr(),
@@ -247,8 +264,14 @@ class _Checked:
         if launch is None:
             return None
         stream = _current_stream(self.index)
-        self.prep((qp, k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), wp, up, qgp, fqp, kgp, ap, dp, cp,
-                   ip), stream)
+        kp, vp, gp, bp = k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr()
+        if self.kda:  # kda_chunk_intra, kda_chunk_inter, kda_chunk_wy (launch_plan's order)
+            akp = akk.data_ptr()
+            self.prep[0]((qp, kp, gp, bp, ap, akp, cp, ip), stream)
+            self.prep[1]((qp, kp, gp, bp, wp, qgp, fqp, kgp, ap, akp, dp, cp, ip), stream)
+            self.prep[2]((akp, vp, bp, wp, up, cp, ip), stream)
+        else:
+            self.prep[0]((qp, kp, vp, gp, bp, wp, up, qgp, fqp, kgp, ap, dp, cp, ip), stream)
         launch(st, stream)
         return out
 
@@ -290,11 +313,13 @@ def gated_delta_prefill(q, k, v, g, beta, state, state_indices, cu_seqlens, *, s
       as padded (nothing out of the pool is touched); cu_seqlens must still hold valid offsets.
       The state pass's value tile follows N, HV, K, V and the GPU's SM count, never the lengths
       (chunk_spec.state_block_v): one captured CUDA graph serves every length.
-    Kernels: the per-chunk precompute, then the state pass: on sm90 (16-bit, K and V tiles <= 128,
+    Kernels: the per-chunk precompute (GDN one kernel; KDA three: A's diagonal 16 x 16 blocks, the
+      blocks below them, the inverse and W/U), then the state pass: on sm90 (16-bit, K and V tiles <= 128,
       16-byte-aligned arguments) a warp-specialized Gluon kernel, else Triton's; both write the
       same final states (AOTC_GDN_STATE_WS=0 keeps Triton's on sm90 too).
     Workspace: W, U, k exp(G_last - G) (and for KDA q exp(G)) `[T, HV, K or V tile]` and the chunk's
-      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32, allocated per call
+      attention `[T, HV, 64]` in q's dtype, q's row factors `[T, HV]` fp32 (KDA: also A `[T, HV, 64]`
+      fp32), allocated per call
       (torch's caching allocator).
     Returns out. Raises TypeError for a wrong type or dtype and ValueError for a wrong shape,
     stride, device, option or (when validated) value, naming the argument, before any launch;

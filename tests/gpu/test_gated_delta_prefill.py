@@ -36,7 +36,7 @@ def run(case, **kw):
 
 
 def run_tile(case, bv, state_layout="vmajor"):
-    """The op's two launches with the state pass at value tile `bv` (the op picks one by batch)."""
+    """The op's launches (the state pass last) with the state pass at value tile `bv` (the op picks one by batch)."""
     from aotc.loader.dispatch import run_kernel
     from aotc.loader.ops.gated_delta_prefill import launch_plan
 
@@ -44,7 +44,7 @@ def run_tile(case, bv, state_layout="vmajor"):
     out = torch.full(case["v"].shape, float("nan"), dtype=case["q"].dtype, device=DEV)
     plan = launch_plan(case["q"], case["k"], case["v"], case["g"], case["beta"], pool, case["state_indices"],
                        case["cu_seqlens"], out, case["q"].shape[-1] ** -0.5, True, state_layout, bv=bv)
-    assert plan[1][1]["bv"] == bv
+    assert plan[-1][1]["bv"] == bv
     for launch in plan:
         run_kernel(*launch)
     torch.cuda.synchronize()

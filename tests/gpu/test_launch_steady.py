@@ -125,10 +125,11 @@ def test_prefix_prefill_steady_state_equals_the_checked_call():
     assert torch.equal(out, want)
 
 
-def test_gated_delta_prefill_steady_state_equals_the_checked_call():
+@pytest.mark.parametrize("kda", [False, True])  # KDA: three precompute launches, their own pointer lists
+def test_gated_delta_prefill_steady_state_equals_the_checked_call(kda):
     from tests.cpu.kernels.gated_delta.chunk_cases import make_case
 
-    case = make_case([64, 30], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    case = make_case([64, 30], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, kda=kda, strong_gates=kda, device="cuda")
     state0 = case["state"].clone()
     want = loader.gated_delta_prefill(**case, qk_l2norm=True)
     want_state = case["state"].clone()

@@ -1,9 +1,8 @@
 """The AOT binaries of one key of each gated delta kernel (the recurrent decode, and the chunked
 prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
 specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
-for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both; the
-precompute's KDA key. Each kernel's JIT calls
-are in its script (jit_sha_gated_delta*.py)."""
+for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both; KDA's
+three precompute kernels. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
 import importlib
 import os
 import subprocess
@@ -25,8 +24,11 @@ CASES = {"gated_delta_decode": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gat
          "gated_delta_decode_fp32": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["fp32"], "FP32"),
          "gdn_chunk_state_fp32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32", "fp32"],
                                   "FP32"),
-         # the chunked prefill's precompute, KDA (its channel-step dots, batched 16 x 16 products)
-         "gdn_chunk_prep_kda": ("gdn_chunk_prep", "tests.cpu.aot.jit_sha_gated_delta_prep", [], "AXES")}
+         # KDA's precompute: the diagonal blocks (3D elementwise tiles), the blocks below them
+         # (small dots), the inverse and W/U
+         "kda_chunk_intra": ("kda_chunk_intra", "tests.cpu.aot.jit_sha_gated_delta_kda", ["kda_chunk_intra"], "A_AXES"),
+         "kda_chunk_inter": ("kda_chunk_inter", "tests.cpu.aot.jit_sha_gated_delta_kda", ["kda_chunk_inter"], "A_AXES"),
+         "kda_chunk_wy": ("kda_chunk_wy", "tests.cpu.aot.jit_sha_gated_delta_kda", ["kda_chunk_wy"], "WY_AXES")}
 
 
 # The state pass's GENERIC binaries are a spec of their own (chunk_spec.GDN_CHUNK_STATE_GENERIC).

@@ -1,4 +1,5 @@
 """The chunked gated delta rule's variant table: counts, keys, the kernels' parameter lists, launch configs."""
+import importlib
 import inspect
 import re
 
@@ -14,13 +15,19 @@ def test_registered_with_counts():
     assert specs["gdn_chunk_prep"] is chunk_spec.GDN_CHUNK_PREP
     assert specs["gdn_chunk_state"] is chunk_spec.GDN_CHUNK_STATE
     assert specs["gdn_chunk_state_generic"] is chunk_spec.GDN_CHUNK_STATE_GENERIC
-    # dtype x head tile (K == V) x gate
-    assert len(list(chunk_spec.prep_variants())) == 18
+    assert specs["kda_chunk_intra"] is chunk_spec.KDA_CHUNK_INTRA
+    assert specs["kda_chunk_inter"] is chunk_spec.KDA_CHUNK_INTER
+    assert specs["kda_chunk_wy"] is chunk_spec.KDA_CHUNK_WY
+    # dtype x head tile (K == V), GDN only; KDA's three kernels dtype x head tile each
+    assert len(list(chunk_spec.prep_variants())) == 9
+    assert [len(list(s.variants())) for s in (chunk_spec.KDA_CHUNK_INTRA, chunk_spec.KDA_CHUNK_INTER,
+                                               chunk_spec.KDA_CHUNK_WY)] == [9, 9, 9]
     # 16-bit dtypes x (head tile, bv): bv 32 and 64 at 64, 32 and 128 at 128, 32 at 256; fp32 bv 32 at
     # every tile; one binary serves GDN, KDA and both layouts
     assert len(list(chunk_spec.state_variants())) == 13
     # x 2 levels: the state pass's aligned and generic binaries are two specs of one kernel
-    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) == 36
+    assert len(chunk_spec.GDN_CHUNK_PREP.keys()) == 18
+    assert len(chunk_spec.KDA_CHUNK_INTRA.keys()) == len(chunk_spec.KDA_CHUNK_WY.keys()) == 18
     assert len(chunk_spec.GDN_CHUNK_STATE.keys()) == len(chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()) == 13
     assert {k.level for k in chunk_spec.GDN_CHUNK_STATE.keys()} == {"aligned"}
     assert {k.level for k in chunk_spec.GDN_CHUNK_STATE_GENERIC.keys()} == {"generic"}
@@ -48,11 +55,12 @@ def test_keys_round_trip():
 
 def test_parameters_match_the_kernels():
     for spec in chunk_spec.KERNELS:
-        fn = getattr(chunk, spec.function)
+        module = importlib.import_module(spec.module)  # chunk.py, kda_chunk.py
+        fn = getattr(module, spec.function)
         names = list(inspect.signature(fn.fn).parameters)
         assert names == [a.name for a in spec.args] + list(spec.constexpr_names)
         # the decorator's list, read from the source (the interpreter's wrapper does not keep it)
-        source = inspect.getsource(chunk)
+        source = inspect.getsource(module)
         at = source.index(f"def {spec.function}(")
         decorator = source[source.rindex("@triton.jit(", 0, at):at]
         unspecialized = set(re.findall(r'"(\w+)"', decorator.split("do_not_specialize_on_alignment")[0]))
@@ -82,8 +90,12 @@ def test_launch_configs():
             assert d == 256 or not (bv == 32 and cfg.num_stages == 1)
     assert seen == {(64, 32), (64, 64), (128, 32), (128, 128), (256, 32)}
     assert chunk_spec.prep_launch({"head_k": 128, "head_v": 128, "gate": "gdn"}, 90).num_warps == 4
-    assert chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True)) == {
-        "HEAD_K": 128, "HEAD_V": 128, "KDA": 1, "SUBBLOCKS": 1}
+    with pytest.raises(ValueError, match="only 'gdn'"):  # KDA runs its own three kernels
+        chunk_spec.prep_constexprs(chunk_spec.prep_axes("bf16", 128, 128, True))
+    assert chunk_spec.KDA_CHUNK_INTER.compile_constexprs(chunk_spec.kda_a_axes("bf16", 128), 90) == {
+        "HEAD_K": 128, "TF32": 1}
+    assert chunk_spec.KDA_CHUNK_WY.compile_constexprs(chunk_spec.kda_wy_axes("bf16", 128, 128), 90) == {
+        "HEAD_K": 128, "HEAD_V": 128, "MERGE_TF32": 1}
     # GDN takes the sub-block path only at fp32 with the 256 tile (shared memory)
     assert [chunk_spec.prep_constexprs(chunk_spec.prep_axes(dt, d, d, False))["SUBBLOCKS"]
             for dt, d in (("bf16", 256), ("fp32", 128), ("fp32", 256))] == [0, 0, 1]
@@ -116,9 +128,8 @@ def test_prep_caps_registers_for_gdn_up_to_128():
     for axes in chunk_spec.prep_variants():
         cfg = chunk_spec.prep_launch(axes, 90)
         small = axes["head_k"] <= 128
-        assert cfg.maxnreg == (168 if axes["gate"] == "gdn" and small and axes["dtype"] != "fp32" else 0)
-        # KDA's precompute takes 8 warps at every head size (its channel steps spill at 4)
-        assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small and axes["gate"] == "gdn" else (8, 1))
+        assert cfg.maxnreg == (168 if small and axes["dtype"] != "fp32" else 0)
+        assert (cfg.num_warps, cfg.num_stages) == ((4, 1) if small else (8, 1))
     # the cap is a CUDA compile option: dropped on AMD
     from aotc.loader import targets
 

@@ -170,6 +170,20 @@ def test_the_op_launches_the_chosen_tile(monkeypatch):
                                                               ("gdn_chunk_state", 64, (2, 66, 1))]
 
 
+def test_kda_launches_its_three_precompute_kernels(monkeypatch):
+    # chunk slots T // 64 + N = 71 // 64 + 2 = 3; kda_chunk_intra takes a program a 16-token block
+    import aotc.loader.dispatch as dispatch
+
+    launched = []
+    monkeypatch.setattr(dispatch, "run_kernel", lambda spec, axes, grid, args: launched.append((spec.name, axes, grid)))
+    c = make_case([1, 70], H=1, HV=2, kda=True, seed=15)
+    op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"], c["cu_seqlens"])
+    assert [(n, g) for n, _, g in launched] == [("kda_chunk_intra", (3 * 4 * 2, 1, 1)), ("kda_chunk_inter", (3 * 2, 1, 1)),
+                                               ("kda_chunk_wy", (3 * 2, 1, 1)), ("gdn_chunk_state", (2, 2, 2))]
+    assert [a for _, a, _ in launched[:3]] == [{"dtype": "bf16", "head_k": 64}, {"dtype": "bf16", "head_k": 64},
+                                               {"dtype": "bf16", "head_k": 64, "head_v": 64}]
+
+
 def test_misaligned_calls_route_to_the_generic_state_spec(monkeypatch):
     # K = V = 100 (rows not 16-byte multiples): the state pass runs GDN_CHUNK_STATE_GENERIC's binary
     # (chunk_spec.state_launch_generic); K = V = 64 the aligned spec's.
@@ -196,3 +210,18 @@ def test_a_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
     cu = torch.tensor([0, T], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV below 2\*\*31"):
         op.gated_delta_prefill(q, q, v, g, g, state, torch.zeros(1, dtype=torch.int32), cu)
+
+
+def test_a_kda_batch_past_its_intra_block_grid_is_refused_before_launch(no_launch):
+    """KDA's kda_chunk_intra takes a program a 16-token block: (T // 64 + N) * HV * 4 programs,
+    refused past 2**31 where GDN's grid would still fit."""
+    T, HV = 2 ** 21, 2 ** 14
+    q = torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, T, 1, 1)
+    v = torch.zeros(1, 1, HV, 1, dtype=torch.bfloat16).expand(1, T, HV, 1)
+    g = torch.zeros(1, 1, HV, 1).expand(1, T, HV, 1)
+    beta = torch.zeros(1, 1, HV).expand(1, T, HV)
+    state = torch.zeros(1, HV, 1, 1)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    assert (T // 64 + 1) * HV < 2 ** 31 <= (T // 64 + 1) * HV * 4
+    with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV \* 4 below 2\*\*31"):
+        op.gated_delta_prefill(q, q, v, g, beta, state, torch.zeros(1, dtype=torch.int32), cu)

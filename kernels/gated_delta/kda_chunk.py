@@ -1,0 +1,327 @@
+"""KDA chunked prefill precompute in three kernels (chunk.py has the derivation and the state pass).
+
+A chunk's 64 x 64 A (strictly lower, beta and 1 / |k| of row and column) and Aqk (lower with the
+diagonal, scale, 1 / |q| and 1 / |k|) split into 16 x 16 blocks:
+`kda_chunk_intra` (grid: chunk slots x 4 row blocks x value heads, one 16-token block a program):
+  the four diagonal blocks, elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc) over a
+  [BC, 16, 16] tile a channel step, exp of the exact difference (<= 0 for j <= i, safe for any
+  gate), summed over the channels. The cumulative gate is the block's own (the differences need
+  no more).
+`kda_chunk_inter` (grid: chunk slots x value heads): the six blocks below the diagonal as real
+  [16, BK] x [BK, 16] dots a channel step. Row block s, column block r < s, E the cumulative gate
+  at the last token before block s: exp(G_i - G_j) = exp(G_i - E) exp(E - G_j), left
+  (q or k)_s exp(G_s - E), right k_r exp(E - G_r) = k_r exp(T_r - G'_r) exp(T_{r+1} + ... + T_{s-1})
+  (G' the block-local cumulative gate, T a block's total): every factor <= 1, so strong gates
+  (-600 over a chunk) underflow to zero instead of overflowing. It writes zeros above the diagonal
+  blocks (the inverse and the state pass read whole rows), and from the same tiles the chunk's
+  Qg = scale q exp(G) / |q|, Kg = k exp(G_last - G) / |k|, W's operand beta k exp(G) / |k|,
+  Fq = 1 and the decay exp(G_last).
+`kda_chunk_wy` (grid: chunk slots x value heads): X = (I + A)^-1 by [64, 64] products
+  (chunk._inverse_doubling, as GDN), then W = X (W's operand, in place) and U = X (beta v) in
+  64-column dots.
+A goes through an fp32 workspace Akk [T, HV, 64]; Aqk is the state pass's (input dtype).
+"""
+import triton
+import triton.language as tl
+
+from aotc.kernels.common.schedule import owner_of_block
+
+from .chunk import CHUNK, L2NORM_EPS, SUB, WCOL, _chunk_cols, _dot_acc, _inverse_doubling, _mm, _store_cols, _wy_operand
+
+BC = tl.constexpr(16)  # channels a step of the in-block [BC, 16, 16] tiles
+BK = tl.constexpr(32)  # channels a step of the across-block dots
+
+
+@triton.jit
+def _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots):
+    """(first token, end) of chunk slot pid, end <= first token where there is nothing to do (a
+    slot past its sequence, a padded sequence)."""
+    n = owner_of_block(Cu_seqlens, pid, num_seqs, CHUNK)
+    start = tl.load(Cu_seqlens + n)
+    end = tl.load(Cu_seqlens + n + 1)
+    t0 = start + (pid - (start // CHUNK + n)) * CHUNK
+    slot = tl.load(State_indices + n)
+    end = tl.where((slot < 0) | (slot >= num_slots), t0, end)
+    return t0, end
+
+
+@triton.jit
+def _tile(P, t, m, s_t, off, c, D):
+    """Rows t (int64), channels c of a [T, *, D] input as fp32 (rows past the end, channels past D:
+    zeros)."""
+    return tl.load(P + t[:, None] * s_t + off + c[None, :], mask=m[:, None] & (c < D)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _tile_t(P, t, m, s_t, off, c, D):
+    """_tile transposed: [channels, rows]."""
+    return tl.load(P + t[None, :] * s_t + off + c[:, None], mask=m[None, :] & (c < D)[:, None],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _inv_norm(ss, qk_l2norm):
+    # a select, not a branch (Triton 3.6 failed to lower the branch form: 'unresolved materialization')
+    return tl.where(qk_l2norm != 0, 1.0 / tl.sqrt(ss + L2NORM_EPS), 1.0)
+
+
+@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
+            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
+def kda_chunk_intra(
+    Q, K, G, Beta, Aqk, Akk, Cu_seqlens, State_indices,
+    scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM,
+    s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+    HEAD_K: tl.constexpr,
+):
+    """The diagonal 16 x 16 block of row block i of one chunk and value head: Akk and Aqk columns
+    [16 i, 16 i + 16) of the block's rows. Grid (chunk slots x 4 x HV,): value heads fastest, then
+    the chunk's blocks (neighbouring programs share q, k rows through L2)."""
+    blk = tl.program_id(0) // HV
+    hv = tl.program_id(0) % HV
+    pid = blk // 4
+    i = blk % 4
+    t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
+    if t0 + i * SUB >= end:
+        return
+    hk = (hv // group).to(tl.int64)
+    hv64 = hv.to(tl.int64)
+    r = tl.arange(0, SUB)
+    t = t0 + i * SUB + r
+    m = t < end
+    t = t.to(tl.int64)
+    low = (r[:, None] >= r[None, :])[None, :, :]
+    a = tl.zeros([SUB, SUB], tl.float32)
+    aq = tl.zeros([SUB, SUB], tl.float32)
+    ssq = tl.zeros([SUB], tl.float32)
+    ssk = tl.zeros([SUB], tl.float32)
+    for c0 in range(0, HEAD_K, BC):
+        c = c0 + tl.arange(0, BC)
+        q = _tile_t(Q, t, m, s_qt, hk * s_qh, c, K_DIM)
+        k = _tile_t(K, t, m, s_kt, hk * s_kh, c, K_DIM)
+        gl = tl.cumsum(_tile_t(G, t, m, s_gt, hv64 * s_gh, c, K_DIM), 1)  # from the block's start
+        ssq += tl.sum(q * q, 0)
+        ssk += tl.sum(k * k, 0)
+        # [channel, row i, column j], the channel axis first so that its sum stays inside a thread
+        # (Triton's default 3D layout spreads the last axes over the lanes): exp(G_i - G_j)
+        # exactly, <= 1 where j <= i, 0 above
+        kj = k[:, None, :] * tl.exp(tl.where(low, gl[:, :, None] - gl[:, None, :], float("-inf")))
+        a += tl.sum(k[:, :, None] * kj, 0)
+        aq += tl.sum(q[:, :, None] * kj, 0)
+    rq = _inv_norm(ssq, qk_l2norm)
+    rk = _inv_norm(ssk, qk_l2norm)
+    beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+    a = tl.where(r[:, None] > r[None, :], a * (beta * rk)[:, None] * rk[None, :], 0.0)
+    aq = aq * (rq * scale)[:, None] * rk[None, :]
+    ptrs = (t[:, None] * HV + hv64) * CHUNK + i * SUB + r[None, :]
+    tl.store(Akk + ptrs, a, mask=m[:, None])
+    tl.store(Aqk + ptrs, aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
+def _block_step(Q, K, G, t0, b: tl.constexpr, end, hk, hv, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c, K_DIM):
+    """q, k [16, BK] fp32 of block b and its block-local cumulative gate."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    t = t.to(tl.int64)
+    q = _tile(Q, t, m, s_qt, hk * s_qh, c, K_DIM)
+    k = _tile(K, t, m, s_kt, hk * s_kh, c, K_DIM)
+    g = _tile(G, t, m, s_gt, hv * s_gh, c, K_DIM)
+    return q, k, tl.cumsum(g, 0)
+
+
+@triton.jit
+def _block_total(G, t0, b: tl.constexpr, end, hv, s_gt, s_gh, c, K_DIM):
+    """The sum of block b's gates [BK] (tokens past the end read 0)."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    return tl.sum(_tile(G, t.to(tl.int64), t < end, s_gt, hv * s_gh, c, K_DIM), 0)
+
+
+@triton.jit
+def _block_norms(Q, K, Beta, t0, b: tl.constexpr, end, hk, hv, s_qt, s_qh, s_kt, s_kh, s_bt, s_bh, K_DIM, scale,
+                 qk_l2norm, HEAD_K: tl.constexpr):
+    """Block b's row factors: scale / |q| (Qg, Aqk), 1 / |k| (Kg, a column of A or Aqk), beta / |k|
+    (W's operand, a row of A); ones in place of the norms without qk_l2norm."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    m = t < end
+    t = t.to(tl.int64)
+    sq = tl.zeros([SUB], tl.float32)
+    sk = tl.zeros([SUB], tl.float32)
+    for c0 in tl.static_range(0, HEAD_K, BK):
+        c = c0 + tl.arange(0, BK)
+        x = _tile(Q, t, m, s_qt, hk * s_qh, c, K_DIM)
+        sq += tl.sum(x * x, 1)
+        x = _tile(K, t, m, s_kt, hk * s_kh, c, K_DIM)
+        sk += tl.sum(x * x, 1)
+    rk = _inv_norm(sk, qk_l2norm)
+    beta = tl.load(Beta + t * s_bt + hv * s_bh, mask=m, other=0.0)
+    return scale * _inv_norm(sq, qk_l2norm), rk, beta * rk
+
+
+@triton.jit
+def _store_gated(Qg, Kg, W, q, k, e, d, before, after, rq, rk, wk, t0, b: tl.constexpr, end, hv, HV, c,
+                 HEAD_K: tl.constexpr):
+    """Block b's channels c of Qg = scale q exp(G) / |q|, Kg = k exp(G_last - G) / |k| and W's
+    operand beta k exp(G) / |k| (kda_chunk_wy multiplies it by X in place): e = exp(G'), d =
+    exp(T_b - G') (G' block-local), before = exp(the blocks before), after = exp(the blocks after);
+    every factor <= 1."""
+    t = t0 + b * SUB + tl.arange(0, SUB)
+    ws = (t.to(tl.int64)[:, None] * HV + hv) * HEAD_K + c[None, :]
+    m = (t < end)[:, None]
+    eg = e * before[None, :]
+    tl.store(Qg + ws, (q * rq[:, None] * eg).to(Qg.dtype.element_ty), mask=m)
+    tl.store(Kg + ws, (k * rk[:, None] * d * after[None, :]).to(Kg.dtype.element_ty), mask=m)
+    tl.store(W + ws, (k * wk[:, None] * eg).to(W.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _store_block(Akk, Aqk, a, aq, t0, s: tl.constexpr, r: tl.constexpr, end, hv, HV):
+    """Block (s, r) of the chunk's A (fp32) and Aqk (input dtype)."""
+    i = tl.arange(0, SUB)
+    t = t0 + s * SUB + i
+    ptrs = (t.to(tl.int64)[:, None] * HV + hv) * CHUNK + r * SUB + i[None, :]
+    tl.store(Akk + ptrs, a, mask=(t < end)[:, None])
+    tl.store(Aqk + ptrs, aq.to(Aqk.dtype.element_ty), mask=(t < end)[:, None])
+
+
+@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
+            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
+def kda_chunk_inter(
+    Q, K, G, Beta, W, Qg, Fq, Kg, Aqk, Akk, Decay, Cu_seqlens, State_indices,
+    scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM,
+    s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
+    HEAD_K: tl.constexpr, TF32: tl.constexpr,
+):
+    """The blocks off the diagonal of one chunk and value head: (s, r) for r < s by dots (see the
+    module docstring), zeros for r > s; on the way the chunk's Qg, Kg, W operand rows, Fq = 1 and
+    Decay[slot, hv, :] = exp(G_last). Grid (chunk slots x HV,), value heads fastest.
+    Block by block a channel step: block r's right operands for the later row blocks are formed
+    once (bf16 for bf16 inputs) and used as those rows come, so no fp32 tile of another block stays
+    live."""
+    pid = tl.program_id(0) // HV
+    hv = tl.program_id(0) % HV
+    t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
+    if t0 >= end:
+        return
+    DT: tl.constexpr = Q.dtype.element_ty
+    hk = (hv // group).to(tl.int64)
+    hv64 = hv.to(tl.int64)
+    rq0, rk0, wk0 = _block_norms(Q, K, Beta, t0, 0, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_bt, s_bh, K_DIM, scale,
+                                 qk_l2norm, HEAD_K)
+    rq1, rk1, wk1 = _block_norms(Q, K, Beta, t0, 1, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_bt, s_bh, K_DIM, scale,
+                                 qk_l2norm, HEAD_K)
+    rq2, rk2, wk2 = _block_norms(Q, K, Beta, t0, 2, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_bt, s_bh, K_DIM, scale,
+                                 qk_l2norm, HEAD_K)
+    rq3, rk3, wk3 = _block_norms(Q, K, Beta, t0, 3, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_bt, s_bh, K_DIM, scale,
+                                 qk_l2norm, HEAD_K)
+    tc = t0 + tl.arange(0, CHUNK)
+    tl.store(Fq + tc.to(tl.int64) * HV + hv64, tl.full([CHUNK], 1.0, tl.float32), mask=tc < end)
+    z = tl.zeros([SUB, SUB], tl.float32)
+    a10, a20, a21, a30, a31, a32 = z, z, z, z, z, z
+    q10, q20, q21, q30, q31, q32 = z, z, z, z, z, z
+    one = tl.full([BK], 1.0, tl.float32)
+    for c0 in range(0, HEAD_K, BK):
+        c = c0 + tl.arange(0, BK)
+        T0 = _block_total(G, t0, 0, end, hv64, s_gt, s_gh, c, K_DIM)
+        T1 = _block_total(G, t0, 1, end, hv64, s_gt, s_gh, c, K_DIM)
+        T2 = _block_total(G, t0, 2, end, hv64, s_gt, s_gh, c, K_DIM)
+        T3 = _block_total(G, t0, 3, end, hv64, s_gt, s_gh, c, K_DIM)
+        tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + c, tl.exp(T0 + T1 + T2 + T3))
+        x1 = tl.exp(T1)
+        x2 = tl.exp(T2)
+        x3 = tl.exp(T3)
+        # block 0: rows of Qg, Kg, W; right operands k_0 exp(E_s - G_0) for row blocks 1, 2, 3
+        q, k, gl = _block_step(Q, K, G, t0, 0, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c, K_DIM)
+        e = tl.exp(gl)
+        d = tl.exp(T0[None, :] - gl)
+        _store_gated(Qg, Kg, W, q, k, e, d, one, x1 * x2 * x3, rq0, rk0, wk0, t0, 0, end, hv64, HV, c, HEAD_K)
+        r = k * d
+        r01 = tl.trans(r.to(DT))
+        r02 = tl.trans((r * x1[None, :]).to(DT))
+        r03 = tl.trans((r * (x1 * x2)[None, :]).to(DT))
+        # block 1: left operands k_1 exp(G'_1), q_1 exp(G'_1) against block 0
+        q, k, gl = _block_step(Q, K, G, t0, 1, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c, K_DIM)
+        e = tl.exp(gl)
+        d = tl.exp(T1[None, :] - gl)
+        _store_gated(Qg, Kg, W, q, k, e, d, tl.exp(T0), x2 * x3, rq1, rk1, wk1, t0, 1, end, hv64, HV, c, HEAD_K)
+        lk = (k * e).to(DT)
+        lq = (q * e).to(DT)
+        a10 = _dot_acc(lk, r01, a10, TF32)
+        q10 = _dot_acc(lq, r01, q10, TF32)
+        r = k * d
+        r12 = tl.trans(r.to(DT))
+        r13 = tl.trans((r * x2[None, :]).to(DT))
+        # block 2
+        q, k, gl = _block_step(Q, K, G, t0, 2, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c, K_DIM)
+        e = tl.exp(gl)
+        d = tl.exp(T2[None, :] - gl)
+        _store_gated(Qg, Kg, W, q, k, e, d, tl.exp(T0 + T1), x3, rq2, rk2, wk2, t0, 2, end, hv64, HV, c, HEAD_K)
+        lk = (k * e).to(DT)
+        lq = (q * e).to(DT)
+        a20 = _dot_acc(lk, r02, a20, TF32)
+        q20 = _dot_acc(lq, r02, q20, TF32)
+        a21 = _dot_acc(lk, r12, a21, TF32)
+        q21 = _dot_acc(lq, r12, q21, TF32)
+        r23 = tl.trans((k * d).to(DT))
+        # block 3
+        q, k, gl = _block_step(Q, K, G, t0, 3, end, hk, hv64, s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, c, K_DIM)
+        e = tl.exp(gl)
+        d = tl.exp(T3[None, :] - gl)
+        _store_gated(Qg, Kg, W, q, k, e, d, tl.exp(T0 + T1 + T2), one, rq3, rk3, wk3, t0, 3, end, hv64, HV, c,
+                     HEAD_K)
+        lk = (k * e).to(DT)
+        lq = (q * e).to(DT)
+        a30 = _dot_acc(lk, r03, a30, TF32)
+        q30 = _dot_acc(lq, r03, q30, TF32)
+        a31 = _dot_acc(lk, r13, a31, TF32)
+        q31 = _dot_acc(lq, r13, q31, TF32)
+        a32 = _dot_acc(lk, r23, a32, TF32)
+        q32 = _dot_acc(lq, r23, q32, TF32)
+    # A: rows beta / |k|, Aqk: rows scale / |q|; columns 1 / |k|
+    c0f = rk0[None, :]
+    c1f = rk1[None, :]
+    c2f = rk2[None, :]
+    _store_block(Akk, Aqk, a10 * wk1[:, None] * c0f, q10 * rq1[:, None] * c0f, t0, 1, 0, end, hv64, HV)
+    _store_block(Akk, Aqk, a20 * wk2[:, None] * c0f, q20 * rq2[:, None] * c0f, t0, 2, 0, end, hv64, HV)
+    _store_block(Akk, Aqk, a21 * wk2[:, None] * c1f, q21 * rq2[:, None] * c1f, t0, 2, 1, end, hv64, HV)
+    _store_block(Akk, Aqk, a30 * wk3[:, None] * c0f, q30 * rq3[:, None] * c0f, t0, 3, 0, end, hv64, HV)
+    _store_block(Akk, Aqk, a31 * wk3[:, None] * c1f, q31 * rq3[:, None] * c1f, t0, 3, 1, end, hv64, HV)
+    _store_block(Akk, Aqk, a32 * wk3[:, None] * c2f, q32 * rq3[:, None] * c2f, t0, 3, 2, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 0, 1, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 0, 2, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 0, 3, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 1, 2, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 1, 3, end, hv64, HV)
+    _store_block(Akk, Aqk, z, z, t0, 2, 3, end, hv64, HV)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_slots", "HV", "s_bt", "s_bh"],
+            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "Beta"])
+def kda_chunk_wy(
+    Akk, V, Beta, W, U, Cu_seqlens, State_indices,
+    num_seqs, num_slots, HV, K_DIM, V_DIM, s_vt, s_vh, s_bt, s_bh,
+    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, MERGE_TF32: tl.constexpr,
+):
+    """One chunk of one value head: X = (I + A)^-1 of A (Akk), then W = X W (in place: the chunk's
+    W operand rows, read before they are written, by this program alone) and U = X (beta v).
+    Grid (chunk slots x HV,), value heads fastest."""
+    pid = tl.program_id(0) // HV
+    hv = tl.program_id(0) % HV
+    t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
+    if t0 >= end:
+        return
+    EXACT: tl.constexpr = V.dtype.element_ty == tl.float32
+    hv64 = hv.to(tl.int64)
+    t = t0 + tl.arange(0, CHUNK)
+    m = t < end
+    t = t.to(tl.int64)
+    cc = tl.arange(0, CHUNK)
+    a = tl.load(Akk + (t[:, None] * HV + hv64) * CHUNK + cc[None, :], mask=m[:, None], other=0.0)
+    x = _wy_operand(_inverse_doubling(a, MERGE_TF32, EXACT), W.dtype.element_ty)
+    for c0 in tl.static_range(0, HEAD_K, WCOL):
+        kb = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, c0, K_DIM)
+        _store_cols(W, _mm(x, _wy_operand(kb, W.dtype.element_ty), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+    for c0 in tl.static_range(0, HEAD_V, WCOL):
+        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
+        _store_cols(U, _mm(x, _wy_operand(vc, W.dtype.element_ty), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_V)

@@ -72,27 +72,34 @@ def test_cli_skips_cleanly_without_cuda_or_files(tmp_path):
     assert res.returncode == 0 and res.stdout.startswith("skipped:"), res.stdout + res.stderr
 
 
-def test_workers_and_case_timeout_reach_pytest(tmp_path, monkeypatch):
-    # xdist's -n and pytest-timeout's ini option go on the command only when asked for
+def _fake_popen(monkeypatch):
+    """[(cmd, env)] of every pytest process run_file starts; none is started."""
     seen = []
 
     class Proc:
         returncode = 0
 
-        def __init__(self, cmd, **kw):
-            seen.append(cmd)
+        def __init__(self, cmd, env=None, **kw):
+            seen.append((cmd, env))
 
         def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(vllm_runner.subprocess, "Popen", Proc)
+    return seen
+
+
+def test_workers_and_case_timeout_reach_pytest(tmp_path, monkeypatch):
+    # xdist's -n and pytest-timeout's ini option go on the command only when asked for
+    seen = _fake_popen(monkeypatch)
     log = str(tmp_path / "x.jsonl")
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=3, case_timeout=120)
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log)
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, select="clamped or chunk")
-    assert seen[0][-4:] == ["-n", "3", "-o", "timeout=120"]
-    assert seen[2][-2:] == ["-k", "clamped or chunk"] and "-k" not in seen[0]
-    assert "-n" not in seen[1] and not any(a.startswith("timeout=") for a in seen[1])
+    cmds = [cmd for cmd, _ in seen]
+    assert cmds[0][-4:] == ["-n", "3", "-o", "timeout=120"]
+    assert cmds[2][-2:] == ["-k", "clamped or chunk"] and "-k" not in cmds[0]
+    assert "-n" not in cmds[1] and not any(a.startswith("timeout=") for a in cmds[1])
 
 
 @pytest.mark.parametrize("gpus,worker,expected", [(4, "gw5", "1"), (4, "gw0", "0"), (0, "gw5", None), (4, "", None)])
@@ -108,19 +115,8 @@ def test_gpus_spread_workers_one_gpu_each(gpus, worker, expected):
 
 
 def test_gpus_reach_the_worker_environment(tmp_path, monkeypatch):
-    envs = []
-
-    class Proc:
-        returncode = 0
-
-        def __init__(self, cmd, env=None, **kw):
-            envs.append(env)
-
-        def wait(self, timeout=None):
-            return 0
-
-    monkeypatch.setattr(vllm_runner.subprocess, "Popen", Proc)
+    seen = _fake_popen(monkeypatch)
     log = str(tmp_path / "x.jsonl")
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=4, gpus=4)
     vllm_runner.run_file(str(tmp_path), "test_x.py", 1, 10, log, workers=1, gpus=4)
-    assert envs[0]["AOTC_CONFORMANCE_GPUS"] == "4" and envs[1]["AOTC_CONFORMANCE_GPUS"] == "0"
+    assert seen[0][1]["AOTC_CONFORMANCE_GPUS"] == "4" and seen[1][1]["AOTC_CONFORMANCE_GPUS"] == "0"

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 DECODE_MAX_T = 8  # loader.gated_delta_decode's MAX_T (kernels/gated_delta/spec.py)
+DECODE_MAX_SEQS = 65535  # loader.gated_delta_decode's grid takes sequences on its third axis; more run chunked
 SCHEDULING = ("chunk_size", "cu_seqlens_cpu", "chunk_indices", "use_graph", "max_num_seqs", "disable_recompute",
               "safe_gate")  # fla's scheduling and memory options: no effect on a forward result
 
@@ -126,7 +127,7 @@ def forward(who, q, k, v, g, beta, *, scale, initial_state, output_final_state, 
     space (exp(g) exp(gk) = exp(g + gk)); chunk_states: a chunk size, for fla's
     return_intermediate_states (returns (o, final state or None, h); _fla_chunk_states.py)."""
     def compute():
-        decode = recurrent and cu_seqlens is None and q.shape[1] <= DECODE_MAX_T
+        decode = recurrent and cu_seqlens is None and q.shape[1] <= DECODE_MAX_T and q.shape[0] <= DECODE_MAX_SEQS
         if (decode and use_gate_in_kernel and use_beta_sigmoid_in_kernel and not allow_neg_eigval and gk is None
                 and lower_bound is None and A_log is not None and dt_bias is not None and beta is not None):
             # the decode kernel's fused-gate form is fla's: -exp(A_log) softplus(g + dt_bias), sigmoid(beta)
@@ -172,7 +173,7 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     pool = _initial_pool(who, initial_state, n, HV, K, V, v_first, dev)
     layout = "vmajor" if v_first else "kmajor"
     slots = torch.arange(n, dtype=torch.int32, device=dev)
-    if cu_seqlens is None and allow_decode and T <= DECODE_MAX_T:
+    if cu_seqlens is None and allow_decode and T <= DECODE_MAX_T and B <= DECODE_MAX_SEQS:
         o = loader.gated_delta_decode(q, k, v, g, beta, pool, slots, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
                                       state_layout=layout, **(fused or {}))
     else:

@@ -26,7 +26,8 @@ Scheduling options (chunk_size, cu_seqlens_cpu, chunk_indices, safe_gate, disabl
 use_graph, max_num_seqs) change no result and are accepted unused; chunk_size is checked as fla
 checks it.
 
-Dispatch: fused_recurrent without cu_seqlens and with T <= 8 runs `loader.gated_delta_decode`;
+Dispatch: fused_recurrent without cu_seqlens, with T <= 8 and at most 65535 sequences (the decode
+grid's limit) runs `loader.gated_delta_decode`;
 everything else runs `loader.gated_delta_prefill` (equal-length batches are packed into
 [1, B * T] with cu_seqlens built on the device, no host sync).
 

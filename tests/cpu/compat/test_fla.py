@@ -288,3 +288,29 @@ def test_inputs_requiring_grad_get_outputs_whose_backward_raises(entry):
     with torch.no_grad():
         o, _ = fn(**leaf, initial_state=h0)
     assert not o.requires_grad
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_fused_recurrent_past_the_decode_grid_runs_chunked(fused, monkeypatch):
+    # more sequences than the decode kernel's grid takes (65535; 2 here) go to the chunked prefill,
+    # with fla's in-kernel gate and beta activations applied before it: the same answer
+    from aotc import loader
+    from aotc.compat import _fla_args
+
+    monkeypatch.setattr(_fla_args, "DECODE_MAX_SEQS", 2)
+    monkeypatch.setattr(loader, "gated_delta_decode", lambda *a, **kw: pytest.fail("decode kernel past its grid"))
+    t, h0, _ = fla_inputs([2, 2, 2], equal=True, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=41)
+    kw, want_g, want_b = {}, t["g"], t["beta"]
+    if fused:
+        gen = torch.Generator().manual_seed(41)
+        raw_g, raw_b = torch.randn(*t["g"].shape, generator=gen), torch.randn(*t["beta"].shape, generator=gen)
+        a_log, dt_bias = torch.log(torch.tensor([0.7, 3.0])), torch.randn(2, generator=gen)
+        kw = dict(use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+        want_g = -a_log.exp() * torch.nn.functional.softplus(raw_g + dt_bias)
+        want_b = torch.sigmoid(raw_b)
+        t = {**t, "g": raw_g, "beta": raw_b}
+    o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True, **kw)
+    want_o, want_h = reference({**t, "g": want_g, "beta": want_b}, h0, None)
+    assert_close(o, want_o, torch.bfloat16, "o")
+    assert_close(ht, want_h, torch.bfloat16, "final_state")

@@ -104,7 +104,7 @@ STATE_ARGS = (
 
 def prep_subblocks(dtype: str, head_k: int, kda: bool) -> bool:
     """Whether the precompute writes Qg (the state pass then reads Qg, group 1, not q): always for
-    KDA (kda_chunk_wy); for GDN at fp32 with the 256 tile, where gdn_chunk_prep works in 16-row
+    KDA (kda_chunk_inter); for GDN at fp32 with the 256 tile, where gdn_chunk_prep works in 16-row
     sub-blocks (its chunk-wide [64, K] x [K, 64] dots would take 256 KiB of shared memory on sm90,
     Triton 3.6; 64 KiB this way)."""
     return kda or (dtype == "fp32" and head_k > 128)
@@ -283,6 +283,8 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
 
 # KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the
 # inverse and W / U / Qg / Kg / decay; A passes through the Akk workspace (fp32 [T, HV, 64]).
+KDA_BLOCKS = CHUNK // 16  # kda_chunk_intra's programs a chunk: one a 16-token block
+
 KDA_INTRA_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
     + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),

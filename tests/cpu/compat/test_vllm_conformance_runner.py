@@ -43,6 +43,17 @@ def test_sandbox_binds_the_entry_point(tmp_path, impl, expected):
         assert os.path.exists(os.path.join(sandbox, rel))
 
 
+@pytest.mark.parametrize("optional,expected", [(False, "skipped"), (True, "passed")])
+def test_optional_cases_run_only_when_asked(tmp_path, optional, expected):
+    root = _fake_peer(tmp_path / "peer")
+    sandbox = vllm_runner.build_sandbox(str(root), "vllm", str(tmp_path / "s"))
+    with open(os.path.join(sandbox, "tests", "test_prefix_prefill.py"), "w") as f:
+        f.write("import pytest\n\n@pytest.mark.optional\ndef test_f32():\n    pass\n")
+    res = vllm_runner.run_file(sandbox, "test_prefix_prefill.py", 1, 120, str(tmp_path / "x.jsonl"),
+                               optional=optional)
+    assert [r["outcome"] for r in res["rows"]] == [expected], res["output_tail"]
+
+
 def test_wrong_sdist_is_refused(tmp_path):
     bad = tmp_path / "vllm-0.33.0.tar.gz"
     bad.write_bytes(b"not vllm")

@@ -1,5 +1,6 @@
 """conftest.py of the conformance sandbox (vllm_runner.py copies it there): registers vLLM's test
-markers, skips `optional` tests as vLLM's CI does without --optional, keeps every Nth case of each
+markers, skips `optional` tests as vLLM's CI does without --optional (AOTC_CONFORMANCE_OPTIONAL=1 runs
+them), keeps every Nth case of each
 test function (AOTC_CONFORMANCE_SAMPLE, default 1: all) and appends one JSON line per finished case
 to AOTC_CONFORMANCE_LOG: nodeid, outcome, and for failures the exception's last line. With
 AOTC_CONFORMANCE_GPUS=N each xdist worker sees one of N GPUs (worker gwK: GPU K mod N), set before
@@ -30,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
         seen[func] = i + 1
         if i % sample == 0:
             keep.append(item)
-        if "optional" in item.keywords:
+        if "optional" in item.keywords and os.environ.get("AOTC_CONFORMANCE_OPTIONAL", "0") != "1":
             item.add_marker(pytest.mark.skip(reason="optional (vLLM runs these only with --optional)"))
     items[:] = keep
 

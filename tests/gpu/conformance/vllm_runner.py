@@ -176,15 +176,17 @@ def _repo_parent() -> str:
 
 
 def run_file(sandbox: str, test_file: str, sample: int, timeout: float, log: str, workers: int = 1,
-             case_timeout: float = 0.0, select: str = "", gpus: int = 0) -> dict:
+             case_timeout: float = 0.0, select: str = "", gpus: int = 0, optional: bool = False) -> dict:
     """Run one test file in the sandbox (under `workers` xdist processes when > 1, each case failed
-    after `case_timeout` seconds when > 0; only the cases pytest's `-k select` keeps when given); returns {"rows": [...], "timed_out": bool, "seconds": s,
+    after `case_timeout` seconds when > 0; only the cases pytest's `-k select` keeps when given; vLLM's
+    `optional` cases too when `optional`, as its --optional does); returns {"rows": [...], "timed_out": bool, "seconds": s,
     "stderr_tail": str}."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([sandbox, _repo_parent(), env.get("PYTHONPATH", "")])
     env["AOTC_CONFORMANCE_LOG"] = log
     env["AOTC_CONFORMANCE_SAMPLE"] = str(sample)
     env["AOTC_CONFORMANCE_GPUS"] = str(gpus if workers > 1 else 0)
+    env["AOTC_CONFORMANCE_OPTIONAL"] = "1" if optional else "0"
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, "-m", "pytest", os.path.join("tests", test_file), "-q", "-p", "no:cacheprovider",
            "-c", os.path.join(sandbox, "pytest.ini"), "--rootdir", sandbox, "-o", "python_files=test_*.py",
@@ -279,7 +281,7 @@ def reasons(results: dict, impl: str, limit: int = 12) -> str:
 
 
 def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), sample=1, timeout=600.0, jobs=1,
-        workdir=None, workers=1, case_timeout=0.0, select="", gpus=0) -> dict:
+        workdir=None, workers=1, case_timeout=0.0, select="", gpus=0, optional=False) -> dict:
     """{impl: {file: run_file's result}}; sample: N for every file or {file: N}. Raises PeerMissing
     without vLLM's files."""
     from concurrent.futures import ThreadPoolExecutor
@@ -293,7 +295,7 @@ def run(peer=None, impls=("aotc", "vllm"), files=("prefix_prefill", "unified"), 
         i, f = job
         n = sample.get(f, 1) if isinstance(sample, dict) else sample
         return job, run_file(sandboxes[i], FILES[f], n, timeout, os.path.join(workdir, f"{i}-{f}.jsonl"), workers,
-                             case_timeout, select, gpus)
+                             case_timeout, select, gpus, optional)
 
     results: dict = {i: {} for i in impls}
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -319,6 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("--select", default="", help="pytest -k expression: run only the cases it keeps")
     p.add_argument("--gpus", type=int, default=0,
                    help="N > 0: each xdist worker sees one of N GPUs (worker K: GPU K mod N); 0: all see all")
+    p.add_argument("--optional", action="store_true",
+                   help="also run vLLM's `optional` cases (float32 models, non-power-of-2 pages), as its --optional")
     a = p.parse_args(argv)
     impls = tuple(a.impl or ("aotc", "vllm"))
     files = tuple(a.file or ("prefix_prefill", "unified"))
@@ -335,7 +339,7 @@ def main(argv=None) -> int:
             print("skipped: no CUDA device")
             return 0
         results = run(a.peer, impls, files, sample, a.timeout, a.jobs, workers=a.workers, case_timeout=a.case_timeout,
-                      select=a.select, gpus=a.gpus)
+                      select=a.select, gpus=a.gpus, optional=a.optional)
     except PeerMissing as e:
         print(f"skipped: {e}")
         return 0

@@ -9,13 +9,15 @@ block 16, bf16 queries, for the cache formats vLLM's backend writes:
   INT8_PER_TOKEN_HEAD  vLLM's record [K codes | K scale | V codes | V scale] a (token, head): k, v
   FP8_PER_TOKEN_HEAD   views padded by one scale, the scale caches strided fp32 views of it
 Providers:
-  aotc   aotc.compat.vllm.unified_attention (one prefix_prefill call: AOT binary, or its JIT
-         fallback where none is built)
+  aotc   aotc.compat.vllm.unified_attention(..., validate=False), as an engine's hot loop calls it
+         (one prefix_prefill call: AOT binary, or its JIT fallback where none is built)
+  aotc_checked  the same with the default value checks (one device sync and their host time; NONE only)
   vllm   vLLM's unified_attention (its 2D kernel for these prefill batches; no autotuning)
   sdpa   torch SDPA's flash backend on dense bf16 q / k / v of the same shapes (kv heads repeated
          outside the timing), lower-right causal: the ceiling (issue 35: aotc <= 1.1x its time)
 Times: medians of CUDA-event timings with the L2 emptied before each call (harness.device_time),
-kernel time summed by torch.profiler beside them. TFLOP/s counts allowed (query, key) pairs,
+kernel time summed by torch.profiler beside them (t/sdpa: event times; kernel/sdpa: kernel
+times, which leave out vLLM's Python wrapper and aotc's host checks). TFLOP/s counts allowed (query, key) pairs,
 4 * D each. Outputs: max |aotc - vllm| on the same inputs. vLLM's files come from its sdist
 (--peer / AOTC_VLLM_PEER) through the conformance runner's sandbox; nothing of vLLM's is in the repo.
     python3 bench_vllm_unified.py --peer PATH [--out rows.jsonl] [--modes NONE,...] [--shapes NAME,...]
@@ -62,7 +64,7 @@ def main():
     ua = vllm_module(a.peer)
     rows = Rows(a.out)
     gen = torch.Generator("cuda").manual_seed(0)
-    print(f"{'mode':20s} {'shape':18s} {'provider':8s} {'event us':>9s} {'kernel us':>9s} {'TFLOP/s':>8s} {'t/sdpa':>7s}")
+    print(f"{'mode':20s} {'shape':18s} {'provider':8s} {'event us':>9s} {'kernel us':>9s} {'TFLOP/s':>8s} {'t/sdpa':>7s} {'kernel/sdpa':>11s}")
     for shape in a.shapes.split(","):
         batch, ctx, new = SHAPES[shape]
         total = ctx + new
@@ -79,21 +81,34 @@ def main():
                  torch.randn(batch, KV_HEADS, total, D, device="cuda", generator=gen).to(torch.bfloat16))
         sdpa, why = sdpa_flash(dense, None, HEADS, KV_HEADS)
         t_sdpa = device_time(sdpa) if sdpa else float("nan")
+        k_sdpa = kernel_time(sdpa) if sdpa else float("nan")
         rows.add("vllm_unified_prefill", "bf16", "sdpa", shape, "seconds", t_sdpa)
-        print(f"{'(dense bf16)':20s} {shape:18s} {'sdpa':8s} {t_sdpa * 1e6:9.1f} {'':>9s} "
+        rows.add("vllm_unified_prefill", "bf16", "sdpa", shape, "kernel_seconds", k_sdpa)
+        print(f"{'(dense bf16)':20s} {shape:18s} {'sdpa':8s} {t_sdpa * 1e6:9.1f} {k_sdpa * 1e6:9.1f} "
               f"{flops / t_sdpa / 1e12:8.1f} {why}")
         del dense
         for mode in a.modes.split(","):
             k, v, kw = caches(mode, blocks, batch, gen)
             outs = {p: torch.empty_like(q) for p in ("aotc", "vllm")}
 
-            def call(fn, out, qm):
+            def call(fn, out, qm, **extra):
                 return lambda: fn(q, k, v, out, qsl, new, lens, total, D ** -0.5, True, (-1, -1), table, 0, None,
                                   kw.get("k_descale"), kw.get("v_descale"), kv_quant_mode=qm(mode),
-                                  k_scale_cache=kw.get("k_scale_cache"), v_scale_cache=kw.get("v_scale_cache"))
+                                  k_scale_cache=kw.get("k_scale_cache"), v_scale_cache=kw.get("v_scale_cache"), **extra)
 
-            calls = {"aotc": call(compat.unified_attention, outs["aotc"], lambda m: compat.KVQuantMode[m]),
+            calls = {"aotc": call(compat.unified_attention, outs["aotc"], lambda m: compat.KVQuantMode[m],
+                                  validate=False),
                      "vllm": call(ua.unified_attention, outs["vllm"], lambda m: ua.KVQuantMode[m])}
+            if mode == "NONE":
+                calls["aotc_checked"] = call(compat.unified_attention, torch.empty_like(q),
+                                             lambda m: compat.KVQuantMode[m])
+            try:
+                calls["aotc"]()
+            except NotImplementedError as e:
+                rows.add("vllm_unified_prefill", mode, "aotc", shape, "not_implemented", str(e)[:200])
+                print(f"{mode:20s} {shape:18s} aotc: {str(e)[:100]}")
+                calls.pop("aotc")
+                calls.pop("aotc_checked", None)
             for provider, fn in calls.items():
                 fn()
                 t = device_time(fn)
@@ -101,11 +116,13 @@ def main():
                 rows.add("vllm_unified_prefill", mode, provider, shape, "seconds", t)
                 rows.add("vllm_unified_prefill", mode, provider, shape, "kernel_seconds", kt)
                 print(f"{mode:20s} {shape:18s} {provider:8s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
-                      f"{flops / t / 1e12:8.1f} {t / t_sdpa:7.2f}")
+                      f"{flops / t / 1e12:8.1f} {t / t_sdpa:7.2f} {kt / k_sdpa:11.2f}")
+            if "aotc" not in calls:
+                continue
             for out in outs.values():
                 out.fill_(float("nan"))
-            for fn in calls.values():
-                fn()
+            for provider in outs:
+                calls[provider]()
             torch.cuda.synchronize()
             diff = (outs["aotc"].float() - outs["vllm"].float()).abs().max().item()
             rows.add("vllm_unified_prefill", mode, "aotc_vs_vllm", shape, "max_abs_diff", diff)

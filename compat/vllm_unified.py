@@ -151,7 +151,7 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
                       softmax_segm_expsum=None, alibi_slopes=None, output_scale=None, qq_bias=None, sinks=None,
                       mm_prefix_range=None, rswa_prefix_lens=None, rswa_window=None, use_alibi_sqrt=False,
                       kv_quant_mode=KVQuantMode.NONE, k_scale_cache=None, v_scale_cache=None, chunk_lookback=-1,
-                      use_td=False, mm_prefix_clamp_sliding_window=False) -> None:
+                      use_td=False, mm_prefix_clamp_sliding_window=False, *, validate=None) -> None:
     """vLLM's `unified_attention` on one `aotc.loader.prefix_prefill` call (every row, decode rows
     too, keys and values read from the cache: prefix_prefill's k = v = None): writes out.
 
@@ -175,6 +175,11 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     causal=False or per-sequence, qq_bias, rswa_*; per-token-head int8/int4 caches with
     chunk_lookback or mm_prefix_range (prefix_prefill's). Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
+    validate (keyword only, not vLLM's): the value checks of lengths, offsets and page ids (and of
+    int64 indices fitting int32), one device sync and ~0.1 ms of host time per call. None (the
+    default): on in eager calls, off under CUDA-graph capture and torch.compile, as the loader's
+    ops; an engine's hot loop whose metadata its scheduler built passes False (vLLM's kernel reads
+    them unchecked).
     """
     from aotc.loader.ops.decode import decode
     from aotc.loader.ops.prefix_prefill import prefix_prefill
@@ -223,10 +228,11 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     window = left + 1 if left >= 0 else None
     masks = lookback >= 0 or mm_prefix_range is not None  # prefix_prefill's alone
     if not masks and _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale, mode):
-        decode(q, k, v, int32_indices(block_table, "block_table"), int32_indices(seqused_k, "seqused_k"),
+        decode(q, k, v, int32_indices(block_table, "block_table", validate),
+               int32_indices(seqused_k, "seqused_k", validate),
                k_scale=k_scale, v_scale=v_scale, kv_format=fmt, sm_scale=float(softmax_scale), window=window,
                sinks=_f32(sinks), out=out, alibi_slopes=_f32(alibi_slopes),
-               alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None, softcap=softcap)
+               alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None, softcap=softcap, validate=validate)
         return
     if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
         raise NotImplementedError("unified_attention: kv_quant_mode=FP8_PER_TOKEN_HEAD with prefill rows (a query "
@@ -235,12 +241,13 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     if mode == KVQuantMode.INT8_PER_TOKEN_HEAD and (softcap or alibi_slopes is not None):
         raise NotImplementedError("unified_attention: kv_quant_mode=INT8_PER_TOKEN_HEAD with softcap or "
                                   "alibi_slopes and prefill rows is not implemented in aotc (decode rows are)")
-    prefix_prefill(q, None, None, k, v, int32_indices(block_table, "block_table"),
-                   int32_indices(cu_seqlens_q, "cu_seqlens_q"), int32_indices(seqused_k, "seqused_k"),
+    prefix_prefill(q, None, None, k, v, int32_indices(block_table, "block_table", validate),
+                   int32_indices(cu_seqlens_q, "cu_seqlens_q", validate), int32_indices(seqused_k, "seqused_k", validate),
                    kv_layout="nhd", kv_format=fmt, k_scale=k_scale, v_scale=v_scale, sm_scale=float(softmax_scale),
                    window=window, sinks=_f32(sinks),
                    out_scale=_f32(fp32_scale(output_scale, "output_scale", q.device)), out=out,
                    alibi_slopes=_f32(alibi_slopes), alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None,
                    softcap=softcap, chunk_lookback=lookback,
-                   mm_prefix_range=None if mm_prefix_range is None else int32_indices(mm_prefix_range, "mm_prefix_range"),
-                   mm_clamp=bool(mm_prefix_clamp_sliding_window) and mm_prefix_range is not None)
+                   mm_prefix_range=None if mm_prefix_range is None else int32_indices(mm_prefix_range, "mm_prefix_range",
+                                                                                       validate),
+                   mm_clamp=bool(mm_prefix_clamp_sliding_window) and mm_prefix_range is not None, validate=validate)

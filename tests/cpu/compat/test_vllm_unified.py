@@ -233,3 +233,19 @@ def test_supported_options_are_not_rejected():
                            softmax_segm_max=scratch[..., 0], softmax_segm_expsum=scratch[..., 0], use_td=True,
                            chunk_lookback=2, mm_prefix_clamp_sliding_window=True)
     assert_matches(args["out"], prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"]), torch.bfloat16)
+
+
+@pytest.mark.parametrize("validate,reads", [(None, True), (True, True), (False, False)])
+def test_validate_false_skips_the_value_reads(monkeypatch, validate, reads):
+    # an engine's hot loop passes validate=False: no host read of lengths or page ids (a device sync
+    # each on the GPU), the result unchanged
+    from aotc.loader.ops import prefix_prefill as pp
+
+    seen = []
+    real = pp._check_lengths
+    monkeypatch.setattr(pp, "_check_lengths", lambda *a, **k: seen.append(1) or real(*a, **k))
+    args, case, kw = _problem(seed=7)
+    args["block_table"] = args["block_table"].long()  # int64: int32_indices' range check reads it too
+    vllm.unified_attention(**args, validate=validate)
+    assert bool(seen) == reads
+    assert_matches(args["out"], prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"]), torch.bfloat16)

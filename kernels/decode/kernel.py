@@ -157,18 +157,6 @@ def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask, 
 
 
 @triton.jit
-def _wide_rows_hint(base, value, ROWS: tl.constexpr, COLS: tl.constexpr, never):
-    # Triton's coalescing gives each [ROWS, COLS] load of a kernel as many contiguous elements a thread
-    # as the best-aligned access of that shape anywhere in its data flow takes (up to 16 bytes). This
-    # store of 16-byte aligned rows, which never runs, lets KV_ALIGN 8's 8- and 4-byte K/V reads
-    # take 16 bytes a thread: 2 or 4 loads from one row address, instead of one a row (registers and
-    # address arithmetic: BENCHMARKS.md, Decode on vLLM's per-token-head caches: V read 4 bytes at a time).
-    if never:
-        ptrs = base + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-        tl.store(tl.multiple_of(ptrs, [16, 16]), tl.broadcast_to(value[None, :], [ROWS, COLS]).to(base.dtype.element_ty))
-
-
-@triton.jit
 def _tile_scales(KS, VS, page, offs_t, hi, page_shift, head, sg, quant_shift, ksp, kst, ksh, vsp, vst, vsh,
                  HEAD_DIM: tl.constexpr, ROW_SCALES: tl.constexpr, RUN: tl.constexpr):
     # K's and V's per-group scales for tokens offs_t: [len(offs_t), BLOCK_D // RUN] fp16 runs (_scales).
@@ -354,8 +342,6 @@ def _attend_float(
         v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, 4 if KV_ALIGN == 8 else KV_ALIGN)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
-    if KV_ALIGN == 8:
-        _wide_rows_hint(PartO.to(tl.pointer_type(tl.int8)), tl.sum(acc, 0), BLOCK_N, BLOCK_D, page_shift < 0)
     om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
     tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
     return m_i, l_i
@@ -564,8 +550,6 @@ def _attend_chunked(
                 vz = vz_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    if KV_ALIGN == 8:
-        _wide_rows_hint(PartO.to(tl.pointer_type(tl.int16)), tl.sum(acc[0], 0), BLOCK_N, CW, page_shift < 0)
     for c in tl.static_range(CHUNKS):
         cols = c * CW + offs_w
         om = (h_mask & (hi > lo))[:, None] & (cols < HEAD_DIM // PARTS)[None, :]

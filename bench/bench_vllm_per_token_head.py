@@ -23,9 +23,12 @@ through the conformance runner's sandbox (shimmed imports; nothing of vLLM's is 
 --stages 2,3,4 sweeps the kv_align 4 binaries' pipeline depth instead (each JIT-compiled with that
 num_stages through an empty artifacts folder: the bytes a build with that config would make).
 --kv-align 4,8 times the split kernel's KV_ALIGN 4 and 8 reads of the same buffer (8, the loader's
-choice here: K 8 bytes at a time, V from its K scale on), every aotc call JIT-compiled
+choice here: K 8 bytes at a time, V 4 at a time at K's row offsets), every aotc call JIT-compiled
 through an empty artifacts folder (the bytes an AOT build of that key would make).
-    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4 | --kv-align 4,8]
+--a8-configs 2:168,2:0 times the kv_align 8 binaries (the loader's choice here) at each num_stages
+and register cap (0: none), JIT-compiled the same way.
+    python3 bench_vllm_per_token_head.py --peer PATH [--out results.jsonl] [--stages 2,3,4 | --kv-align 4,8 |
+        --a8-configs 2:168,2:0]
 """
 from __future__ import annotations
 
@@ -93,7 +96,16 @@ def inline_cache(blocks: int, dtype, gen):
 def kv_align4_stages(stages):
     """With stages: the kv_align 4 split binaries at that num_stages, JIT-compiled (an empty
     artifacts folder); None: the spec's config and whatever artifacts are loaded."""
-    if stages is None:
+    with split_config(4, stages, None):
+        yield
+
+
+@contextlib.contextmanager
+def split_config(align, stages, maxnreg):
+    """The kv_align `align` split binaries at that num_stages and register cap (None: the spec's;
+    maxnreg 0: none), JIT-compiled (an empty artifacts folder); stages and maxnreg None: the spec's
+    config and whatever artifacts are loaded."""
+    if stages is None and maxnreg is None:
         yield
         return
     from aotc.kernels.decode import spec as S
@@ -103,9 +115,10 @@ def kv_align4_stages(stages):
 
     def launch(axes, arch):
         cfg = declared(axes, arch)
-        if axes.get("kv_align") != 4:
+        if axes.get("kv_align") != align:
             return cfg
-        return LaunchConfig(num_warps=cfg.num_warps, num_stages=stages, maxnreg=cfg.maxnreg, launch_pdl=cfg.launch_pdl)
+        return LaunchConfig(num_warps=cfg.num_warps, num_stages=cfg.num_stages if stages is None else stages,
+                            maxnreg=cfg.maxnreg if maxnreg is None else maxnreg, launch_pdl=cfg.launch_pdl)
 
     object.__setattr__(S.SPLIT, "launch", launch)  # a sweep only: the spec is immutable by design
     loader.set_artifacts(tempfile.mkdtemp(prefix="aotc-empty-"))
@@ -149,10 +162,14 @@ def main():
     ap.add_argument("--stages", default="", help="sweep the kv_align 4 binaries' num_stages, e.g. 2,3,4")
     ap.add_argument("--modes", default=",".join(MODES), help="the kv_quant_modes to time, e.g. INT4_PER_TOKEN_HEAD")
     ap.add_argument("--kv-align", default="", help="time the split kernel's KV_ALIGN 4 and 8 reads, e.g. 4,8")
+    ap.add_argument("--a8-configs", default="",
+                    help="sweep the kv_align 8 binaries' STAGES:MAXNREG (0: no cap), e.g. 2:168,2:0,3:168")
     a = ap.parse_args()
     sweep = [("stages", int(x)) for x in a.stages.split(",")] if a.stages else [None]
     if a.kv_align:
         sweep = [("kv_align", int(x)) for x in a.kv_align.split(",")]
+    if a.a8_configs:
+        sweep = [("a8cfg", tuple(int(y) for y in x.split(":"))) for x in a.a8_configs.split(",")]
     ua = vllm_module(a.peer)
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
@@ -215,9 +232,12 @@ def main():
             shape = f"b{batch} ctx{CTX} h{HEADS}/{KV_HEADS} d{D} page{BS}"
             for choice in sweep:
                 what, value = choice if choice is not None else (None, None)
-                ctx = kv_align_choice(value) if what == "kv_align" else kv_align4_stages(value)
-                with ctx:
+                if what == "a8cfg":
+                    ctx, tag = split_config(8, *value), f"aotc_a8_stages{value[0]}_maxnreg{value[1]}"
+                else:
+                    ctx = kv_align_choice(value) if what == "kv_align" else kv_align4_stages(value)
                     tag = "aotc" if choice is None else f"aotc_{what}{value}"
+                with ctx:
                     for provider, fn in {**calls, tag: aotc_call}.items():
                         if choice is not None and provider in calls and choice != sweep[0]:
                             continue  # vLLM and the native layout: once a shape

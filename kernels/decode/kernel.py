@@ -45,10 +45,9 @@ SCORE_MOD binaries apply softcap and ALiBi (kernels/common/score_mod.py, runtime
 natural-log scores. KV_ALIGN 4 binaries read K and V as 4-byte vectors whatever the level: their
 rows start 4-byte aligned (vLLM's per-token-head cache: scales inline after each head's codes).
 KV_ALIGN 8 (one scale a token, BLOCK_D == HEAD_DIM) is for exactly vLLM's record [K codes | K scale
-| V codes | V scale], 2 * HEAD_DIM + 8 bytes, 8-byte aligned: K is read 8 bytes at a time, and V,
-which starts 4 bytes past an 8-byte boundary, from 4 bytes before it (the K scale) 8 bytes at a
-time, its last 4 bytes from a small tail tile at the next 8-byte boundary (TAIL); the output is
-stored shifted back by those 4 bytes (_store_shifted).
+| V codes | V scale], 2 * HEAD_DIM + 8 bytes, 8-byte aligned, K and V with the same strides: K is
+read 8 bytes at a time and V, 4 bytes past an 8-byte boundary, 4 bytes at a time, both at K's row
+offsets (one set of row addresses for the two tiles).
 For kinds 1-4 the dots run in fp16 whatever the query dtype: codes and fp8 values are exact in
 fp16, code * scale is rounded once, and a bf16 query converts exactly within fp16's range
 (|q|, |k|, |v| < 65504).
@@ -208,25 +207,6 @@ def _load_tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr, 
         return _fp8_bits_to_fp16(x, KV_KIND, PTX)
 
 
-# KV_ALIGN 8: the width of the tail tile that holds V's last 4 bytes (a dot needs 16 columns; the
-# int8 loop's word tiles take 32, so that its 4 warps split the tail dots' columns as the main
-# ones: at 16 the loop compiled to 4x the mma instructions).
-TAIL = tl.constexpr(16)
-TAIL_WORDS = tl.constexpr(32)
-
-
-@triton.jit
-def _store_shifted(o_row, main, tail, rows_mask, SHIFT: tl.constexpr, STEP: tl.constexpr, COLS: tl.constexpr,
-                   TAIL_COLS: tl.constexpr):
-    # KV_ALIGN 8's output: main's column j is element j - SHIFT of the head (j >= SHIFT), tail's
-    # column j < SHIFT is element COLS - SHIFT + j; element e sits at o_row + STEP * e. The columns
-    # left out came from the scale bytes beside V and are never stored.
-    offs = tl.arange(0, COLS)
-    offs_t = tl.arange(0, TAIL_COLS)
-    tl.store(o_row + STEP * (offs - SHIFT)[None, :], main, mask=rows_mask[:, None] & (offs >= SHIFT)[None, :])
-    tl.store(o_row + STEP * (COLS - SHIFT + offs_t)[None, :], tail, mask=rows_mask[:, None] & (offs_t < SHIFT)[None, :])
-
-
 @triton.jit(
     do_not_specialize=[
         "sm_scale", "window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
@@ -334,8 +314,6 @@ def _attend_float(
     qm = h_mask[:, None] & c_mask[None, :]
     q = tl.load(q_rows + offs_c[None, :], mask=qm, other=0.0).to(DT)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    offs_tail = tl.arange(0, TAIL)
-    acc_t = tl.zeros([BLOCK_H, TAIL], dtype=tl.float32)  # KV_ALIGN 8: V's last 4 bytes
     kvh64 = kvh.to(tl.int64)
     for t0 in range(lo, hi, BLOCK_N):
         offs_t = t0 + tl.arange(0, BLOCK_N)
@@ -343,7 +321,10 @@ def _attend_float(
         page = _pages(table_row, offs_t, hi, page_shift)
         slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
-        v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
+        if KV_ALIGN == 8:
+            v_row = k_row  # vLLM's record: V's strides are K's (the op checks)
+        else:
+            v_row = page * stride_vp + slot * stride_vt + kvh64 * stride_vh
         mask = t_mask[:, None] & c_mask[None, :]
         k = _load_tile(K, k_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
         if PER_TOKEN:  # scales read here: a tile-ahead prefetch lost (BENCHMARKS.md, vLLM's per-token-head caches)
@@ -357,22 +338,12 @@ def _attend_float(
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
         if PER_TOKEN:
             p = p * vs[None, :]
-        if KV_ALIGN == 8:
-            # bytes -4 .. HEAD_DIM - 4 of V (the first 4: K's scale), then HEAD_DIM - 4 .. + 4 (and V's scale)
-            v = _load_tile(V - 4, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
-            vt = _load_tile(V + (HEAD_DIM - 4), v_row, offs_tail, t_mask[:, None] & (offs_tail < 8)[None, :],
-                            KV_KIND, PTX, KV_ALIGN)
-            acc_t = acc_t * alpha[:, None] + tl.dot(p.to(DT), vt)
-        else:
-            v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, KV_ALIGN)
+        # KV_ALIGN 8: V rows start 4 bytes past an 8-byte boundary
+        v = _load_tile(V, v_row, offs_c, mask, KV_KIND, PTX, 4 if KV_ALIGN == 8 else KV_ALIGN)
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), v)
     inv_l = v_scale / tl.where(l_i > 0, l_i, 1.0)
-    if KV_ALIGN == 8:
-        _store_shifted(PartO + slot_ids[:, None] * HEAD_DIM, acc * inv_l[:, None], acc_t * inv_l[:, None],
-                       h_mask & (hi > lo), 4, 1, BLOCK_D, TAIL)
-    else:
-        om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
-        tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
+    om = (h_mask & (hi > lo))[:, None] & c_mask[None, :]
+    tl.store(PartO + slot_ids[:, None] * HEAD_DIM + offs_c[None, :], acc * inv_l[:, None], mask=om)
     return m_i, l_i
 
 
@@ -487,10 +458,6 @@ def _attend_chunked(
             k_bias = k_bias + (1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1)),)
         for i in tl.static_range(PARTS):
             acc = acc + (tl.zeros([BLOCK_H, CW], dtype=tl.float32),)
-    # KV_ALIGN 8 (int8, one chunk): V's last 2 words, each part's [BLOCK_H, TAIL_WORDS] accumulator
-    offs_tail = tl.arange(0, TAIL_WORDS)
-    acc_t0 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
-    acc_t1 = tl.zeros([BLOCK_H, TAIL_WORDS], dtype=tl.float32)
     zacc = tl.zeros([BLOCK_H], dtype=tl.float32)  # ZP: the probabilities' sum times V's zero points
 
     ks_row = KS + kvh64 * stride_ksh
@@ -546,11 +513,10 @@ def _attend_chunked(
         for c in tl.static_range(CHUNKS):
             cols = c * CW + offs_w
             if KV_ALIGN == 8:
-                # words -2 .. CW - 2 of V (the first 2: K's scale), then CW - 2 .. + 2 (and V's scale)
-                vx = _words(V16 - 2, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
-                            cols < HEAD_DIM // PARTS, KV_ALIGN)
-                vt = _words(V16 + (CW - 2), page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh,
-                            offs_tail, offs_tail < 4, KV_ALIGN)
+                # vLLM's record: V's strides are K's (the op checks), so both tiles share K's row offsets;
+                # V's rows start 4 bytes past an 8-byte boundary
+                vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_kp, stride_kt, stride_kh, cols,
+                            cols < HEAD_DIM // PARTS, 4)
             else:
                 vx = _words(V16, page, offs_t, hi, page_shift, kvh64, stride_vp, stride_vt, stride_vh, cols,
                             cols < HEAD_DIM // PARTS, KV_ALIGN)
@@ -575,10 +541,6 @@ def _attend_chunked(
                 v0, v1 = _i8x2_codes(vx, PTX)
                 new_acc = new_acc + (acc[PARTS * c] * alpha[:, None] + tl.dot(pd, v0),
                                      acc[PARTS * c + 1] * alpha[:, None] + tl.dot(pd, v1))
-                if KV_ALIGN == 8:
-                    t0_, t1_ = _i8x2_codes(vt, PTX)
-                    acc_t0 = acc_t0 * alpha[:, None] + tl.dot(pd, t0_)
-                    acc_t1 = acc_t1 * alpha[:, None] + tl.dot(pd, t1_)
         acc = new_acc
         if not CHANNEL:
             ks = ks_next
@@ -588,27 +550,20 @@ def _attend_chunked(
                 vz = vz_next
 
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
-    if KV_ALIGN == 8:
-        # part i of word w is channel 2 w + i; the main tile's word w is V's word w - 2
-        o_row = PartO + slot_ids[:, None] * HEAD_DIM
-        rows = h_mask & (hi > lo)
-        _store_shifted(o_row, acc[0] * inv_l[:, None], acc_t0 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
-        _store_shifted(o_row + 1, acc[1] * inv_l[:, None], acc_t1 * inv_l[:, None], rows, 2, 2, CW, TAIL_WORDS)
-    else:
-        for c in tl.static_range(CHUNKS):
-            cols = c * CW + offs_w
-            om = (h_mask & (hi > lo))[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
-            o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * cols[None, :]
-            for i in tl.static_range(PARTS):
-                # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
-                scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
-                o = acc[PARTS * c + i] * scale[:, None]
-                if ZP:
-                    o = o - (zacc * inv_l)[:, None]
-                if CHANNEL:
-                    vc = tl.load(vs_row + PARTS * cols + i, mask=cols < HEAD_DIM // PARTS, other=0.0)
-                    o = o * vc[None, :]
-                tl.store(o_cols + i, o, mask=om)
+    for c in tl.static_range(CHUNKS):
+        cols = c * CW + offs_w
+        om = (h_mask & (hi > lo))[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
+        o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * cols[None, :]
+        for i in tl.static_range(PARTS):
+            # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
+            scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
+            o = acc[PARTS * c + i] * scale[:, None]
+            if ZP:
+                o = o - (zacc * inv_l)[:, None]
+            if CHANNEL:
+                vc = tl.load(vs_row + PARTS * cols + i, mask=cols < HEAD_DIM // PARTS, other=0.0)
+                o = o * vc[None, :]
+            tl.store(o_cols + i, o, mask=om)
     return m_i, l_i
 
 

@@ -356,6 +356,10 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # with its table load hidden from the pipeliner (kernel._pages_nc).
     # "channel" takes int8 per-token's config (its loop, minus the scale loads): not measured yet.
     stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
+    if axes.get("kv_align") == 8 and axes["kv"] != "int8":
+        # vLLM's fp8 record (8- and 4-byte reads): capped at 168 registers, three programs an SM; the
+        # int8 loop lost with the cap (BENCHMARKS.md, Decode on vLLM's per-token-head caches: V read 4 bytes at a time)
+        cap = 168
     if grouped and int(axes["head_dim"]) > 128:
         # Head dim 256: "small_group" 2 stages, int4 "group" capped at 168, int8 "group" 2 stages capped
         # at 168 (three programs an SM), each faster in every measured cell (BENCHMARKS.md, Kernel choices: head dim 256).

@@ -188,19 +188,16 @@ def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
 
 def _vllm_record(k, v, strides) -> bool:
     """Whether k/v look like vLLM's per-token-head record [K codes | K scale | V codes | V scale]:
-    K 8-byte aligned, V 4 bytes past an 8-byte boundary, strides multiples of 8. The kv_align 8
-    binaries read K 8 bytes at a time and V from the 4 bytes before each row to the 4 after it (the
-    scales beside it), so those bytes must lie in V's storage; later calls of the plan are held to
-    the same address residues (SplitMerge.check_halfword)."""
+    K 8-byte aligned, V 4 bytes past an 8-byte boundary, strides multiples of 8 and V's strides
+    K's (views of one buffer). The kv_align 8 binaries read K 8 bytes at a time and V 4 at a time,
+    both at K's row offsets; later calls of the plan are held to the same address residues
+    (SplitMerge.check_halfword), and to the same strides by the plan's key."""
     try:
         kp, vp = k.data_ptr(), v.data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (fake, meta): the 4-byte binaries
         return False
-    if any(st % 8 for st in strides) or kp % 8 or vp % 8 != 4 or v.device.type == "meta":
-        return False
-    start = v.storage_offset() * v.element_size()
-    end = start + (sum((n - 1) * st for n, st in zip(v.shape, v.stride())) + 1) * v.element_size()
-    return start >= 4 and end + 4 <= v.untyped_storage().nbytes()
+    same = k.shape == v.shape and all(a == b for n, a, b in zip(k.shape, k.stride(), v.stride()) if n > 1)
+    return same and not any(st % 8 for st in strides) and kp % 8 == 0 and vp % 8 == 4 and v.device.type != "meta"
 
 
 def _run_decode(d: _Decode) -> None:

@@ -167,12 +167,12 @@ def test_batch_one_long_context_spreads_over_an_h100():
     assert splits == S.RULE_MAX_SPLITS and 8 * splits >= 132
 
 
-def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_and_groups_of_32_up_at_256():
+def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_groups_of_32_up_at_256_and_fp8_kv_align_8():
     for axes in S.split_variants():
         cfg = S.split_launch(axes, 90)
         grouped = axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128
         group_256 = (axes["scales"], axes["head_dim"]) == ("group", 256)
-        want = 168 if (grouped and axes["tile"] == "wide") or group_256 else 0
+        want = 168 if (grouped and axes["tile"] == "wide") or group_256 or (axes.get("kv_align"), axes["kv"]) == (8, "fp8_e4m3") else 0
         assert cfg.maxnreg == want, axes
         if axes["head_dim"] == 256 and axes["scales"] != "none":  # int4 "group": 3 stages there
             assert cfg.num_stages == (3 if (axes["kv"], axes["scales"]) == ("int4", "group") else 2), axes

@@ -151,13 +151,25 @@ def _shifted_by_4(kc, vc, ks, vs):
             f32[..., 1 + d // 4:2 + d // 4], f32[..., 1 + (2 * d + 4) // 4:2 + (2 * d + 4) // 4])
 
 
+def _page_padded(vc):
+    """V's record copied into a buffer whose pages are 16 bytes longer: V still 4 bytes past an
+    8-byte boundary with strides multiples of 8, but its page stride no longer K's."""
+    pages, bs, heads, d = vc.shape
+    row = vc.stride(2) * vc.element_size()
+    raw = torch.zeros(pages, bs * heads * row + 16, dtype=torch.uint8, device=vc.device)
+    rec = raw[:, :bs * heads * row].view(pages, bs, heads, row)
+    off = vc.storage_offset() % vc.stride(2) * vc.element_size()
+    rec[..., off:off + d] = vc.view(torch.uint8)
+    return rec[..., off:off + d].view(vc.dtype)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("mod", [False, True])
-@pytest.mark.parametrize("layout", ["record", "shifted"])
+@pytest.mark.parametrize("layout", ["record", "shifted", "v_apart"])
 def test_kv_align8_on_vllms_record(fmt, head_dim, mod, layout, monkeypatch):
-    # vLLM's record takes the kv_align 8 binaries (V read from its K scale on, a tail tile, the
-    # output stored shifted back); the same values 4 bytes further on take kv_align 4
+    # vLLM's record takes the kv_align 8 binaries (K 8 bytes at a time, V 4, both at K's row
+    # offsets); the same values 4 bytes further on, or V with strides of its own, take kv_align 4
     from aotc.loader.ops import decode as D
 
     chosen = []
@@ -169,6 +181,8 @@ def test_kv_align8_on_vllms_record(fmt, head_dim, mod, layout, monkeypatch):
     kc, vc, ks, vs, k_real, v_real = vllm_inline_cache(k, v, fmt)
     if layout == "shifted":
         kc, vc, ks, vs = _shifted_by_4(kc, vc, ks, vs)
+    elif layout == "v_apart":
+        vc = _page_padded(vc)
     kw = dict(softcap=2.0, alibi_slopes=torch.tensor([2.0 ** -(i + 1) for i in range(q.shape[1])])) if mod else {}
     out = torch.full_like(q, float("nan"))
     try:
@@ -176,6 +190,7 @@ def test_kv_align8_on_vllms_record(fmt, head_dim, mod, layout, monkeypatch):
     finally:
         D._plans.clear()
     assert chosen == [8 if layout == "record" else 4]
+    assert layout != "v_apart" or (vc.data_ptr() % 8 == 4 and vc.stride(0) != kc.stride(0))
     want = R.decode_reference(q, k_real, v_real, table, lens, **kw)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
 

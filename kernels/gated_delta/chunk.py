@@ -508,11 +508,13 @@ def gdn_chunk_prep(
         if HEAD_V > WCOL:
             vc1 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, WCOL, V_DIM, False)
         bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        _store_cols(W, _mm(xw, _wy_operand(kc0.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0, HEAD_K)
+        _store_cols(W, _mm(xw, _wy_operand(kc0.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
+                    HEAD_K)
         if HEAD_K > WCOL:
             _store_cols(W, _mm(xw, _wy_operand(kc1.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
                         HEAD_K)
-        _store_cols(U, _mm(xw, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0, HEAD_V)
+        _store_cols(U, _mm(xw, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
+                    HEAD_V)
         if HEAD_V > WCOL:
             _store_cols(U, _mm(xw, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
                         HEAD_V)

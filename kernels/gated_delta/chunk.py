@@ -143,28 +143,29 @@ def _inverse_diagonal(a00, a11, a22, a33):
 
 
 @triton.jit
-def _inverse_doubling(a, TF: tl.constexpr, EXACT: tl.constexpr):
+def _inverse_doubling(a, TF: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr = False):
     """X = (I + A)^-1 of the strictly lower A [64, 64] by [64, 64] products alone. D = I + A's
     diagonal 16 x 16 blocks Ad: D^-1 = (I - Ad)(I + Ad^2)(I + Ad^4)(I + Ad^8) (Ad^16 = 0); with the
     rest L, N = D^-1 L is strictly block lower (N^4 = 0), so X = (I + N)^-1 D^-1 = (I - N)(I + N^2) D^-1.
     Ten products, no 16 x 16 tiles cut out or put back.
     Each factor is used as soon as it exists, so no more than three [64, 64] tiles are live (fewer
     spilled registers at the 168 cap), and I +- M is formed as a select on the diagonal (every M
-    here is strictly lower: the same values, no identity tile kept)."""
+    here is strictly lower: the same values, no identity tile kept). BF16: the products on bf16
+    operands (_mm)."""
     r = tl.arange(0, CHUNK)
     same = (r[:, None] // SUB) == (r[None, :] // SUB)
     diag = r[:, None] == r[None, :]
     ad = tl.where(same, a, 0.0)
     low = tl.where(same, 0.0, a)
-    p2 = _mm(ad, ad, TF, EXACT)
-    d = _mm(tl.where(diag, 1.0, -ad), tl.where(diag, 1.0, p2), TF, EXACT)
-    p4 = _mm(p2, p2, TF, EXACT)
-    d = _mm(d, tl.where(diag, 1.0, p4), TF, EXACT)
-    p8 = _mm(p4, p4, TF, EXACT)
-    dinv = _mm(d, tl.where(diag, 1.0, p8), TF, EXACT)
-    n = _mm(dinv, low, TF, EXACT)
-    y = _mm(tl.where(diag, 1.0, -n), tl.where(diag, 1.0, _mm(n, n, TF, EXACT)), TF, EXACT)
-    return _mm(y, dinv, TF, EXACT)
+    p2 = _mm(ad, ad, TF, EXACT, BF16)
+    d = _mm(tl.where(diag, 1.0, -ad), tl.where(diag, 1.0, p2), TF, EXACT, BF16)
+    p4 = _mm(p2, p2, TF, EXACT, BF16)
+    d = _mm(d, tl.where(diag, 1.0, p4), TF, EXACT, BF16)
+    p8 = _mm(p4, p4, TF, EXACT, BF16)
+    dinv = _mm(d, tl.where(diag, 1.0, p8), TF, EXACT, BF16)
+    n = _mm(dinv, low, TF, EXACT, BF16)
+    y = _mm(tl.where(diag, 1.0, -n), tl.where(diag, 1.0, _mm(n, n, TF, EXACT, BF16)), TF, EXACT, BF16)
+    return _mm(y, dinv, TF, EXACT, BF16)
 
 
 @triton.jit
@@ -182,16 +183,19 @@ def _dot(a, b, TF32: tl.constexpr):
 
 
 @triton.jit
-def _mm(a, b, TF32: tl.constexpr, EXACT: tl.constexpr):
-    # 16x16x16 products of the block merge, fp32 accumulate. TF32 (CUDA targets,
-    # chunk_spec.prep_target_constexprs): on tensor cores in tf32, as flash-linear-attention's
-    # solve_tril; X then enters the W/U dots as bf16 (bf16 inputs) or tf32 (fp16), both coarser.
-    # H100, JIT, bf16, H = 16, HV = 32, K = V = 128, maxnreg 168: precompute 1 x 8192 0.406 ->
-    # 0.373 ms, 8 x 2048 0.803 -> 0.735 vs exact fp32 FMAs ("ieee", the other targets' choice);
-    # W and U moved by 0.34% of their largest value (one bf16 rounding step is 0.39%).
-    # EXACT (fp32 inputs): _dot's fp32 precision instead.
+def _mm(a, b, TF32: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr = False):
+    # Products of the inverse and the W/U dots, fp32 accumulate. TF32 (CUDA targets,
+    # chunk_spec.prep_target_constexprs): on tensor cores in tf32 (flash-linear-attention's
+    # solve_tril offers it); X then enters the W/U dots as bf16 (bf16 inputs) or tf32 (fp16), both
+    # coarser. BF16 (gdn_chunk_prep, bf16 inputs on CUDA): the inverse's products on bf16 operands,
+    # twice tf32's tensor rate at half its shared-memory bytes, fp32's range (fp16's would overflow
+    # where X grows past 65504); X is rounded to bf16 for the W/U dots anyway (BENCHMARKS.md,
+    # "Gated delta prefill precompute: bf16 inverse, session 32"). Exact fp32 FMAs ("ieee")
+    # elsewhere; EXACT (fp32 inputs): _dot's fp32 precision instead.
     if EXACT:
         return _dot(a, b, TF32)
+    elif BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     elif TF32:
         return tl.dot(a, b, input_precision="tf32")
     else:
@@ -218,12 +222,15 @@ def _store_rows(Ptr, x, t0, b, end, hv, HV, D: tl.constexpr):
 
 
 @triton.jit
-def _chunk_cols(P, t, m, s_t, off, c0, D):
-    """Columns [c0, c0 + WCOL) of a chunk's rows t (int64) as fp32; rows past the end and columns
-    past D (the true head size) read as zeros."""
+def _chunk_cols(P, t, m, s_t, off, c0, D, FP32: tl.constexpr = True):
+    """Columns [c0, c0 + WCOL) of a chunk's rows t (int64) as fp32 (else in P's dtype); rows past the
+    end and columns past D (the true head size) read as zeros."""
     c = c0 + tl.arange(0, WCOL)
     mask = m[:, None] & (c < D)[None, :]
-    return tl.load(P + t[:, None] * s_t + off + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(P + t[:, None] * s_t + off + c[None, :], mask=mask, other=0.0)
+    if FP32:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -372,11 +379,14 @@ def gdn_chunk_prep(
     # GDN with X by [64, 64] products (_inverse_doubling): 168 / 60 at the cap, 233 / 0 without it
     # (H100 JIT report, K = 128, 4 warps); with its factors used as formed and q, k loaded up front:
     # 168 / 24 at the cap, 205 / 0 without it (cuobjdump here: stack 240 -> 96 bytes).
+    # With the inverse on bf16 operands and W/U's loads issued together (bf16 inputs): 168 / 38 at the
+    # cap (H100 JIT report, K = 128, 4 warps).
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
     TF: tl.constexpr = MERGE_TF32
     EXACT: tl.constexpr = Q.dtype.element_ty == tl.float32
+    BFM: tl.constexpr = (MERGE_TF32 != 0) and (Q.dtype.element_ty == tl.bfloat16)  # _mm's BF16
     if SUBBLOCKS:
         R0 = tl.sum(tl.zeros([SUB], tl.float32), 0)
         g, _beta = _load_g(G, Beta, t0, 0, end, hv64, s_gt, s_gh, s_bt, s_bh)
@@ -465,7 +475,7 @@ def gdn_chunk_prep(
         tl.store(Decay + (pid.to(tl.int64) * HV + hv64) * HEAD_K + offs_k, tl.zeros([HEAD_K], tl.float32) + tl.exp(RL))
         a, fk = _gdn_chunk_a(q_in, k_in, g, beta, Fq, Kg, Aqk, t, m, hv64, HV, qk_l2norm, scale, RL, HEAD_K,
                              MERGE_TF32)
-        x = _inverse_doubling(a, TF, EXACT)
+        x = _inverse_doubling(a, TF, EXACT, BFM)
 
     # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
     # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
@@ -485,13 +495,37 @@ def gdn_chunk_prep(
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
-    for c0 in tl.static_range(0, HEAD_K, WCOL):
-        kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
-        _store_cols(W, _mm(xw, _wy_operand(kc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
-    bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-    for c0 in tl.static_range(0, HEAD_V, WCOL):
-        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
-        _store_cols(U, _mm(xw, _wy_operand(vc, W.dtype.element_ty), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
+    DTW: tl.constexpr = W.dtype.element_ty
+    if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
+        # k's and v's column blocks (input dtype) all issued before the first W/U dot: one exposed
+        # load latency instead of one per block, as a store between them kept each next load
+        # behind it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse, session 32").
+        # Not at fp32 (spills more at the 128 tile) nor past two blocks a side (registers).
+        kc0 = _chunk_cols(K, t, m, s_kt, hk * s_kh, 0, K_DIM, False)
+        vc0 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, 0, V_DIM, False)
+        if HEAD_K > WCOL:
+            kc1 = _chunk_cols(K, t, m, s_kt, hk * s_kh, WCOL, K_DIM, False)
+        if HEAD_V > WCOL:
+            vc1 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, WCOL, V_DIM, False)
+        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        _store_cols(W, _mm(xw, _wy_operand(kc0.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
+                    HEAD_K)
+        if HEAD_K > WCOL:
+            _store_cols(W, _mm(xw, _wy_operand(kc1.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
+                        HEAD_K)
+        _store_cols(U, _mm(xw, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
+                    HEAD_V)
+        if HEAD_V > WCOL:
+            _store_cols(U, _mm(xw, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
+                        HEAD_V)
+    else:
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
+            _store_cols(W, _mm(xw, _wy_operand(kc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        for c0 in tl.static_range(0, HEAD_V, WCOL):
+            vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
+            _store_cols(U, _mm(xw, _wy_operand(vc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
 
 
 

@@ -283,8 +283,6 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
 
 # KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the
 # inverse and W / U / Qg / Kg / decay; A passes through the Akk workspace (fp32 [T, HV, 64]).
-KDA_BLOCKS = 1  # kda_chunk_intra's programs a chunk
-
 KDA_INTRA_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
     + (Arg("G", "ptr", aligned=True, dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
@@ -342,7 +340,8 @@ def kda_wy_constexprs(axes) -> dict:
 
 
 def kda_intra_launch(axes, arch: int) -> LaunchConfig:
-    # One warp a chunk: a lane holds two rows (the kernel's docstring). One stage (the loads are L1 hits).
+    # One warp a chunk (a lane two rows, kda_chunk.py), one stage. 255 registers, no spills: capping
+    # them at 168 or 128 (spills), or 2 warps, was slower (BENCHMARKS.md, "KDA's in-block kernel").
     return LaunchConfig(num_warps=1, num_stages=1)
 
 

@@ -2,11 +2,12 @@
 
 A chunk's 64 x 64 A (strictly lower, beta and 1 / |k| of row and column) and Aqk (lower with the
 diagonal, scale, 1 / |q| and 1 / |k|) split into 16 x 16 blocks:
-`kda_chunk_intra` (grid: chunk slots x 4 row blocks x value heads, one 16-token block a program):
-  the four diagonal blocks, elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc) over a
-  [BC, 16, 16] tile a channel step, exp of the exact difference (<= 0 for j <= i, safe for any
-  gate), summed over the channels. The cumulative gate is the block's own (the differences need
-  no more).
+`kda_chunk_intra` (grid: chunk slots x value heads, one warp a chunk): the four diagonal blocks,
+  elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc), exp of the exact in-block gate sum
+  g_{j+1} + ... + g_i (<= 0 for j <= i, safe for any gate). A lane holds two rows of a block and
+  BC channels, and sweeps the block's columns from the last, adding one token's gate to the sum
+  a column: every load has the same layout, nothing moves between threads, the channel sums stay
+  in a thread.
 `kda_chunk_inter` (grid: chunk slots x value heads): the six blocks below the diagonal as real
   [16, BK] x [BK, 16] dots a channel step. Row block s, column block r < s, E the cumulative gate
   at the last token before block s: exp(G_i - G_j) = exp(G_i - E) exp(E - G_j), left

@@ -56,13 +56,6 @@ def _tile(P, t, m, s_t, off, c, D):
 
 
 @triton.jit
-def _tile_t(P, t, m, s_t, off, c, D):
-    """_tile transposed: [channels, rows]."""
-    return tl.load(P + t[None, :] * s_t + off + c[:, None], mask=m[None, :] & (c < D)[:, None],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _inv_norm(ss, qk_l2norm):
     # a select, not a branch (Triton 3.6 failed to lower the branch form: 'unresolved materialization')
     return tl.where(qk_l2norm != 0, 1.0 / tl.sqrt(ss + L2NORM_EPS), 1.0)
@@ -108,13 +101,13 @@ def kda_chunk_intra(
     hv64 = hv.to(tl.int64)
     i = tl.arange(0, 32)
     rl = i % 8
-    tb = t0 + (i // 8) * SUB
-    ta = tb + rl
-    tB = ta + 8
-    ma = ta < end
-    mb = tB < end
-    ta = ta.to(tl.int64)
-    tB = tB.to(tl.int64)
+    t_blk = t0 + (i // 8) * SUB
+    t_a = t_blk + rl
+    t_b = t_a + 8
+    ma = t_a < end
+    mb = t_b < end
+    t_a = t_a.to(tl.int64)
+    t_b = t_b.to(tl.int64)
     jj = tl.arange(0, SUB)[None, :]
     aa = tl.zeros([32, SUB], tl.float32)
     qa = tl.zeros([32, SUB], tl.float32)
@@ -129,10 +122,10 @@ def kda_chunk_intra(
     gp = G + hv64 * s_gh
     for c0 in range(0, HEAD_K, BC):
         c = c0 + tl.arange(0, BC)
-        xqa = _tile(qp, ta, ma, s_qt, 0, c, K_DIM)
-        xka = _tile(kp, ta, ma, s_kt, 0, c, K_DIM)
-        xqb = _tile(qp, tB, mb, s_qt, 0, c, K_DIM)
-        xkb = _tile(kp, tB, mb, s_kt, 0, c, K_DIM)
+        xqa = _tile(qp, t_a, ma, s_qt, 0, c, K_DIM)
+        xka = _tile(kp, t_a, ma, s_kt, 0, c, K_DIM)
+        xqb = _tile(qp, t_b, mb, s_qt, 0, c, K_DIM)
+        xkb = _tile(kp, t_b, mb, s_kt, 0, c, K_DIM)
         sqa += tl.sum(xqa * xqa, 1)
         ska += tl.sum(xka * xka, 1)
         sqb += tl.sum(xqb * xqb, 1)
@@ -141,12 +134,12 @@ def kda_chunk_intra(
         db = tl.zeros([32, BC], tl.float32)
         for j in tl.static_range(SUB - 1, -1, -1):
             if j < SUB - 1:
-                tn = tb + j + 1
+                tn = t_blk + j + 1
                 gn = _tile(gp, tn.to(tl.int64), tn < end, s_gt, 0, c, K_DIM) * LOG2E
                 db += tl.where((rl + 8 > j)[:, None], gn, 0.0)
                 if j < 7:
                     da += tl.where((rl > j)[:, None], gn, 0.0)
-            tj = tb + j
+            tj = t_blk + j
             kc = _tile(kp, tj.to(tl.int64), tj < end, s_kt, 0, c, K_DIM)
             kj = kc * tl.exp2(db)
             ab = _col_add(ab, jj, j, xkb, kj)
@@ -160,10 +153,10 @@ def kda_chunk_intra(
     # the columns' 1 / |k|: column j of a lane's block is row j % 8 of lane (l // 8) * 8 + j % 8
     ck = tl.gather(tl.where(jj < 8, rka[:, None], rkb[:, None]), (i // 8 * 8)[:, None] + jj % 8, 0)
     col0 = (i // 8) * SUB
-    ba = tl.load(Beta + ta * s_bt + hv64 * s_bh, mask=ma, other=0.0)
-    bb = tl.load(Beta + tB * s_bt + hv64 * s_bh, mask=mb, other=0.0)
-    _intra_store(Akk, Aqk, aa, qa, ta, ma, rl, col0, _inv_norm(sqa, qk_l2norm) * scale, rka, ba, ck, jj, hv64, HV)
-    _intra_store(Akk, Aqk, ab, qb, tB, mb, rl + 8, col0, _inv_norm(sqb, qk_l2norm) * scale, rkb, bb, ck, jj, hv64, HV)
+    ba = tl.load(Beta + t_a * s_bt + hv64 * s_bh, mask=ma, other=0.0)
+    bb = tl.load(Beta + t_b * s_bt + hv64 * s_bh, mask=mb, other=0.0)
+    _intra_store(Akk, Aqk, aa, qa, t_a, ma, rl, col0, _inv_norm(sqa, qk_l2norm) * scale, rka, ba, ck, jj, hv64, HV)
+    _intra_store(Akk, Aqk, ab, qb, t_b, mb, rl + 8, col0, _inv_norm(sqb, qk_l2norm) * scale, rkb, bb, ck, jj, hv64, HV)
 
 
 @triton.jit

@@ -283,17 +283,15 @@ GDN_CHUNK_STATE_GENERIC = KernelSpec(
 
 # KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the
 # inverse and W / U / Qg / Kg / decay; A passes through the Akk workspace (fp32 [T, HV, 64]).
-KDA_BLOCKS = CHUNK // 16  # kda_chunk_intra's programs a chunk: one a 16-token block
-
 KDA_INTRA_ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K"))
-    + (Arg("G", "ptr", dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
+    + (Arg("G", "ptr", aligned=True, dtype="=fp32"), Arg("Beta", "ptr", dtype="=fp32"),
        Arg("Aqk", "ptr", aligned=True, dtype="dtype"), Arg("Akk", "ptr", aligned=True, dtype="=fp32"),
        Arg("Cu_seqlens", "ptr", dtype="=i32"), Arg("State_indices", "ptr", dtype="=i32"),
        Arg("scale", "fp32"), Arg("qk_l2norm", "i32"), Arg("num_seqs", "i32"), Arg("num_slots", "i32"),
        Arg("HV", "i32"), Arg("group", "i32"), Arg("K_DIM", "i32", aligned=True))
-    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh"))
-    + tuple(Arg(n, "i32") for n in ("s_gt", "s_gh", "s_bt", "s_bh"))
+    + tuple(Arg(n, "i32", aligned=True) for n in ("s_qt", "s_qh", "s_kt", "s_kh", "s_gt", "s_gh"))
+    + tuple(Arg(n, "i32") for n in ("s_bt", "s_bh"))
 )
 
 KDA_INTER_ARGS = (
@@ -342,10 +340,9 @@ def kda_wy_constexprs(axes) -> dict:
 
 
 def kda_intra_launch(axes, arch: int) -> LaunchConfig:
-    # [BC, 16, 16] fp32 tiles a channel step, no loads worth pipelining: many small programs an SM
-    # hide each other's latency. Warp counts timed on the H100 for the first version only
-    # (BENCHMARKS.md, "KDA precompute as three kernels").
-    return LaunchConfig(num_warps=4, num_stages=1)
+    # One warp a chunk (a lane two rows, kda_chunk.py), one stage. 255 registers, no spills: capping
+    # them at 168 or 128 (spills), or 2 warps, was slower (BENCHMARKS.md, "KDA's in-block kernel").
+    return LaunchConfig(num_warps=1, num_stages=1)
 
 
 def kda_inter_launch(axes, arch: int) -> LaunchConfig:

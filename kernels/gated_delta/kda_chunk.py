@@ -2,11 +2,12 @@
 
 A chunk's 64 x 64 A (strictly lower, beta and 1 / |k| of row and column) and Aqk (lower with the
 diagonal, scale, 1 / |q| and 1 / |k|) split into 16 x 16 blocks:
-`kda_chunk_intra` (grid: chunk slots x 4 row blocks x value heads, one 16-token block a program):
-  the four diagonal blocks, elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc) over a
-  [BC, 16, 16] tile a channel step, exp of the exact difference (<= 0 for j <= i, safe for any
-  gate), summed over the channels. The cumulative gate is the block's own (the differences need
-  no more).
+`kda_chunk_intra` (grid: chunk slots x value heads, one warp a chunk): the four diagonal blocks,
+  elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc), exp of the exact in-block gate sum
+  g_{j+1} + ... + g_i (<= 0 for j <= i, safe for any gate). A lane holds two rows of a block and
+  BC channels, and sweeps the block's columns from the last, adding one token's gate to the sum
+  a column: every load has the same layout, nothing moves between threads, the channel sums stay
+  in a thread.
 `kda_chunk_inter` (grid: chunk slots x value heads): the six blocks below the diagonal as real
   [16, BK] x [BK, 16] dots a channel step. Row block s, column block r < s, E the cumulative gate
   at the last token before block s: exp(G_i - G_j) = exp(G_i - E) exp(E - G_j), left
@@ -28,7 +29,8 @@ from aotc.kernels.common.schedule import owner_of_block
 
 from .chunk import CHUNK, L2NORM_EPS, SUB, WCOL, _chunk_cols, _dot_acc, _inverse_doubling, _mm, _store_cols, _wy_operand
 
-BC = tl.constexpr(16)  # channels a step of the in-block [BC, 16, 16] tiles
+BC = tl.constexpr(4)  # channels a step of kda_chunk_intra: a thread's whole share (16 bytes of fp32 gate)
+LOG2E = tl.constexpr(1.4426950408889634)
 BK = tl.constexpr(32)  # channels a step of the across-block dots
 
 
@@ -54,68 +56,107 @@ def _tile(P, t, m, s_t, off, c, D):
 
 
 @triton.jit
-def _tile_t(P, t, m, s_t, off, c, D):
-    """_tile transposed: [channels, rows]."""
-    return tl.load(P + t[None, :] * s_t + off + c[:, None], mask=m[None, :] & (c < D)[:, None],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _inv_norm(ss, qk_l2norm):
     # a select, not a branch (Triton 3.6 failed to lower the branch form: 'unresolved materialization')
     return tl.where(qk_l2norm != 0, 1.0 / tl.sqrt(ss + L2NORM_EPS), 1.0)
 
 
-@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_gt", "s_gh", "s_bt", "s_bh"],
-            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "G", "Beta"])
+@triton.jit
+def _col_add(acc, jj, j: tl.constexpr, x, y):
+    """acc[:, j] += the channel sum of x y (a thread holds column j of its row)."""
+    return acc + tl.where(jj == j, tl.sum(x * y, 1)[:, None], 0.0)
+
+
+@triton.jit
+def _intra_store(Akk, Aqk, a, aq, t, m, row, col0, rq, rk, beta, ck, jj, hv, HV):
+    """Rows t (block-local index row) of a diagonal block: Akk strictly lower (beta / |k| of the
+    row, 1 / |k| of the column), Aqk lower with the diagonal (scale / |q|, 1 / |k|)."""
+    ptrs = (t[:, None] * HV + hv) * CHUNK + col0[:, None] + jj
+    tl.store(Akk + ptrs, tl.where(row[:, None] > jj, a * (beta * rk)[:, None] * ck, 0.0), mask=m[:, None])
+    tl.store(Aqk + ptrs, tl.where(row[:, None] >= jj, aq * rq[:, None] * ck, 0.0).to(Aqk.dtype.element_ty),
+             mask=m[:, None])
+
+
+@triton.jit(do_not_specialize=["qk_l2norm", "num_seqs", "num_slots", "HV", "group", "s_bt", "s_bh"],
+            do_not_specialize_on_alignment=["Cu_seqlens", "State_indices", "Beta"])
 def kda_chunk_intra(
     Q, K, G, Beta, Aqk, Akk, Cu_seqlens, State_indices,
     scale, qk_l2norm, num_seqs, num_slots, HV, group, K_DIM,
     s_qt, s_qh, s_kt, s_kh, s_gt, s_gh, s_bt, s_bh,
     HEAD_K: tl.constexpr,
 ):
-    """The diagonal 16 x 16 block of row block i of one chunk and value head: Akk and Aqk columns
-    [16 i, 16 i + 16) of the block's rows. Grid (chunk slots x 4 x HV,): value heads fastest, then
-    the chunk's blocks (neighbouring programs share q, k rows through L2)."""
-    blk = tl.program_id(0) // HV
+    """The four diagonal 16 x 16 blocks of one chunk and value head: Akk and Aqk columns
+    [16 b, 16 b + 16) of block b's rows. Grid (chunk slots x HV,), value heads fastest; one warp.
+    Lane l holds rows l % 8 (A) and l % 8 + 8 (B) of block l // 8 and BC channels of each: every
+    load has one layout, so nothing moves between threads, and the channel sums stay in a thread.
+    It sweeps the block's columns j from the last: D = G_row - G_j grows by the gate of token
+    j + 1 where j + 1 <= row, so each exp is of an exact in-block gate sum (<= 0 for the pairs
+    kept, safe for any gate); columns 8..15 need no A row."""
+    pid = tl.program_id(0) // HV
     hv = tl.program_id(0) % HV
-    pid = blk // 4
-    i = blk % 4
     t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
-    if t0 + i * SUB >= end:
+    if t0 >= end:
         return
     hk = (hv // group).to(tl.int64)
     hv64 = hv.to(tl.int64)
-    r = tl.arange(0, SUB)
-    t = t0 + i * SUB + r
-    m = t < end
-    t = t.to(tl.int64)
-    low = (r[:, None] >= r[None, :])[None, :, :]
-    a = tl.zeros([SUB, SUB], tl.float32)
-    aq = tl.zeros([SUB, SUB], tl.float32)
-    ssq = tl.zeros([SUB], tl.float32)
-    ssk = tl.zeros([SUB], tl.float32)
+    i = tl.arange(0, 32)
+    rl = i % 8
+    t_blk = t0 + (i // 8) * SUB
+    t_a = t_blk + rl
+    t_b = t_a + 8
+    ma = t_a < end
+    mb = t_b < end
+    t_a = t_a.to(tl.int64)
+    t_b = t_b.to(tl.int64)
+    jj = tl.arange(0, SUB)[None, :]
+    aa = tl.zeros([32, SUB], tl.float32)
+    qa = tl.zeros([32, SUB], tl.float32)
+    ab = tl.zeros([32, SUB], tl.float32)
+    qb = tl.zeros([32, SUB], tl.float32)
+    sqa = tl.zeros([32], tl.float32)
+    ska = tl.zeros([32], tl.float32)
+    sqb = tl.zeros([32], tl.float32)
+    skb = tl.zeros([32], tl.float32)
+    qp = Q + hk * s_qh
+    kp = K + hk * s_kh
+    gp = G + hv64 * s_gh
     for c0 in range(0, HEAD_K, BC):
         c = c0 + tl.arange(0, BC)
-        q = _tile_t(Q, t, m, s_qt, hk * s_qh, c, K_DIM)
-        k = _tile_t(K, t, m, s_kt, hk * s_kh, c, K_DIM)
-        gl = tl.cumsum(_tile_t(G, t, m, s_gt, hv64 * s_gh, c, K_DIM), 1)  # from the block's start
-        ssq += tl.sum(q * q, 0)
-        ssk += tl.sum(k * k, 0)
-        # [channel, row i, column j], the channel axis first so that its sum stays inside a thread
-        # (Triton's default 3D layout spreads the last axes over the lanes): exp(G_i - G_j)
-        # exactly, <= 1 where j <= i, 0 above
-        kj = k[:, None, :] * tl.exp(tl.where(low, gl[:, :, None] - gl[:, None, :], float("-inf")))
-        a += tl.sum(k[:, :, None] * kj, 0)
-        aq += tl.sum(q[:, :, None] * kj, 0)
-    rq = _inv_norm(ssq, qk_l2norm)
-    rk = _inv_norm(ssk, qk_l2norm)
-    beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-    a = tl.where(r[:, None] > r[None, :], a * (beta * rk)[:, None] * rk[None, :], 0.0)
-    aq = aq * (rq * scale)[:, None] * rk[None, :]
-    ptrs = (t[:, None] * HV + hv64) * CHUNK + i * SUB + r[None, :]
-    tl.store(Akk + ptrs, a, mask=m[:, None])
-    tl.store(Aqk + ptrs, aq.to(Aqk.dtype.element_ty), mask=m[:, None])
+        xqa = _tile(qp, t_a, ma, s_qt, 0, c, K_DIM)
+        xka = _tile(kp, t_a, ma, s_kt, 0, c, K_DIM)
+        xqb = _tile(qp, t_b, mb, s_qt, 0, c, K_DIM)
+        xkb = _tile(kp, t_b, mb, s_kt, 0, c, K_DIM)
+        sqa += tl.sum(xqa * xqa, 1)
+        ska += tl.sum(xka * xka, 1)
+        sqb += tl.sum(xqb * xqb, 1)
+        skb += tl.sum(xkb * xkb, 1)
+        da = tl.zeros([32, BC], tl.float32)
+        db = tl.zeros([32, BC], tl.float32)
+        for j in tl.static_range(SUB - 1, -1, -1):
+            if j < SUB - 1:
+                tn = t_blk + j + 1
+                gn = _tile(gp, tn.to(tl.int64), tn < end, s_gt, 0, c, K_DIM) * LOG2E
+                db += tl.where((rl + 8 > j)[:, None], gn, 0.0)
+                if j < 7:
+                    da += tl.where((rl > j)[:, None], gn, 0.0)
+            tj = t_blk + j
+            kc = _tile(kp, tj.to(tl.int64), tj < end, s_kt, 0, c, K_DIM)
+            kj = kc * tl.exp2(db)
+            ab = _col_add(ab, jj, j, xkb, kj)
+            qb = _col_add(qb, jj, j, xqb, kj)
+            if j < 8:
+                kj = kc * tl.exp2(da)
+                aa = _col_add(aa, jj, j, xka, kj)
+                qa = _col_add(qa, jj, j, xqa, kj)
+    rka = _inv_norm(ska, qk_l2norm)
+    rkb = _inv_norm(skb, qk_l2norm)
+    # the columns' 1 / |k|: column j of a lane's block is row j % 8 of lane (l // 8) * 8 + j % 8
+    ck = tl.gather(tl.where(jj < 8, rka[:, None], rkb[:, None]), (i // 8 * 8)[:, None] + jj % 8, 0)
+    col0 = (i // 8) * SUB
+    ba = tl.load(Beta + t_a * s_bt + hv64 * s_bh, mask=ma, other=0.0)
+    bb = tl.load(Beta + t_b * s_bt + hv64 * s_bh, mask=mb, other=0.0)
+    _intra_store(Akk, Aqk, aa, qa, t_a, ma, rl, col0, _inv_norm(sqa, qk_l2norm) * scale, rka, ba, ck, jj, hv64, HV)
+    _intra_store(Akk, Aqk, ab, qb, t_b, mb, rl + 8, col0, _inv_norm(sqb, qk_l2norm) * scale, rkb, bb, ck, jj, hv64, HV)
 
 
 @triton.jit

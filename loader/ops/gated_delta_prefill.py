@@ -44,11 +44,9 @@ def _validate(q, k, v, g, beta, state, state_indices, cu_seqlens, scale, state_l
     guards.check_outputs(OP, {"out": out, "state": state}, reads)
     if d.T >= 2 ** 30:
         rules.fail(OP, "q.shape[1] (T)", "below 2**30 tokens", d.T)
-    kda = g.dim() == 4  # KDA's kda_chunk_intra: a program a 16-token block
-    programs = (d.T // _spec.CHUNK + n) * v.shape[2] * (_spec.KDA_BLOCKS if kda else 1)  # launch_plan's flat grid
+    programs = (d.T // _spec.CHUNK + n) * v.shape[2]  # launch_plan's flat grid (every precompute kernel's)
     if programs >= 2 ** 31:
-        grid = "(T // 64 + N) * HV" + (f" * {_spec.KDA_BLOCKS}" if kda else "")
-        rules.fail(OP, "q.shape[1] (T)", f"{grid} below 2**31 (the precompute's grid)", programs)
+        rules.fail(OP, "q.shape[1] (T)", "(T // 64 + N) * HV below 2**31 (the precompute's grid)", programs)
     return check_scale(scale, d.K, OP)
 
 
@@ -101,7 +99,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
                   q.stride(1), q.stride(2), k.stride(1), k.stride(2), g.stride(1), g.stride(2), beta.stride(1),
                   beta.stride(2))
         a_axes = _spec.kda_a_axes(name, K)
-        pre = [(_spec.KDA_CHUNK_INTRA, a_axes, (slots * _spec.KDA_BLOCKS * HV, 1, 1), (q, k, g, beta, aqk, akk) + common),
+        pre = [(_spec.KDA_CHUNK_INTRA, a_axes, (slots * HV, 1, 1), (q, k, g, beta, aqk, akk) + common),
                (_spec.KDA_CHUNK_INTER, a_axes, (slots * HV, 1, 1),
                 (q, k, g, beta, w, qg, fq, kg, aqk, akk, decay) + common),
                (_spec.KDA_CHUNK_WY, _spec.kda_wy_axes(name, K, V), (slots * HV, 1, 1), (

@@ -25,7 +25,9 @@ def _tail(aligned: bool) -> list:
     scalars = [0.088, 1, 3, 40, 32, 2]  # scale, qk_l2norm, num_seqs, num_slots, HV, group
     dims = [128] if aligned else [127]  # K_DIM (a head size inside the 128 tile)
     qk_strides = [2048, 128, 2048, 128] if aligned else [2049, 129, 2049, 129]
-    gate_strides = [4096, 128, 32, 1]  # never specialized
+    # the gate's (s_gt, s_gh: kda_chunk_intra's ALIGNED level has them, the other kernels never
+    # specialize them) and beta's (never specialized)
+    gate_strides = [4096, 128, 32, 1] if aligned else [4097, 129, 32, 1]
     return scalars + dims + qk_strides + gate_strides
 
 

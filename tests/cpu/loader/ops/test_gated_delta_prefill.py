@@ -171,14 +171,14 @@ def test_the_op_launches_the_chosen_tile(monkeypatch):
 
 
 def test_kda_launches_its_three_precompute_kernels(monkeypatch):
-    # chunk slots T // 64 + N = 71 // 64 + 2 = 3; kda_chunk_intra takes a program a 16-token block
+    # chunk slots T // 64 + N = 71 // 64 + 2 = 3; each kernel a program a chunk slot and value head
     import aotc.loader.dispatch as dispatch
 
     launched = []
     monkeypatch.setattr(dispatch, "run_kernel", lambda spec, axes, grid, args: launched.append((spec.name, axes, grid)))
     c = make_case([1, 70], H=1, HV=2, kda=True, seed=15)
     op.gated_delta_prefill(c["q"], c["k"], c["v"], c["g"], c["beta"], c["state"], c["state_indices"], c["cu_seqlens"])
-    assert [(n, g) for n, _, g in launched] == [("kda_chunk_intra", (3 * 4 * 2, 1, 1)), ("kda_chunk_inter", (3 * 2, 1, 1)),
+    assert [(n, g) for n, _, g in launched] == [("kda_chunk_intra", (3 * 2, 1, 1)), ("kda_chunk_inter", (3 * 2, 1, 1)),
                                                ("kda_chunk_wy", (3 * 2, 1, 1)), ("gdn_chunk_state", (2, 2, 2))]
     assert [a for _, a, _ in launched[:3]] == [{"dtype": "bf16", "head_k": 64}, {"dtype": "bf16", "head_k": 64},
                                                {"dtype": "bf16", "head_k": 64, "head_v": 64}]
@@ -212,16 +212,16 @@ def test_a_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
         op.gated_delta_prefill(q, q, v, g, g, state, torch.zeros(1, dtype=torch.int32), cu)
 
 
-def test_a_kda_batch_past_its_intra_block_grid_is_refused_before_launch(no_launch):
-    """KDA's kda_chunk_intra takes a program a 16-token block: (T // 64 + N) * HV * 4 programs,
-    refused past 2**31 where GDN's grid would still fit."""
-    T, HV = 2 ** 21, 2 ** 14
+def test_a_kda_batch_past_the_precompute_grid_is_refused_before_launch(no_launch):
+    """KDA's three precompute kernels share GDN's grid, (T // 64 + N) * HV programs: refused from
+    the first batch past 2**31."""
+    T, HV = 2 ** 23 - 64, 2 ** 14
     q = torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, T, 1, 1)
     v = torch.zeros(1, 1, HV, 1, dtype=torch.bfloat16).expand(1, T, HV, 1)
     g = torch.zeros(1, 1, HV, 1).expand(1, T, HV, 1)
     beta = torch.zeros(1, 1, HV).expand(1, T, HV)
     state = torch.zeros(1, HV, 1, 1)
     cu = torch.tensor([0, T], dtype=torch.int32)
-    assert (T // 64 + 1) * HV < 2 ** 31 <= (T // 64 + 1) * HV * 4
-    with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV \* 4 below 2\*\*31"):
+    assert (T // 64 + 1) * HV == 2 ** 31
+    with pytest.raises(ValueError, match=r"\(T // 64 \+ N\) \* HV below 2\*\*31"):
         op.gated_delta_prefill(q, q, v, g, beta, state, torch.zeros(1, dtype=torch.int32), cu)

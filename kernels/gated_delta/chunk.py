@@ -190,7 +190,7 @@ def _mm(a, b, TF32: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr = Fals
     # coarser. BF16 (gdn_chunk_prep, bf16 inputs on CUDA): the inverse's products on bf16 operands,
     # twice tf32's tensor rate at half its shared-memory bytes, fp32's range (fp16's would overflow
     # where X grows past 65504); X is rounded to bf16 for the W/U dots anyway (BENCHMARKS.md,
-    # "Gated delta prefill precompute: bf16 inverse, session 32"). Exact fp32 FMAs ("ieee")
+    # "Gated delta prefill precompute: bf16 inverse"). Exact fp32 FMAs ("ieee")
     # elsewhere; EXACT (fp32 inputs): _dot's fp32 precision instead.
     if EXACT:
         return _dot(a, b, TF32)
@@ -499,7 +499,7 @@ def gdn_chunk_prep(
     if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
         # k's and v's column blocks (input dtype) all issued before the first W/U dot: one exposed
         # load latency instead of one per block, as a store between them kept each next load
-        # behind it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse, session 32").
+        # behind it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse").
         # Not at fp32 (spills more at the 128 tile) nor past two blocks a side (registers).
         kc0 = _chunk_cols(K, t, m, s_kt, hk * s_kh, 0, K_DIM, False)
         vc0 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, 0, V_DIM, False)

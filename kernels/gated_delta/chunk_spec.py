@@ -155,11 +155,8 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # 221 / 0, kda 255 / 272 (16 warps, an earlier version: 64 registers, 2 KB spilled). Shared
     # memory 48 KiB (gdn; kda at 8 warps: 48 KiB) at K = 128, 96 KiB (gdn) at 256. Other warp counts:
     # bench_gated_delta_prefill.py --sweep.
-    # GDN at K, V <= 128: maxnreg 168. H100, JIT, bf16, H = 16, HV = 32, K = V = 128, 4 warps, prep
-    # ms with no cap / maxnreg 168 / 128: 1 x 8192 0.520 / 0.495 / 0.536; 8 x 2048 1.041 / 0.967 /
-    # 1.037 (K = V = 64 and sm80 not measured). Still the best at the current kernel: maxnreg 128 (4
-    # programs an SM) at 1 x 8192 0.266 ms against 168's 0.191 (BENCHMARKS.md, "Gated delta prefill
-    # precompute: bf16 inverse, session 32"; session 29's kernel: 0.256 against 0.235).
+    # GDN at K, V <= 128: maxnreg 168, faster than no cap or 128 (4 programs an SM) on the H100
+    # (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse"; K = V = 64 and sm80 not measured).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
     cap = 168 if not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)

@@ -41,7 +41,7 @@ import tempfile
 import torch
 
 from aotc import loader
-from harness import Rows, copy_bandwidth, device_time, kernel_time
+from harness import Rows, copy_bandwidth, timed
 
 HEADS, KV_HEADS, D, BS, CTX = 32, 8, 128, 16, 8192
 BATCHES = (32, 64)
@@ -241,10 +241,7 @@ def main():
                     for provider, fn in {**calls, tag: aotc_call}.items():
                         if choice is not None and provider in calls and choice != sweep[0]:
                             continue  # vLLM and the native layout: once a shape
-                        t = device_time(fn)
-                        kt = kernel_time(fn)
-                        rows.add("vllm_per_token_head_decode", name, provider, shape, "seconds", t)
-                        rows.add("vllm_per_token_head_decode", name, provider, shape, "kernel_seconds", kt)
+                        t, kt = timed(rows, "vllm_per_token_head_decode", name, provider, shape, fn)
                         print(f"{name:20s} {batch:5d} {provider:12s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
                               f"{100 * ceiling / t:6.1f}%")
                     vllm_call()

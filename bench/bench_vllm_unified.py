@@ -32,7 +32,7 @@ import torch
 from aotc.compat import vllm as compat
 from bench_prefix_prefill import pairs, sdpa_flash
 from bench_vllm_per_token_head import inline_cache, vllm_module
-from harness import Rows, device_time, kernel_time
+from harness import Rows, device_time, kernel_time, timed
 
 HEADS, KV_HEADS, D, BS = 32, 8, 128, 16
 SHAPES = {"b8 ctx2048+512": (8, 2048, 512), "b1 ctx16384+2048": (1, 16384, 2048), "b4 ctx0+4096": (4, 0, 4096)}
@@ -111,10 +111,7 @@ def main():
                 calls.pop("aotc_checked", None)
             for provider, fn in calls.items():
                 fn()
-                t = device_time(fn)
-                kt = kernel_time(fn)
-                rows.add("vllm_unified_prefill", mode, provider, shape, "seconds", t)
-                rows.add("vllm_unified_prefill", mode, provider, shape, "kernel_seconds", kt)
+                t, kt = timed(rows, "vllm_unified_prefill", mode, provider, shape, fn)
                 print(f"{mode:20s} {shape:18s} {provider:8s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
                       f"{flops / t / 1e12:8.1f} {t / t_sdpa:7.2f} {kt / k_sdpa:11.2f}")
             if "aotc" not in calls:

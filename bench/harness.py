@@ -185,6 +185,15 @@ def kernel_time(fn, iters: int = 20) -> float:
     return sum(kernel_times(fn, iters).values())
 
 
+def timed(rows, op, variant, provider, shape, fn) -> tuple[float, float]:
+    """fn's CUDA-event time (device_time: the L2 emptied) and summed kernel time (kernel_time), both
+    added to rows as "seconds" and "kernel_seconds"."""
+    t, kt = device_time(fn), kernel_time(fn)
+    rows.add(op, variant, provider, shape, "seconds", t)
+    rows.add(op, variant, provider, shape, "kernel_seconds", kt)
+    return t, kt
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, flush: str = "clean") -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import torch

@@ -338,7 +338,7 @@ def prefix_prefill_kernel(
     Alibi_slopes, softcap, alibi_mode, kv_from_cache, Mm_ranges, n_mm, mm_clamp, chunk_size, chunk_lookback,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_VLLM: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
-    SCORE_MOD: tl.constexpr,
+    SCORE_MOD: tl.constexpr, KV_ALIGN: tl.constexpr,
 ):
     # Flattened q-block schedule (vLLM unified attention): request b owns programs
     # [qsl[b] // BLOCK_M + b, qsl[b+1] // BLOCK_M + b + 1), at least cdiv(len_b, BLOCK_M) of
@@ -430,7 +430,7 @@ def prefix_prefill_kernel(
                                         inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head,
                                         stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                                         K_scale, V_scale, stride_ksb, stride_kst, stride_ksh, scale_kind, qk_scale,
-                                        BLOCK_M, BLOCK_D, BLOCK_N, KV_FORMAT, SCALES, PTX)
+                                        BLOCK_M, BLOCK_D, BLOCK_N, KV_FORMAT, SCALES, PTX, KV_ALIGN)
         else:  # no context key for this tile (none cached, or all outside the window)
             # Skipping the int path outright, not only its empty loops (BENCHMARKS.md, Kernel choices: empty context).
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

@@ -91,10 +91,15 @@ def _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N: tl.constexpr, MAS
 
 
 @triton.jit
-def _words(C, blk, slot, kv_head, s_b, s_t, s_h, n_valid, n_words, BLOCK_W: tl.constexpr, MASKED: tl.constexpr):
-    """int16 words [BLOCK_N, BLOCK_W] of the keys' rows; 0 where masked."""
+def _words(C, blk, slot, kv_head, s_b, s_t, s_h, n_valid, n_words, BLOCK_W: tl.constexpr, MASKED: tl.constexpr,
+           KV_ALIGN: tl.constexpr = 16):
+    """int16 words [BLOCK_N, BLOCK_W] of the keys' rows; 0 where masked. KV_ALIGN 4: rows start
+    4-byte aligned (vLLM's per-token-head record; the op checks the addresses and strides), so a
+    GENERIC binary reads two words a load instead of one (and Triton can pipeline them)."""
     offs_w = tl.arange(0, BLOCK_W)
     ptrs = C + (blk * s_b + slot * s_t + kv_head * s_h)[:, None] + offs_w[None, :]
+    if KV_ALIGN == 4:
+        ptrs = tl.multiple_of(ptrs, [4, 4])  # bytes; on the op that makes the pointers (a parameter's hint is dropped)
     if MASKED:
         return tl.load(ptrs, mask=n_valid[:, None] & (offs_w < n_words)[None, :], other=0)
     else:
@@ -209,18 +214,18 @@ def _v_channel_scale(a, i: tl.constexpr, NP: tl.constexpr, VS, kv_head, s_sh, sc
 def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
              kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs,
              n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
-             MASKED: tl.constexpr, PTX: tl.constexpr):
+             MASKED: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr):
     RUNS: tl.constexpr = BLOCK_W // 4  # runs of 8 channels: 4 words of two
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
-    k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED), ksc,
-                       SCALES, PTX)
+    k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED, KV_ALIGN),
+                       ksc, SCALES, PTX)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
-    v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED), vsc,
-                       SCALES, PTX)
+    v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED, KV_ALIGN),
+                       vsc, SCALES, PTX)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
     a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])
@@ -260,7 +265,7 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
 def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
                   scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 2
     RUNS: tl.constexpr = BLOCK_D // 8
     n_words = head_dim // 2
@@ -281,21 +286,21 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
                           scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False, PTX)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False, PTX, KV_ALIGN)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                           s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN)
     if SCALES == 2:
         a0 = _v_channel_scale(a0, 0, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a1 = _v_channel_scale(a1, 1, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
@@ -366,7 +371,8 @@ def _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
 def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                 K_cache, V_cache, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
                 s_sb, s_st, s_sh, scale_kind, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr):
+                BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
+                KV_ALIGN: tl.constexpr = 16):
     """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
     (KV_FORMAT 3) or int4 (4) cache: keys below ctx_len (with kv_from_cache the new tokens' too,
     causal: masked tiles hold no key past a row's query); tile ranges as in kernel.py. scale_kind: the scales' dtype
@@ -384,7 +390,7 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
         return _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
                              s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES,
-                             PTX)
+                             PTX, KV_ALIGN)
     else:
         return _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,

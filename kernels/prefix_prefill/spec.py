@@ -21,11 +21,14 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             vLLM's bidirectional ranges; runtime too, they cost plain binaries ~5%). A runtime switch inside the tile loop cost shared memory (sm80's fp8
             vllm d128 binary 160 -> 232 KiB, over its 163) and would cost every call; int8/int4
             have "plain" only
+  kv_align  int8 with per-token scales, nhd, block_d 64 and 128 only, absent from the other keys:
+            4 where the cache rows are 4-byte aligned but not 16 (vLLM's INT8_PER_TOKEN_HEAD
+            record [K codes | K scale | V codes | V scale]): the GENERIC binary reads 4 bytes a load
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
 dtype (and the int group size), V's pack factor, kv_from_cache (new keys read from the
 cache), chunked local attention and vLLM's bidirectional ranges are runtime, so they cost no
 binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus 2 * 3 * (4 + 3) + 2 * 2 = 46 int8/int4
-ones, 142 in all, each built at two specialization levels per arch
+ones and 2 * 2 kv_align 4 ones, 146 in all, each built at two specialization levels per arch
 (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
@@ -51,6 +54,7 @@ BLOCK_DS = (32, 64, 128, 256)
 MAX_HEAD_DIM = 256
 LAYOUTS = ("nhd", "vllm")
 SCORES = ("plain", "mod")
+KV_ALIGN4_BLOCK_DS = (64, 128)  # vLLM's per-token-head head sizes (decode's PER_TOKEN_HEAD_DIMS)
 
 _ptr = ("Q", "K", "V", "K_cache", "V_cache", "Out")
 _meta = ("Block_table", "Query_start_loc", "Seq_lens")
@@ -86,7 +90,7 @@ OPTION_ARGS = (Arg("Alibi_slopes", "ptr", dtype="=fp32"), Arg("softcap", "fp32")
                Arg("mm_clamp", "i32"), Arg("chunk_size", "i32"), Arg("chunk_lookback", "i32"))
 KERNEL_ARGS = ARGS + OPTION_ARGS
 
-CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX", "SCORE_MOD")
+CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES", "PTX", "SCORE_MOD", "KV_ALIGN")
 # The kernels' decorator switches, read off their arguments (the build's check_consistency holds
 # them to it): ints that never specialize, and pointers whose alignment is never assumed.
 DO_NOT_SPECIALIZE = [a.name for a in ARGS if a.kind == "i32" and not a.aligned]
@@ -122,6 +126,7 @@ def constexprs(axes) -> dict:
         "KV_FORMAT": KV_FORMATS.index(axes["kv"]),
         "SCALES": SCALES.index(axes["scales"]),
         "SCORE_MOD": SCORES.index(axes["score"]),
+        "KV_ALIGN": int(axes.get("kv_align", 16)),
     }
 
 
@@ -137,6 +142,21 @@ def variants():
                         for score in (("plain",) if kv in INT_FORMATS else SCORES):
                             yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout,
                                    "score": score}
+    for dtype in DTYPES:
+        for bd in KV_ALIGN4_BLOCK_DS:
+            yield {"dtype": dtype, "kv": "int8", "scales": "token", "block_d": bd, "layout": "nhd", "score": "plain",
+                   "kv_align": 4}
+
+
+def kv_align(axes, addresses) -> int:
+    """4 for a call of a kv_align 4 variant's axes whose cache addresses and byte strides are all
+    multiples of 4 but not all of 16 (16-byte rows take the ALIGNED binary), else 16."""
+    if not (axes["kv"] == "int8" and axes["scales"] == "token" and axes["layout"] == "nhd"
+            and axes["score"] == "plain" and int(axes["block_d"]) in KV_ALIGN4_BLOCK_DS):
+        return 16
+    if any(a % 4 for a in addresses) or not any(a % 16 for a in addresses):
+        return 16
+    return 4
 
 
 def _two_programs_an_sm(axes, arch) -> bool:
@@ -199,7 +219,7 @@ def ws_variant(axes) -> bool:
     channel), 128-wide tiles (head dims 72..128; ws_serves keeps the multiples of 16), nhd-family
     caches, plain scores."""
     return (axes["kv"] in INT_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
-            and axes.get("score", "plain") == "plain" and axes["scales"] != "token_zp")
+            and axes.get("score", "plain") == "plain" and axes["scales"] != "token_zp" and "kv_align" not in axes)
 
 
 def ws_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool) -> bool:

@@ -358,6 +358,10 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd",
                           "mod" if softcap or alibi_slopes is not None or chunk_lookback >= 0
                           or mm_prefix_range is not None else "plain")
+    if axes["kv"] == "int8":  # rows 4-byte aligned, not 16 (vLLM's record): the kv_align 4 binaries
+        rows = [st for t in (k_cache, v_cache) for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1]
+        if _spec.kv_align(axes, [k_cache.data_ptr(), v_cache.data_ptr(), *rows]) == 4:
+            axes["kv_align"] = 4
     block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8
@@ -518,8 +522,9 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     launch = prepare(spec, axes, grid, scalars, q.device.index)
     if launch is None:
         return None
-    return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(),
-                  int(axes["kv"] in _spec.INT_FORMATS))
+    # int caches: an odd address (a kv_align 4 binary: one off 4 bytes) takes the full path
+    halfword = 3 if axes.get("kv_align") == 4 else int(axes["kv"] in _spec.INT_FORMATS)
+    return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(), halfword)
 
 
 def _prepares(q) -> bool:

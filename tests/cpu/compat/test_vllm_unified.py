@@ -159,11 +159,18 @@ def test_per_token_head_decode_rows(mode, padded):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["separate", "inline"])
-def test_int8_per_token_head_prefill_rows(padded):
-    # a mixed batch: one prefix_prefill over the int8 cache, the new tokens read from it
+def test_int8_per_token_head_prefill_rows(padded, monkeypatch):
+    # a mixed batch: one prefix_prefill over the int8 cache, the new tokens read from it; vLLM's
+    # inline record (rows 4-byte aligned) on the kv_align 4 binaries, separate 16-byte rows not
+    from aotc.loader.ops import prefix_prefill as pp
+
+    seen = []
+    real = pp.launch_plan
+    monkeypatch.setattr(pp, "launch_plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     args, ref = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS, padded=padded)
     vllm.unified_attention(**args)
     assert_matches(args["out"], ref, torch.bfloat16)
+    assert [axes.get("kv_align") for axes, _, _ in seen] == [4 if padded else None]
 
 
 def test_prefill_rows_under_another_default_device():

@@ -22,15 +22,33 @@ from aotc.kernels.variants import VariantKey
 def test_variant_count_and_keys():
     variants = list(spec.variants())
     # 96 float/fp8 (dtype x format x block_d x layout x score) + 42 int8/int4 (dtype x 3 scales x
-    # block_d, nhd, plain scores) + 4 int4 "token_zp" (dtype x block_d 64, 128: vLLM's INT4_PER_TOKEN_HEAD).
-    assert len(variants) == 142
+    # block_d, nhd, plain scores) + 4 int4 "token_zp" (dtype x block_d 64, 128: vLLM's INT4_PER_TOKEN_HEAD)
+    # + 4 int8 per token at kv_align 4 (dtype x block_d 64, 128: vLLM's INT8_PER_TOKEN_HEAD record).
+    assert len(variants) == 146
     assert sorted((a["dtype"], a["block_d"]) for a in variants if a["scales"] == "token_zp") == [
         ("bf16", 64), ("bf16", 128), ("fp16", 64), ("fp16", 128)]
+    aligned4 = [a for a in variants if "kv_align" in a]
+    assert sorted((a["dtype"], a["block_d"], a["kv"], a["scales"], a["kv_align"]) for a in aligned4) == [
+        ("bf16", 64, "int8", "token", 4), ("bf16", 128, "int8", "token", 4), ("fp16", 64, "int8", "token", 4),
+        ("fp16", 128, "int8", "token", 4)]
+    assert not any(spec.ws_variant(a) for a in aligned4)  # the Gluon kernel copies 16 bytes: kernel.py's only
     assert not any(spec.ws_variant(a) for a in variants if a["scales"] == "token_zp")  # kernel.py's only
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 284
+    assert len(set(map(str, keys))) == 292
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
+
+
+@pytest.mark.parametrize("addresses,want", [
+    ([0, 132, 264 * 32, 264, 4224, 264 * 32, 264, 4224], 4),  # vLLM's record: V 4 bytes past 16, strides 8 mod 16
+    ([0, 256, 4096, 256, 2048, 4096, 256, 2048], 16),  # 16-byte rows: the ALIGNED binary
+    ([0, 130, 264 * 32, 264, 4224, 264 * 32, 264, 4224], 16),  # 2 bytes off: the plain GENERIC binary
+])
+def test_kv_align_4_only_for_4_byte_rows(addresses, want):
+    axes = spec.axes_for("bf16", "int8", "token", 128, "nhd")
+    assert spec.kv_align(axes, addresses) == want
+    assert spec.kv_align(spec.axes_for("bf16", "int8", "group", 128, "nhd"), addresses) == 16
+    assert spec.kv_align(spec.axes_for("bf16", "int8", "token", 256, "nhd"), addresses) == 16
 
 
 def _as_jit(fn):

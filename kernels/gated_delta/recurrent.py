@@ -96,7 +96,7 @@ def gated_delta_decode_kernel(
     stride_sn, stride_sh, stride_srow,
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
-    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, EVICT: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -123,7 +123,8 @@ def gated_delta_decode_kernel(
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
-                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
+                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0,
+                eviction_policy="evict_first" if EVICT == 2 else "")  # [BV, K] fp32
 
     decay = tl.full([], 0.0, tl.float32)
     dt = tl.zeros([BK], dtype=tl.float32)
@@ -142,13 +143,14 @@ def gated_delta_decode_kernel(
             stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
         tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
-    # The store's addresses come from a second read of the slot, so the compiler cannot keep the
-    # load's (a register a row) live across the token loop.
-    slot = tl.load(Idx + b)
+    # The store's addresses are derived again from the slot by an expression the compiler cannot
+    # fold (num_slots >= 0: it is the slot), so it keeps one register across the token loop, not
+    # the load's addresses (a register a row), and no second read of the slot delays the store.
+    slot = slot + (num_slots >> 31)
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR), h,
-             mask=valid & v_mask[:, None] & k_mask[None, :])
+             mask=valid & v_mask[:, None] & k_mask[None, :], eviction_policy="evict_first" if EVICT else "")
 
 
 @triton.jit

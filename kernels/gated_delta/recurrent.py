@@ -43,6 +43,10 @@ of two, a constexpr) and every load and store along K or V is masked, so K = 60 
 the 64- or 128-column binary and the padded columns of the tile stay zero. q/k/v/out in fp32
 (the `dtype` axis) are read and written as they are: the update runs in fp32 in every case.
 
+Two forms for the bench's sweep (spec.constexprs: 0 in every built variant): EVICT 1 stores the
+state tile evict-first, 2 loads and stores it evict-first, 3 loads it past L1 (.cg); TILE_FIRST 1
+reads the state tile before token 0's inputs.
+
 A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
 state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
 """
@@ -97,6 +101,7 @@ def gated_delta_decode_kernel(
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
     BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, EVICT: tl.constexpr,
+    TILE_FIRST: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -114,17 +119,23 @@ def gated_delta_decode_kernel(
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
     on = hv < HV
-    # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
     slot = tl.load(Idx + b)
-    g, a_log, dt_h, beta, q, k, v = _token_inputs(
-        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
-        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
-        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-    valid = (slot >= 0) & (slot < num_slots)
-    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
-                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0,
-                eviction_policy="evict_first" if EVICT == 2 else "")  # [BV, K] fp32
+    if TILE_FIRST:
+        # The slot's read, the state tile, then token 0's inputs.
+        valid, h = _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask,
+                              offs_v, v_mask, KMAJOR, EVICT)
+        g, a_log, dt_h, beta, q, k, v = _token_inputs(
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
+            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+    else:
+        # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
+        g, a_log, dt_h, beta, q, k, v = _token_inputs(
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
+            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+        valid, h = _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask,
+                              offs_v, v_mask, KMAJOR, EVICT)
 
     decay = tl.full([], 0.0, tl.float32)
     dt = tl.zeros([BK], dtype=tl.float32)
@@ -150,7 +161,21 @@ def gated_delta_decode_kernel(
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR), h,
-             mask=valid & v_mask[:, None] & k_mask[None, :], eviction_policy="evict_first" if EVICT else "")
+             mask=valid & v_mask[:, None] & k_mask[None, :],
+             eviction_policy="evict_first" if EVICT == 1 or EVICT == 2 else "")
+
+
+@triton.jit
+def _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask, offs_v, v_mask,
+               KMAJOR: tl.constexpr, EVICT: tl.constexpr):
+    """(valid, the [BV, BK] fp32 state tile of `slot`: zeros where the slot is a padded row)."""
+    valid = (slot >= 0) & (slot < num_slots)
+    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
+                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0,
+                eviction_policy="evict_first" if EVICT == 2 else "",
+                cache_modifier=".cg" if EVICT == 3 else "")
+    return valid, h
 
 
 @triton.jit

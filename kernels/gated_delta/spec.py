@@ -65,7 +65,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "EVICT")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "EVICT", "TILE_FIRST")
 
 
 def block_k(k: int) -> int:
@@ -109,7 +109,7 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
-            "PER_K": int(axes["gate"] == "kda"), "EVICT": 0}
+            "PER_K": int(axes["gate"] == "kda"), "EVICT": 0, "TILE_FIRST": 0}
 
 
 def variants():

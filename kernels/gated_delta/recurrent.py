@@ -43,10 +43,6 @@ of two, a constexpr) and every load and store along K or V is masked, so K = 60 
 the 64- or 128-column binary and the padded columns of the tile stay zero. q/k/v/out in fp32
 (the `dtype` axis) are read and written as they are: the update runs in fp32 in every case.
 
-Two forms for the bench's sweep (spec.constexprs: 0 in every built variant): EVICT 1 stores the
-state tile evict-first, 2 loads and stores it evict-first, 3 loads it past L1 (.cg); TILE_FIRST 1
-reads the state tile before token 0's inputs.
-
 A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
 state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
 """
@@ -100,8 +96,7 @@ def gated_delta_decode_kernel(
     stride_sn, stride_sh, stride_srow,
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
-    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, EVICT: tl.constexpr,
-    TILE_FIRST: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -119,23 +114,16 @@ def gated_delta_decode_kernel(
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
     on = hv < HV
+    # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
     slot = tl.load(Idx + b)
-    if TILE_FIRST:
-        # The slot's read, the state tile, then token 0's inputs.
-        valid, h = _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask,
-                              offs_v, v_mask, KMAJOR, EVICT)
-        g, a_log, dt_h, beta, q, k, v = _token_inputs(
-            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
-            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
-            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-    else:
-        # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
-        g, a_log, dt_h, beta, q, k, v = _token_inputs(
-            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
-            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
-            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-        valid, h = _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask,
-                              offs_v, v_mask, KMAJOR, EVICT)
+    g, a_log, dt_h, beta, q, k, v = _token_inputs(
+        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
+        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+    valid = (slot >= 0) & (slot < num_slots)
+    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
+                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
 
     decay = tl.full([], 0.0, tl.float32)
     dt = tl.zeros([BK], dtype=tl.float32)
@@ -154,28 +142,13 @@ def gated_delta_decode_kernel(
             stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
         tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
-    # The store's addresses are derived again from the slot by an expression the compiler cannot
-    # fold (num_slots >= 0: it is the slot), so it keeps one register across the token loop, not
-    # the load's addresses (a register a row), and no second read of the slot delays the store.
-    slot = slot + (num_slots >> 31)
+    # The store's addresses come from a second read of the slot, so the compiler cannot keep the
+    # load's (a register a row) live across the token loop.
+    slot = tl.load(Idx + b)
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR), h,
-             mask=valid & v_mask[:, None] & k_mask[None, :],
-             eviction_policy="evict_first" if EVICT == 1 or EVICT == 2 else "")
-
-
-@triton.jit
-def _load_tile(State, slot, num_slots, hv, stride_sn, stride_sh, stride_srow, offs_k, k_mask, offs_v, v_mask,
-               KMAJOR: tl.constexpr, EVICT: tl.constexpr):
-    """(valid, the [BV, BK] fp32 state tile of `slot`: zeros where the slot is a padded row)."""
-    valid = (slot >= 0) & (slot < num_slots)
-    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
-                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0,
-                eviction_policy="evict_first" if EVICT == 2 else "",
-                cache_modifier=".cg" if EVICT == 3 else "")
-    return valid, h
+             mask=valid & v_mask[:, None] & k_mask[None, :])
 
 
 @triton.jit

@@ -21,7 +21,7 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   warps); GDN's caps (72 V-major, 80 at K = 256; 80 K-major) keep its token loop free of spills (what spills is
   the state tile's store offsets, stored once before the loop and read once after it) and were
   the fastest measured (H100; at 64 ptxas runs the row reductions one after another: T = 1 lost
-  6 points of copy). KDA V-major: 96 (what it took before token 0 ran ahead of the loop; 128 at
+  6 points of copy). KDA V-major: 96 (what it took before token 0 ran ahead of the loop; none at
   K = 256, where 96 spills); KDA K-major: none.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
     K-major GDN steps of one token (binary_gate).
@@ -65,7 +65,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "EVICT", "TILE_FIRST")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K")
 
 
 def block_k(k: int) -> int:
@@ -83,9 +83,8 @@ MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 96, 
 
 
 # The 256-column V-major tiles hold q and k (and KDA's gate) at eight values a thread: V-major GDN
-# spills inside the token loop at 72 (not at 80), KDA at 96; uncapped KDA takes 164 (ptxas,
-# sm90), at 128 it takes 122 without spilling.
-_CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 128}
+# spills inside the token loop at 72 (not at 80), KDA at 96 (it runs uncapped there).
+_CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 
 
 def max_registers(k_dim: int, layout: str, gate: str) -> int:
@@ -109,7 +108,7 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
-            "PER_K": int(axes["gate"] == "kda"), "EVICT": 0, "TILE_FIRST": 0}
+            "PER_K": int(axes["gate"] == "kda")}
 
 
 def variants():

@@ -168,11 +168,26 @@ def _cuda(arch) -> bool:
     return getattr(arch, "backend", "cuda") == "cuda"
 
 
+def page_ahead(axes, arch) -> bool:
+    """The 16- and 32-head latent tiles over a 16-bit cache on sm90: page ids loaded one tile ahead
+    and 3 stages, so each tile's copy is double-buffered (h16 93 KB of shared memory, still 2
+    programs an SM; h32 188 KB, 1 as before; sm80's 164 KB would hold one h16 and no h32).
+    Elsewhere 2 stages and one buffer: tile i+1's copy is issued after tile i's dots and waited
+    for at the top of the next iteration."""
+    return (_cuda(arch) and arch >= 90 and axes["tile"] in ("h16", "h32") and axes["layout"] == "latent"
+            and KV_KIND[str(axes["kv"])] == 0)
+
+
+def split_target_constexprs(axes, arch) -> dict:
+    return {**D.ptx_constexprs(axes, arch), "PAGE_AHEAD": int(page_ahead(axes, arch))}
+
+
 def split_launch(axes, arch: int) -> LaunchConfig | None:
     # "h64" holds a [64, D_V] fp32 accumulator: wgmma territory (sm90); not declared below it.
     if not _cuda(arch) or (axes["tile"] == "h64" and arch < 90):
         return None
-    return LaunchConfig(num_warps=TILES[str(axes["tile"])][1], num_stages=2, launch_pdl=arch >= 90)
+    return LaunchConfig(num_warps=TILES[str(axes["tile"])][1], num_stages=3 if page_ahead(axes, arch) else 2,
+                        launch_pdl=arch >= 90)
 
 
 SPLIT = KernelSpec(
@@ -181,11 +196,11 @@ SPLIT = KernelSpec(
     function="mla_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("D_QK", "D_V", "BLOCK_A", "BLOCK_B", "BLOCK_DV", "BLOCK_N", "BLOCK_H", "LATENT", "KV_KIND",
-                     "PDL", "PTX"),
+                     "PAGE_AHEAD", "PDL", "PTX"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,
-    target_constexprs=D.ptx_constexprs,
+    target_constexprs=split_target_constexprs,
 )
 
 # --- merge: decode's kernel at this family's value head sizes ------------------------------------

@@ -21,6 +21,10 @@ KV_KIND 0: fp16/bf16 cache in the query's dtype. 3 / 4: fp8 e4m3 / e5m2 read as 
 widened to fp16 by decode's integer dequantizer (sm80 has no e4m3 type), one scale for K and one
 for V folded into the score and output scales (with e4m3's 2^8 rebias). fp8 dots run in fp16
 (a bf16 query converts exactly within fp16's range). Offsets are int64.
+
+PAGE_AHEAD (mla_spec.page_ahead): each tile's page ids are loaded one tile ahead and carried by
+the loop, so no load of the tile's own iteration feeds its copy's address and Triton's pipeliner
+gives the copy two shared buffers at 3 stages (the next tile arrives during this one's dots).
 """
 import triton
 import triton.language as tl

@@ -103,13 +103,23 @@ def head_blocks(group: int, tile: str) -> int:
 # split, 32 KB at 16 heads x 512) cost more than the extra SMs bring (BENCHMARKS.md, "MLA decode":
 # batch 1 x 32K at 16 heads, 264 splits beat 396 and 512).
 RULE_MAX_SPLITS = 256
+# The double-buffered tiles (page_ahead) stop earlier: their programs read a 32-token tile's
+# successor during its dots, and at batch 1 128 splits beat 256 (BENCHMARKS.md, "MLA decode: tiles
+# double-buffered").
+PAGE_AHEAD_MAX_SPLITS = 128
+
+
+def max_splits(axes, arch) -> int:
+    """The rule's cap for a variant on a target (`num_splits`'s `cap`)."""
+    return PAGE_AHEAD_MAX_SPLITS if page_ahead(axes, arch) else RULE_MAX_SPLITS
 
 
 def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
-               programs_per_sm: int | None = None) -> int:
+               programs_per_sm: int | None = None, cap: int = RULE_MAX_SPLITS) -> int:
     """Splits of each sequence: one wave of programs, (batch x KV heads x head blocks) a split,
-    never past RULE_MAX_SPLITS; the occupancy `programs_per_sm` comes from the binary (unknown:
-    decode's PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
+    never past `cap` (`max_splits`: RULE_MAX_SPLITS, PAGE_AHEAD_MAX_SPLITS for the double-buffered
+    tiles); the occupancy `programs_per_sm` comes from the binary (unknown: decode's
+    PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
     second, partial wave and the partials of more, shorter splits cost more than they bring
     (BENCHMARKS.md, "MLA decode": 16 heads at batch 32 x 4K, 8 splits 71 us, 16 80 us; 128 heads
     at batch 32 x 4K, 2 splits 188 us, 3 248 us, 9 260 us).
@@ -118,7 +128,7 @@ def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
     the 16-head tile (two programs an SM) and 17.3 MB for the 64-head one (one an SM)."""
     base = max(1, batch * kv_heads * head_blocks(group, tile))
     slots = (programs_per_sm or D.PROGRAMS_PER_SM) * sm_count
-    return max(1, min(RULE_MAX_SPLITS, slots // base))
+    return max(1, min(cap, slots // base))
 
 
 def split_grid(batch: int, kv_heads: int, group: int, tile: str, splits: int) -> tuple[int, int, int]:

@@ -6,8 +6,12 @@ run: bench/results/2026-11-27-h100-43f4b3f-mla-double-buffer.jsonl (provider "ao
 
     python bench/mla_double_buffer.py --out rows.jsonl --sweep
 """
-import argparse, os, sys
+import argparse
+import os
+import sys
+
 import torch
+
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bench", default=here, help="the bench/ folder holding harness.py and bench_mla.py")
@@ -29,7 +33,9 @@ rows.add("copy", "d2d", "copy", "2GiB", "GBps", bw / 1e9)
 def one(heads, batch, ctx, splits=None, kernels=False):
     q, kv, table, lens = B.problem(batch, heads, ctx)
     out = torch.empty(batch, heads, B.D_V, dtype=q.dtype, device="cuda")
-    fn = lambda: loader.mla_decode(q, kv, table, lens, v_head_dim=B.D_V, out=out, num_splits=splits, validate=False)
+
+    def fn():
+        return loader.mla_decode(q, kv, table, lens, v_head_dim=B.D_V, out=out, num_splits=splits, validate=False)
     M._plans.clear()
     fn()
     (plan,) = M._plans.values()

@@ -21,6 +21,10 @@ KV_KIND 0: fp16/bf16 cache in the query's dtype. 3 / 4: fp8 e4m3 / e5m2 read as 
 widened to fp16 by decode's integer dequantizer (sm80 has no e4m3 type), one scale for K and one
 for V folded into the score and output scales (with e4m3's 2^8 rebias). fp8 dots run in fp16
 (a bf16 query converts exactly within fp16's range). Offsets are int64.
+
+PAGE_AHEAD (mla_spec.page_ahead): each tile's page ids are loaded one tile ahead and carried by
+the loop, so no load of the tile's own iteration feeds its copy's address and Triton's pipeliner
+gives the copy two shared buffers at 3 stages (the next tile arrives during this one's dots).
 """
 import triton
 import triton.language as tl
@@ -53,7 +57,7 @@ def mla_split_kernel(
     stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LATENT: tl.constexpr, KV_KIND: tl.constexpr,
-    PDL: tl.constexpr, PTX: tl.constexpr,
+    PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr,
 ):
     # PDL (sm90+): scheduled while the previous kernel on the stream drains; nothing is read
     # before griddepcontrol.wait returns (decode's split kernel does the same).
@@ -98,10 +102,20 @@ def mla_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    if PAGE_AHEAD:
+        page_next = tl.load(table_row + ((lo + offs_n) >> page_shift), mask=lo + offs_n < hi, other=0)
     for t0 in range(lo, hi, BLOCK_N):
-        offs_t = t0 + tl.arange(0, BLOCK_N)
+        offs_t = t0 + offs_n
         t_mask = offs_t < hi
-        page = tl.load(table_row + (offs_t >> page_shift), mask=t_mask, other=0).to(tl.int64)
+        if PAGE_AHEAD:
+            # the page ids are loop-carried, one tile ahead: the tile's copy then depends on no load
+            # of its own iteration, and Triton's pipeliner double-buffers it (at 3 stages)
+            page = page_next.to(tl.int64)
+            offs_ahead = offs_t + BLOCK_N
+            page_next = tl.load(table_row + (offs_ahead >> page_shift), mask=offs_ahead < hi, other=0)
+        else:
+            page = tl.load(table_row + (offs_t >> page_shift), mask=t_mask, other=0).to(tl.int64)
         slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
         k_row = page * stride_kp + slot * stride_kt + kvh64 * stride_kh
         ka = _tile(K, k_row, offs_a, t_mask[:, None] & a_mask[None, :], KV_KIND, PTX)

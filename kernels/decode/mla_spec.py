@@ -103,13 +103,23 @@ def head_blocks(group: int, tile: str) -> int:
 # split, 32 KB at 16 heads x 512) cost more than the extra SMs bring (BENCHMARKS.md, "MLA decode":
 # batch 1 x 32K at 16 heads, 264 splits beat 396 and 512).
 RULE_MAX_SPLITS = 256
+# The double-buffered tiles (page_ahead) stop earlier: their programs read a 32-token tile's
+# successor during its dots, and at batch 1 128 splits beat 256 (BENCHMARKS.md, "MLA decode: tiles
+# double-buffered").
+PAGE_AHEAD_MAX_SPLITS = 128
+
+
+def max_splits(axes, arch) -> int:
+    """The rule's cap for a variant on a target (`num_splits`'s `cap`)."""
+    return PAGE_AHEAD_MAX_SPLITS if page_ahead(axes, arch) else RULE_MAX_SPLITS
 
 
 def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
-               programs_per_sm: int | None = None) -> int:
+               programs_per_sm: int | None = None, cap: int = RULE_MAX_SPLITS) -> int:
     """Splits of each sequence: one wave of programs, (batch x KV heads x head blocks) a split,
-    never past RULE_MAX_SPLITS; the occupancy `programs_per_sm` comes from the binary (unknown:
-    decode's PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
+    never past `cap` (`max_splits`: RULE_MAX_SPLITS, PAGE_AHEAD_MAX_SPLITS for the double-buffered
+    tiles); the occupancy `programs_per_sm` comes from the binary (unknown: decode's
+    PROGRAMS_PER_SM). The most splits that keep every program in the first wave: a
     second, partial wave and the partials of more, shorter splits cost more than they bring
     (BENCHMARKS.md, "MLA decode": 16 heads at batch 32 x 4K, 8 splits 71 us, 16 80 us; 128 heads
     at batch 32 x 4K, 2 splits 188 us, 3 248 us, 9 260 us).
@@ -118,7 +128,7 @@ def num_splits(batch: int, kv_heads: int, group: int, tile: str, sm_count: int,
     the 16-head tile (two programs an SM) and 17.3 MB for the 64-head one (one an SM)."""
     base = max(1, batch * kv_heads * head_blocks(group, tile))
     slots = (programs_per_sm or D.PROGRAMS_PER_SM) * sm_count
-    return max(1, min(RULE_MAX_SPLITS, slots // base))
+    return max(1, min(cap, slots // base))
 
 
 def split_grid(batch: int, kv_heads: int, group: int, tile: str, splits: int) -> tuple[int, int, int]:
@@ -168,11 +178,26 @@ def _cuda(arch) -> bool:
     return getattr(arch, "backend", "cuda") == "cuda"
 
 
+def page_ahead(axes, arch) -> bool:
+    """The 16- and 32-head latent tiles over a 16-bit cache on sm90: page ids loaded one tile ahead
+    and 3 stages, so each tile's copy is double-buffered (h16 93 KB of shared memory, still 2
+    programs an SM; h32 188 KB, 1 as before; sm80's 164 KB would hold one h16 and no h32).
+    Elsewhere 2 stages and one buffer: tile i+1's copy is issued after tile i's dots and waited
+    for at the top of the next iteration."""
+    return (_cuda(arch) and arch >= 90 and axes["tile"] in ("h16", "h32") and axes["layout"] == "latent"
+            and KV_KIND[str(axes["kv"])] == 0)
+
+
+def split_target_constexprs(axes, arch) -> dict:
+    return {**D.ptx_constexprs(axes, arch), "PAGE_AHEAD": int(page_ahead(axes, arch))}
+
+
 def split_launch(axes, arch: int) -> LaunchConfig | None:
     # "h64" holds a [64, D_V] fp32 accumulator: wgmma territory (sm90); not declared below it.
     if not _cuda(arch) or (axes["tile"] == "h64" and arch < 90):
         return None
-    return LaunchConfig(num_warps=TILES[str(axes["tile"])][1], num_stages=2, launch_pdl=arch >= 90)
+    return LaunchConfig(num_warps=TILES[str(axes["tile"])][1], num_stages=3 if page_ahead(axes, arch) else 2,
+                        launch_pdl=arch >= 90)
 
 
 SPLIT = KernelSpec(
@@ -181,11 +206,11 @@ SPLIT = KernelSpec(
     function="mla_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("D_QK", "D_V", "BLOCK_A", "BLOCK_B", "BLOCK_DV", "BLOCK_N", "BLOCK_H", "LATENT", "KV_KIND",
-                     "PDL", "PTX"),
+                     "PAGE_AHEAD", "PDL", "PTX"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,
-    target_constexprs=D.ptx_constexprs,
+    target_constexprs=split_target_constexprs,
 )
 
 # --- merge: decode's kernel at this family's value head sizes ------------------------------------

@@ -131,12 +131,11 @@ def check(q, k_cache, v_cache, table, seq_lens, req_idx, k_scale, v_scale, kv_fo
                  out=out, lse=lse)
 
 
-def _tile(q, group, latent) -> str:
-    arch = 0
-    if q.is_cuda:
-        major, minor = torch.cuda.get_device_capability(q.device)
-        arch = 10 * major + minor
-    return S.choose_tile(group, arch, "latent" if latent else "separate")
+def _arch(q) -> int:
+    if not q.is_cuda:
+        return 0
+    major, minor = torch.cuda.get_device_capability(q.device)
+    return 10 * major + minor
 
 
 def _sm_count(device) -> int:
@@ -148,7 +147,8 @@ def _make_plan(c: _Call, out) -> SplitMerge:
     batch, q_heads, d_qk = q.shape
     kv_heads, d_v = k.shape[2], v.shape[-1]
     group = q_heads // kv_heads
-    tile = _tile(q, group, c.latent)
+    arch = _arch(q)
+    tile = S.choose_tile(group, arch, "latent" if c.latent else "separate")
     fp8 = c.fmt in FP8_NAMES.values()
     split_axes = S.split_axes(FLOAT_NAMES[q.dtype], c.fmt, d_qk, d_v, "latent" if c.latent else "separate", tile)
     split_ints = [c.sm_scale, c.window, int(c.req_idx is not None), k.shape[1].bit_length() - 1, table.shape[1],
@@ -157,7 +157,8 @@ def _make_plan(c: _Call, out) -> SplitMerge:
     if not splits:
         per_sm = split_programs_per_sm(S.SPLIT, split_axes, fp8, fp8, q, k, v, c.k_scale, c.v_scale, table,
                                        c.req_idx, c.seq_lens, split_ints)
-        splits = S.num_splits(batch, kv_heads, group, tile, _sm_count(q.device), per_sm)
+        splits = S.num_splits(batch, kv_heads, group, tile, _sm_count(q.device), per_sm,
+                              S.max_splits(split_axes, arch))
     n_o, n_lse = DS.workspace_elements(batch, q_heads, splits, d_v)
     lse = c.lse
     merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),

@@ -45,11 +45,11 @@ def test_latent_against_reference_and_jit(fmt, group, page_size, jit_only):
     against_reference_and_jit(case, call, jit_only, f"latent {fmt} group {group} page {page_size}")
 
 
-@pytest.mark.parametrize("num_splits", [None, 512])  # the rule's (256 at batch 1 on an H100), and the most
+@pytest.mark.parametrize("num_splits", [None, 512])  # the rule's (128 at batch 1 on an H100), and the most
 @pytest.mark.parametrize("length", [1, 65, 4099, 32768])
 def test_batch_one_many_splits_against_reference_and_jit(length, num_splits, jit_only):
-    """Batch 1 at 16 heads: past 64 splits, the 256-split merge tile (the rule's count) and the
-    looping merge (512) over mostly empty splits at short
+    """Batch 1 at 16 heads: past 64 splits, the one-tile merge of 65-256 splits (the rule's count)
+    and the looping merge (512) over mostly empty splits at short
     lengths; outputs poisoned, AOT == JIT bit for bit."""
     case = make_case([length], group=16, page_size=64, device="cuda", seed=length)
 

@@ -137,21 +137,48 @@ def test_many_splits_merge_on_a_poisoned_workspace(monkeypatch, splits):
     assert_lse_close(lse, ref_lse)
 
 
+@pytest.mark.parametrize("cap", [S.RULE_MAX_SPLITS, S.PAGE_AHEAD_MAX_SPLITS])
 @pytest.mark.parametrize("per_sm", [None, 1, 2, 4])
 @pytest.mark.parametrize("batch", [1, 2, 7, 32, 128, 1024])
 @pytest.mark.parametrize("group,tile", [(16, "h16"), (128, "h64"), (32, "h32")])
-def test_split_rule_keeps_one_wave_and_its_cap(batch, group, tile, per_sm):
+def test_split_rule_keeps_one_wave_and_its_cap(batch, group, tile, per_sm, cap):
     sms = 132
-    splits = S.num_splits(batch, 1, group, tile, sms, per_sm)
+    splits = S.num_splits(batch, 1, group, tile, sms, per_sm, cap)
     slots = (per_sm or 4) * sms
     programs = batch * S.head_blocks(group, tile)
-    assert 1 <= splits <= S.RULE_MAX_SPLITS
+    assert 1 <= splits <= cap
     assert programs * splits <= max(programs, slots), "a second wave"
-    assert splits == S.RULE_MAX_SPLITS or programs * (splits + 1) > slots, "a wave left emptier than it need be"
+    assert splits == cap or programs * (splits + 1) > slots, "a wave left emptier than it need be"
 
 
 def test_split_rule_on_an_h100():
     # the counts the H100 run took (BENCHMARKS.md, "MLA decode"): 16 heads at 2 programs an SM (the
-    # binary's occupancy), 128 heads (two 64-head programs) at 1
-    assert [S.num_splits(b, 1, 16, "h16", 132, 2) for b in (1, 32, 128)] == [256, 8, 2]
-    assert [S.num_splits(b, 1, 128, "h64", 132, 1) for b in (1, 32, 128)] == [66, 2, 1]
+    # binary's occupancy), 128 heads (two 64-head programs) at 1; the double-buffered 16-head tile
+    # stops at 128 splits, the single-buffered ones (fp8) at 256
+    h16 = S.max_splits(S.split_axes("bf16", "bf16", 576, 512, "latent", "h16"), 90)
+    fp8 = S.max_splits(S.split_axes("bf16", "fp8_e4m3", 576, 512, "latent", "h16"), 90)
+    h64 = S.max_splits(S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), 90)
+    assert [S.num_splits(b, 1, 16, "h16", 132, 2, h16) for b in (1, 32, 128)] == [128, 8, 2]
+    assert [S.num_splits(b, 1, 16, "h16", 132, 2, fp8) for b in (1, 32, 128)] == [256, 8, 2]
+    assert [S.num_splits(b, 1, 128, "h64", 132, 1, h64) for b in (1, 32, 128)] == [66, 2, 1]
+
+
+def test_double_buffered_tiles():
+    # page ids one tile ahead and 3 stages: the 16- and 32-head latent tiles over 16-bit caches on
+    # sm90 only (sm80's shared memory holds one such h16 program and no h32 one)
+    def page_ahead(q, kv, layout, tile, arch, d_qk=576, d_v=512):
+        axes = S.split_axes(q, kv, d_qk, d_v, layout, tile)
+        on = S.page_ahead(axes, arch)
+        cfg = S.SPLIT.launch_config(axes, arch)
+        assert S.SPLIT.compile_constexprs(axes, arch)["PAGE_AHEAD"] == int(on)
+        assert cfg.num_stages == (3 if on else 2)
+        assert S.max_splits(axes, arch) == (S.PAGE_AHEAD_MAX_SPLITS if on else S.RULE_MAX_SPLITS)
+        return on
+
+    assert page_ahead("bf16", "bf16", "latent", "h16", 90) and page_ahead("fp16", "fp16", "latent", "h32", 90)
+    assert not page_ahead("bf16", "bf16", "latent", "h16", 80)
+    assert not page_ahead("bf16", "bf16", "latent", "h32", 80)
+    assert not page_ahead("bf16", "bf16", "latent", "h64", 90)
+    assert not page_ahead("bf16", "fp8_e4m3", "latent", "h16", 90)
+    assert not page_ahead("bf16", "bf16", "separate", "h16", 90)
+    assert not page_ahead("bf16", "bf16", "separate", "h16", 90, 192, 128)

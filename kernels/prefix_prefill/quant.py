@@ -273,8 +273,11 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
                   KV_FORMAT: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 2
     RUNS: tl.constexpr = BLOCK_D // 8
-    n_words = head_dim // 2
     n_runs = head_dim // 8
+    if KV_ALIGN == 4:  # n_words a multiple of 4 to the compiler: the word mask holds over pairs, 4-byte loads
+        n_words = n_runs * 4
+    else:
+        n_words = head_dim // 2
     offs_w = tl.arange(0, BLOCK_W)
     w_valid = offs_w < n_words
     q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 2, KS, kv_head, s_sh, scale_kind, SCALES)

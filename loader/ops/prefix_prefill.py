@@ -140,8 +140,8 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
             unit = 4 if fp8_token else 2
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
                 rules.need(OP, all(st % unit == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1),
-                           f"{name}'s strides", f"multiples of {unit} bytes (an {fmt} cache"
-                           f"{' with per-token scales' if fp8_token else ''} is read {unit} bytes at a time)", t.stride())
+                           f"{name}'s strides", "multiples of 4 (an fp8 cache with per-token scales is read 4 bytes "
+                           "at a time)" if fp8_token else f"even (an {fmt} cache is read two bytes at a time)", t.stride())
             kc = tuple(st // 2 for st in kc)
             vc = tuple(st // 2 for st in vc)
     rules.need(OP, bs > 0, "the cache block size", "positive", bs)

@@ -31,7 +31,7 @@ def quantize(cache):
 def record(kc, vc, ks, vs):
     """vLLM's buffer [blocks, bs, heads, 2 (D + 4)] bytes holding both, and its (k, v, k_scale, v_scale) views."""
     nb, bs, h, d = kc.shape
-    raw = torch.zeros(nb, bs, h, 2 * (d + 4), dtype=torch.uint8)
+    raw = torch.zeros(nb, bs, h, 2 * (d + 4), dtype=torch.uint8, device=kc.device)
     raw[..., :d] = kc.view(torch.uint8)
     raw[..., d + 4:2 * d + 4] = vc.view(torch.uint8)
     f32 = raw.view(torch.float32)
@@ -41,15 +41,18 @@ def record(kc, vc, ks, vs):
             f32[..., (2 * d + 4) // 4:(2 * d + 4) // 4 + 1])
 
 
-def fp8_case(ctx_lens, q_lens, from_cache, inline, **kw):
+def fp8_case(ctx_lens, q_lens, from_cache, inline, device="cpu", **kw):
+    """A case (make_case's, on `device`) whose caches are fp8 e4m3 with per-token scales: separate
+    tensors, or inline: vLLM's record. from_cache: the cache holds the new tokens too (k = v = None)."""
     full = [c + n for c, n in zip(ctx_lens, q_lens)] if from_cache else ctx_lens
     case, _ = make_case(full, q_lens, dtype=kw.pop("dtype", torch.float16), cache_dtype=torch.float32, **kw)
-    (kc, ks), (vc, vs) = quantize(case["k_cache"]), quantize(case["v_cache"])
+    (kc, ks), (vc, vs) = (tuple(t.to(device) for t in quantize(case[n])) for n in ("k_cache", "v_cache"))
     if inline:
         kc, vc, ks, vs = record(kc, vc, ks, vs)
+    case = {n: t.to(device) for n, t in case.items()}
     case.update(k_cache=kc, v_cache=vc)
     if from_cache:
-        case["seq_lens"] = torch.tensor(full, dtype=torch.int32)
+        case["seq_lens"] = torch.tensor(full, dtype=torch.int32, device=device)
         case["k"] = case["v"] = None
     return case, dict(kv_format="fp8_e4m3", k_scale=ks, v_scale=vs)
 

@@ -588,7 +588,11 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
         Formats (kv_format, "auto" infers it from the dtype and Dc):
           fp16/bf16: q's dtype, Dc = D.
           fp8_e4m3/fp8_e5m2: float8 dtypes (or their bytes as uint8/int8 with an explicit kv_format),
-            Dc = D, `k_scale`/`v_scale` one-element float32 tensors; value = fp8 * scale.
+            Dc = D, `k_scale`/`v_scale` one-element float32 tensors; value = fp8 * scale. fp8_e4m3
+            also with one scale a token and kv head (vLLM's FP8_PER_TOKEN_HEAD): k_scale/v_scale the
+            cache's shape with last dim 1 (any strides, as int8's), nhd/hnd layouts, D 40..128,
+            caches 4-byte aligned (addresses and strides; vLLM's record [K codes | K scale | V codes |
+            V scale] is); value = fp8 * scale rounded once to fp16, as int8 per token.
           int8 (int8, Dc = D) and int4 (int8 with Dc = D / 2, or uint8; channel 2i in a byte's low
             nibble, 2i+1 in its high, each stored as code + 7), nhd/hnd layouts only, the formats
             `decode` reads and `store_kv` writes; value = code * scale with k_scale/v_scale (same

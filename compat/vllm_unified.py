@@ -162,8 +162,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     64 and 128 (decode's and prefix_prefill's kv_format "int4_rht": q rotated before the kernel,
     the output after; no softcap/ALiBi, no output_scale). Decode rows only (see the module
     docstring): one aotc decode call (per-token-head modes: at head sizes 64 and 128).
-    Prefill rows on INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD caches: head sizes 40..128 (prefix_prefill's
-    kv_align 4 binaries for vLLM's record); with softcap or ALiBi they raise NotImplementedError.
+    Prefill rows on INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD caches: prefix_prefill's kv_align 4
+    binaries on vLLM's record at head sizes 40..128 (FP8 there only; INT8 elsewhere on its GENERIC
+    ones); with softcap or ALiBi they raise NotImplementedError.
     Converted: an fp8 q becomes q * q_descale in out's dtype (bfloat16 for an fp8 out): one copy
     of q; vLLM multiplies the scales into its fp8 scores instead. Ignored: max_seqlen_q,
     max_seqlen_k, seq_threshold_3D and the softmax segment buffers (vLLM's split-K workspace:

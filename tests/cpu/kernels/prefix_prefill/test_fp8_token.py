@@ -80,6 +80,15 @@ def test_mixed_batch_at_block_boundaries(inline, from_cache, head_dim, dtype, mo
     assert [(a["kv"], a["scales"], a.get("kv_align")) for a, _, _ in seen] == [("fp8_e4m3", "token", 4)]
 
 
+def test_head_major_cache():
+    # [blocks, kv_heads, block_size, D] codes and scales: the op's (block, token, head) strides
+    case, kw = fp8_case([33, 0, 70], [5, 17, 2], False, False, head_dim=64, seed=35)
+    case["k_cache"], case["v_cache"] = (case[n].transpose(1, 2).contiguous() for n in ("k_cache", "v_cache"))
+    kw["k_scale"], kw["v_scale"] = (kw[n].transpose(1, 2).contiguous() for n in ("k_scale", "v_scale"))
+    got, ref = run(case, kw, kv_layout="hnd")
+    assert_matches(got, ref, torch.float16)
+
+
 def test_window_sinks_and_gqa():
     case, kw = fp8_case([70, 5], [40, 9], True, True, head_dim=64, q_heads=8, kv_heads=2, seed=31)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0, 0.1, -0.3, 0.7])

@@ -96,6 +96,15 @@ def test_window_sinks_and_gqa():
     assert_matches(got, ref, torch.float16)
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_scales(scale_dtype):
+    # k_scale / v_scale in fp16 or bf16 (the op's scale dtypes for int8 too), separate tensors
+    case, kw = fp8_case([40, 3], [9, 33], False, False, head_dim=64, seed=36)
+    kw["k_scale"], kw["v_scale"] = kw["k_scale"].to(scale_dtype), kw["v_scale"].to(scale_dtype)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.float16)
+
+
 def test_scales_matter_per_token():
     # each token's scale is read: the same codes under one scale per tensor give another answer
     case, kw = fp8_case([60], [20], True, False, head_dim=64, seed=32)

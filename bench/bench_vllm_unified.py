@@ -21,6 +21,7 @@ times, which leave out vLLM's Python wrapper and aotc's host checks). TFLOP/s co
 4 * D each. Outputs: max |aotc - vllm| on the same inputs. vLLM's files come from its sdist
 (--peer / AOTC_VLLM_PEER) through the conformance runner's sandbox; nothing of vLLM's is in the repo.
     python3 bench_vllm_unified.py --peer PATH [--out rows.jsonl] [--modes NONE,...] [--shapes NAME,...]
+                                  [--providers aotc,vllm,...] (default: all; the output check needs aotc and vllm)
 """
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--providers", default="aotc,aotc_checked,vllm", help="of aotc, aotc_checked, vllm (sdpa always)")
     a = ap.parse_args()
-    ua = vllm_module(a.peer)
+    providers = set(a.providers.split(","))
+    ua = vllm_module(a.peer) if "vllm" in providers else None
     rows = Rows(a.out)
     gen = torch.Generator("cuda").manual_seed(0)
     print(f"{'mode':20s} {'shape':18s} {'provider':8s} {'event us':>9s} {'kernel us':>9s} {'TFLOP/s':>8s} {'t/sdpa':>7s} {'kernel/sdpa':>11s}")
@@ -97,9 +100,10 @@ def main():
                                   k_scale_cache=kw.get("k_scale_cache"), v_scale_cache=kw.get("v_scale_cache"), **extra)
 
             calls = {"aotc": call(compat.unified_attention, outs["aotc"], lambda m: compat.KVQuantMode[m],
-                                  validate=False),
-                     "vllm": call(ua.unified_attention, outs["vllm"], lambda m: ua.KVQuantMode[m])}
-            if mode == "NONE":
+                                  validate=False)}
+            if ua is not None:
+                calls["vllm"] = call(ua.unified_attention, outs["vllm"], lambda m: ua.KVQuantMode[m])
+            if mode == "NONE" and "aotc_checked" in providers:
                 calls["aotc_checked"] = call(compat.unified_attention, torch.empty_like(q),
                                              lambda m: compat.KVQuantMode[m])
             try:
@@ -109,12 +113,13 @@ def main():
                 print(f"{mode:20s} {shape:18s} aotc: {str(e)[:100]}")
                 calls.pop("aotc")
                 calls.pop("aotc_checked", None)
+            calls = {p: fn for p, fn in calls.items() if p in providers}
             for provider, fn in calls.items():
                 fn()
                 t, kt = timed(rows, "vllm_unified_prefill", mode, provider, shape, fn)
                 print(f"{mode:20s} {shape:18s} {provider:8s} {t * 1e6:9.1f} {kt * 1e6:9.1f} "
                       f"{flops / t / 1e12:8.1f} {t / t_sdpa:7.2f} {kt / k_sdpa:11.2f}")
-            if "aotc" not in calls:
+            if "aotc" not in calls or "vllm" not in calls:
                 continue
             for out in outs.values():
                 out.fill_(float("nan"))

@@ -162,8 +162,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     64 and 128 (decode's and prefix_prefill's kv_format "int4_rht": q rotated before the kernel,
     the output after; no softcap/ALiBi, no output_scale). Decode rows only (see the module
     docstring): one aotc decode call (per-token-head modes: at head sizes 64 and 128).
-    Prefill rows: FP8_PER_TOKEN_HEAD, and INT8_PER_TOKEN_HEAD with softcap or ALiBi, raise
-    NotImplementedError.
+    Prefill rows on INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD caches: prefix_prefill's kv_align 4
+    binaries on vLLM's record at head sizes 40..128 (FP8 there only; INT8 elsewhere on its GENERIC
+    ones); with softcap or ALiBi they raise NotImplementedError.
     Converted: an fp8 q becomes q * q_descale in out's dtype (bfloat16 for an fp8 out): one copy
     of q; vLLM multiplies the scales into its fp8 scores instead. Ignored: max_seqlen_q,
     max_seqlen_k, seq_threshold_3D and the softmax segment buffers (vLLM's split-K workspace:
@@ -235,13 +236,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
                sinks=_f32(sinks), out=out, alibi_slopes=_f32(alibi_slopes),
                alibi_sqrt=bool(use_alibi_sqrt) and alibi_slopes is not None, softcap=softcap, validate=validate)
         return
-    if mode == KVQuantMode.FP8_PER_TOKEN_HEAD:
-        raise NotImplementedError("unified_attention: kv_quant_mode=FP8_PER_TOKEN_HEAD with prefill rows (a query "
-                                  "of more than one token) is not implemented in aotc (decode rows at head sizes "
-                                  "64 and 128 are)")
-    if mode == KVQuantMode.INT8_PER_TOKEN_HEAD and (softcap or alibi_slopes is not None):
-        raise NotImplementedError("unified_attention: kv_quant_mode=INT8_PER_TOKEN_HEAD with softcap or "
-                                  "alibi_slopes and prefill rows is not implemented in aotc (decode rows are)")
+    if mode in _PER_TOKEN_HEAD and (softcap or alibi_slopes is not None):
+        raise NotImplementedError(f"unified_attention: kv_quant_mode={KVQuantMode(mode).name} with softcap or "
+                                  f"alibi_slopes and prefill rows is not implemented in aotc (decode rows are)")
     prefix_prefill(q, None, None, k, v, int32_indices(block_table, "block_table", validate),
                    int32_indices(cu_seqlens_q, "cu_seqlens_q", validate), int32_indices(seqused_k, "seqused_k", validate),
                    kv_layout="nhd", kv_format=fmt, k_scale=k_scale, v_scale=v_scale, sm_scale=float(softmax_scale),

@@ -87,6 +87,34 @@ def _i4x4_dequant(x, s, PTX: tl.constexpr):
 
 
 @triton.jit
+def _e4m3x2_dequant(x, s, PTX: tl.constexpr):
+    # int16 elements x, each two fp8 e4m3 channels (even low byte, odd high byte), fp16 scales s ->
+    # fp16 (even, odd) * s, rounded once: _fp8_bits_to_fp16's value * 2^-8, times 256 (exact), times s.
+    if _INTERPRET or not PTX:
+        sf = s.to(tl.float32)
+        ev = _fp8_bits_to_fp16(x.to(tl.int8), 3, PTX).to(tl.float32) * 256.0
+        od = _fp8_bits_to_fp16((x >> 8).to(tl.int8), 3, PTX).to(tl.float32) * 256.0
+        return (ev * sf).to(tl.float16), (od * sf).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 e, o, m;
+            mov.b32 m, 0x5C005C00;
+            prmt.b32 e, $2, 0, 0xA280;
+            prmt.b32 o, $2, 0, 0xB391;
+            shl.b32 e, e, 7;
+            shl.b32 o, o, 7;
+            and.b32 e, e, 0xBF80BF80;
+            and.b32 o, o, 0xBF80BF80;
+            mul.rn.f16x2 e, e, m;
+            mul.rn.f16x2 o, o, m;
+            mul.rn.f16x2 $0, e, $3;
+            mul.rn.f16x2 $1, o, $3;
+            }""",
+            "=r,=r,r,r", [x, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
 def _i8x2_codes(x, PTX: tl.constexpr):
     # _i8x2_dequant without the scale: the codes, exact in fp16.
     if _INTERPRET or not PTX:

@@ -345,7 +345,8 @@ def prefix_prefill_kernel(
     # them, so a grid of num_tokens // BLOCK_M + batch covers every request without reading
     # lengths on the host. Binary search for the owner: log2(batch) scalar loads.
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the causal loop's mask-free tiles end at a q-block start
-    if KV_FORMAT < 3:  # float and fp8 caches: grid (q_heads, q blocks), see below
+    # SCALES != 0: int8/int4, or fp8 e4m3 with per-token scales: the word tiles of quant.py
+    if SCALES == 0:  # float and fp8 caches: grid (q_heads, q blocks), see below
         pid = tl.program_id(1)
         head = tl.program_id(0)
     else:
@@ -354,7 +355,7 @@ def prefix_prefill_kernel(
     req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
     q_start = tl.load(Query_start_loc + req)
     q_len = tl.load(Query_start_loc + req + 1) - q_start
-    if KV_FORMAT < 3:
+    if SCALES == 0:
         # Float and fp8 caches: the heads vary fastest and a request's q blocks run last first, so
         # the blocks with the most keys (the causal part grows down the request) start first and
         # the short ones fill in behind them. The int formats keep q blocks fastest in order (two
@@ -381,7 +382,7 @@ def prefix_prefill_kernel(
     d_valid = offs_d < head_dim
     rows = (q_start + offs_m).to(tl.int64)
     q_row = Q + rows * stride_qt + head.to(tl.int64) * stride_qh
-    if KV_FORMAT < 3:
+    if SCALES == 0:
         q = tl.load(q_row[:, None] + offs_d[None, :], mask=m_valid[:, None] & d_valid[None, :], other=0.0)
 
     # Sinks join the normalizer only: start the running max/sum at the sink's logit.
@@ -424,7 +425,7 @@ def prefix_prefill_kernel(
     slope = tl.load(Alibi_slopes + head, mask=alibi_mode != 0, other=0.0)
 
     # ---- context from the paged cache ----
-    if KV_FORMAT >= 3:  # int8 / int4 codes, scales fused on the tiles (quant.py)
+    if SCALES != 0:  # int8 / int4 codes (or fp8 with per-token scales), scales fused on the tiles (quant.py)
         if first < ctx_hi:
             acc, m_i, l_i = int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_hi, win, first,
                                         inner_lo, inner_hi, K_cache, V_cache, bt_row, block_size, kv_head,

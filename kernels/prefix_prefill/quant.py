@@ -1,4 +1,5 @@
-"""int8 / int4 paged context for prefix_prefill, the dequantization fused on the tiles.
+"""int8 / int4 paged context for prefix_prefill, the dequantization fused on the tiles; also fp8 e4m3
+with one scale a token and kv head (vLLM's FP8_PER_TOKEN_HEAD), read as int8's words of two channels.
 
 Formats are `decode`'s and `store_kv`'s (kernels/common/quant_reference.py): int8 codes, or int4 codes
 stored as code + 7 with channel 2i in a byte's low nibble and 2i+1 in its high one; the value is
@@ -44,7 +45,7 @@ even). Masking follows kernel.py: masked tiles mask keys and probabilities, so u
 import triton
 import triton.language as tl
 
-from aotc.kernels.common.dequant import _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant, _u4x4_codes16
+from aotc.kernels.common.dequant import _e4m3x2_dequant, _expand, _i4x4_codes16, _i4x4_dequant, _i8x2_codes, _i8x2_dequant, _u4x4_codes16
 
 
 @triton.jit
@@ -146,11 +147,14 @@ def _scales_of(start, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb
 
 
 @triton.jit
-def _i8_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr):
+def _i8_parts(words, sc, SCALES: tl.constexpr, PTX: tl.constexpr, KV_FORMAT: tl.constexpr = 3):
     """fp16 parts (channels 2j, 2j + 1) of int8 words [BLOCK_N, BLOCK_W]: with per-token scales
     sc [BLOCK_N] (per-group: [BLOCK_N, runs of 8 channels]) the values code * scale (rounded once
-    to fp16), else the exact codes."""
-    if SCALES == 1:
+    to fp16), else the exact codes. KV_FORMAT 1: fp8 e4m3 bytes with per-token scales (vLLM's
+    FP8_PER_TOKEN_HEAD), value * scale rounded once to fp16 the same way."""
+    if KV_FORMAT == 1:
+        return _e4m3x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape), PTX)
+    elif SCALES == 1:
         return _i8x2_dequant(words, tl.broadcast_to(sc.to(tl.float16)[:, None], words.shape), PTX)
     elif SCALES == 3:
         return _i8x2_dequant(words, _expand(sc.to(tl.float16), words.shape[0], words.shape[1]), PTX)
@@ -214,18 +218,18 @@ def _v_channel_scale(a, i: tl.constexpr, NP: tl.constexpr, VS, kv_head, s_sh, sc
 def _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win, Kw, Vw, bt_row, block_size,
              kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs,
              n_words, qk_scale, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, SCALES: tl.constexpr,
-             MASKED: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr):
+             MASKED: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr, KV_FORMAT: tl.constexpr):
     RUNS: tl.constexpr = BLOCK_W // 4  # runs of 8 channels: 4 words of two
     n, n_valid, blk, slot = _keys(start, key_lo, ctx_len, bt_row, block_size, BLOCK_N, MASKED)
     ksc_next, vsc_next = _scales_of(start + BLOCK_N, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                                     s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     k0, k1 = _i8_parts(_words(Kw, blk, slot, kv_head, s_kb, s_kt, s_kh, n_valid, n_words, BLOCK_W, MASKED, KV_ALIGN),
-                       ksc, SCALES, PTX)
+                       ksc, SCALES, PTX, KV_FORMAT)
     qk = tl.dot(q1, tl.trans(k1), acc=tl.dot(q0, tl.trans(k0)))
     mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, mask, qk_scale, MASKED, True)
     v0, v1 = _i8_parts(_words(Vw, blk, slot, kv_head, s_vb, s_vt, s_vh, n_valid, n_words, BLOCK_W, MASKED, KV_ALIGN),
-                       vsc, SCALES, PTX)
+                       vsc, SCALES, PTX, KV_FORMAT)
     p = p.to(tl.float16)
     a0 = tl.dot(p, v0, acc=a0 * alpha[:, None])
     a1 = tl.dot(p, v1, acc=a1 * alpha[:, None])
@@ -265,11 +269,15 @@ def _i4_tile(a0, a1, a2, a3, m_i, l_i, ksc, vsc, q0, q1, q2, q3, q_pos, start, k
 def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo, inner_hi,
                   Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS, s_sb, s_st, s_sh,
                   scale_kind, quant_shift, qk_scale, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr, KV_ALIGN: tl.constexpr,
+                  KV_FORMAT: tl.constexpr):
     BLOCK_W: tl.constexpr = BLOCK_D // 2
     RUNS: tl.constexpr = BLOCK_D // 8
-    n_words = head_dim // 2
     n_runs = head_dim // 8
+    if KV_ALIGN == 4:  # n_words a multiple of 4 to the compiler: the word mask holds over pairs, 4-byte loads
+        n_words = n_runs * 4
+    else:
+        n_words = head_dim // 2
     offs_w = tl.arange(0, BLOCK_W)
     w_valid = offs_w < n_words
     q0 = _q_part(q_row, m_valid, offs_w, w_valid, 0, 2, KS, kv_head, s_sh, scale_kind, SCALES)
@@ -286,21 +294,24 @@ def _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, wi
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN,
+                                              KV_FORMAT)
     ksc, vsc = _scales_of(inner_lo, key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb, s_st, s_sh,
                           scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(inner_lo, inner_hi, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False, PTX, KV_ALIGN)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, False, PTX, KV_ALIGN,
+                                              KV_FORMAT)
     ksc, vsc = _scales_of(tl.maximum(inner_hi, first), key_lo, ctx_len, bt_row, block_size, kv_head, KS, VS, s_sb,
                           s_st, s_sh, scale_kind, quant_shift, n_runs, BLOCK_N, RUNS, SCALES)
     for start in range(tl.maximum(inner_hi, first), ctx_len, BLOCK_N):
         a0, a1, m_i, l_i, ksc, vsc = _i8_tile(a0, a1, m_i, l_i, ksc, vsc, q0, q1, q_pos, start, key_lo, ctx_len, win,
                                               Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
                                               KS, VS, s_sb, s_st, s_sh, scale_kind, quant_shift, n_runs, n_words,
-                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN)
+                                              qk_scale, BLOCK_W, BLOCK_N, SCALES, True, PTX, KV_ALIGN,
+                                              KV_FORMAT)
     if SCALES == 2:
         a0 = _v_channel_scale(a0, 0, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
         a1 = _v_channel_scale(a1, 1, 2, VS, kv_head, s_sh, scale_kind, n_words, BLOCK_W)
@@ -374,7 +385,7 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
                 BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, SCALES: tl.constexpr, PTX: tl.constexpr,
                 KV_ALIGN: tl.constexpr = 16):
     """(acc [BLOCK_M, BLOCK_D] fp32 in channel order, m_i, l_i) over the context of an int8
-    (KV_FORMAT 3) or int4 (4) cache: keys below ctx_len (with kv_from_cache the new tokens' too,
+    (KV_FORMAT 3), int4 (4) or, with per-token scales, fp8 e4m3 (1) cache: keys below ctx_len (with kv_from_cache the new tokens' too,
     causal: masked tiles hold no key past a row's query); tile ranges as in kernel.py. scale_kind: the scales' dtype
     (_load_scale), with per-group scales log2(group) above it (scale_kind >> 2): packed into one
     argument, because one more kernel parameter moved ptxas's register allocation of the other
@@ -386,11 +397,11 @@ def int_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win,
         quant_shift = 0
     Kw = K_cache.to(tl.pointer_type(tl.int16), bitcast=True)
     Vw = V_cache.to(tl.pointer_type(tl.int16), bitcast=True)
-    if KV_FORMAT == 3:
+    if KV_FORMAT == 3 or KV_FORMAT == 1:  # 1: fp8 e4m3 with per-token scales, as int8 words of two
         return _int8_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,
                              s_sb, s_st, s_sh, scale_kind, quant_shift, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, SCALES,
-                             PTX, KV_ALIGN)
+                             PTX, KV_ALIGN, KV_FORMAT)
     else:
         return _int4_context(q_row, m_valid, head_dim, m_i, l_i, q_pos, key_lo, ctx_len, win, first, inner_lo,
                              inner_hi, Kw, Vw, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, KS, VS,

@@ -59,7 +59,8 @@ def dequantize_int_cache(cache: torch.Tensor, fmt: str, scale: torch.Tensor) -> 
 
 def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_dim):
     """(k_cache, v_cache, layout, k_scale, v_scale) with hnd made nhd, fp8 bytes viewed as fp8 and
-    int8/int4 made float32 (their scales then None)."""
+    int8/int4 and fp8 with per-token scales (the cache's shape, last dim 1) made float32 (their
+    scales then None)."""
     if kv_layout == "hnd":
         k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
         if k_scale is not None and k_scale.dim() == 4:
@@ -70,6 +71,9 @@ def _dequantized(k_cache, v_cache, kv_layout, kv_format, k_scale, v_scale, head_
         k_cache, v_cache = k_cache.view(fp8[kv_format]), v_cache.view(fp8[kv_format])
     if kv_format == "auto" and k_cache.dtype in (torch.int8, torch.uint8):
         kv_format = "int4" if k_cache.dtype == torch.uint8 or 2 * k_cache.shape[-1] == head_dim else "int8"
+    if k_cache.dtype in fp8.values() and k_scale is not None and k_scale.dim() == 4:  # fp8 with per-token scales
+        k_cache, v_cache = k_cache.float() * k_scale.float(), v_cache.float() * v_scale.float()
+        k_scale = v_scale = None
     if kv_format in ("int8", "int4"):
         k_cache = dequantize_int_cache(k_cache, kv_format, k_scale)
         v_cache = dequantize_int_cache(v_cache, kv_format, v_scale)

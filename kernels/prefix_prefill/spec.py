@@ -23,12 +23,16 @@ Axes (constexpr in the kernel; everything else is a runtime value):
             have "plain" only
   kv_align  int8 with per-token scales, nhd, block_d 64 and 128 only, absent from the other keys:
             4 where the cache rows are 4-byte aligned but not 16 (vLLM's INT8_PER_TOKEN_HEAD
-            record [K codes | K scale | V codes | V scale]): the GENERIC binary reads 4 bytes a load
+            record [K codes | K scale | V codes | V scale]): the GENERIC binary reads 4 bytes a load.
+            fp8_e4m3 with "token" scales (vLLM's FP8_PER_TOKEN_HEAD: one fp32 scale a token and kv
+            head, the same record) exists at kv_align 4 only, nhd, block_d 64 and 128, plain
+            scores: quant.py's int8 path on words of two e4m3 bytes (its ALIGNED binary serves
+            16-byte rows)
 Window, sinks, fp8 output, skip_decode, block size, GQA group, head_dim, vllm's x and the scales'
 dtype (and the int group size), V's pack factor, kv_from_cache (new keys read from the
 cache), chunked local attention and vLLM's bidirectional ranges are runtime, so they cost no
 binaries: 2 * 3 * 4 * 2 * 2 = 96 float/fp8 variants plus 2 * 3 * (4 + 3) + 2 * 2 = 46 int8/int4
-ones and 2 * 2 kv_align 4 ones, 146 in all, each built at two specialization levels per arch
+ones and 2 * 2 * 2 kv_align 4 ones (int8 and fp8_e4m3 per token), 150 in all, each built at two specialization levels per arch
 (build times: BENCHMARKS.md, Kernel choices: prefix-prefill build).
 
 Caches, scales and output are byte pointers (see kernel.py): the signature names them u8.
@@ -55,6 +59,13 @@ MAX_HEAD_DIM = 256
 LAYOUTS = ("nhd", "vllm")
 SCORES = ("plain", "mod")
 KV_ALIGN4_BLOCK_DS = (64, 128)  # vLLM's per-token-head head sizes (decode's PER_TOKEN_HEAD_DIMS)
+KV_ALIGN4_FORMATS = ("int8", "fp8_e4m3")  # vLLM's INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD codes
+FP8_TOKEN_FORMATS = ("fp8_e4m3",)  # fp8 with per-token scales: kv_align 4 variants only
+
+
+def word_tiles(kv: str, scales: str = "none") -> bool:
+    """Whether a cache runs quant.py's word tiles: int8/int4, and fp8 e4m3 with per-token scales."""
+    return kv in INT_FORMATS or (kv in FP8_TOKEN_FORMATS and scales == "token")
 
 _ptr = ("Q", "K", "V", "K_cache", "V_cache", "Out")
 _meta = ("Block_table", "Query_start_loc", "Seq_lens")
@@ -104,10 +115,10 @@ def block_d(head_dim: int, kv: str = "same") -> int:
     return max(32 if kv != "int4" else 64, 1 << (head_dim - 1).bit_length())
 
 
-def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
+def tile(block_d: int, kv: str = "same", scales: str = "none") -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N). Arch-independent: the op's grid depends on BLOCK_M. BLOCK_N divides
     BLOCK_M (the kernel asserts it); target_constexprs narrows it on sm90 for fp16/bf16 d128."""
-    if kv in ("int8", "int4") and block_d <= 128:
+    if word_tiles(kv, scales) and block_d <= 128:
         # 4 warps x 32-key tiles beat 8 x 64 for int8 and int4, spills included (BENCHMARKS.md, Kernel choices: int tiles).
         return 128, 32
     if block_d > 128:
@@ -119,7 +130,7 @@ def tile(block_d: int, kv: str = "same") -> tuple[int, int]:
 
 def constexprs(axes) -> dict:
     bd = int(axes["block_d"])
-    bm, bn = tile(bd, axes["kv"])
+    bm, bn = tile(bd, axes["kv"], axes["scales"])
     return {
         "BLOCK_D": bd, "BLOCK_M": bm, "BLOCK_N": bn,
         "KV_VLLM": int(axes["layout"] == "vllm"),
@@ -142,19 +153,22 @@ def variants():
                         for score in (("plain",) if kv in INT_FORMATS else SCORES):
                             yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": bd, "layout": layout,
                                    "score": score}
-    for dtype in DTYPES:
-        for bd in KV_ALIGN4_BLOCK_DS:
-            yield {"dtype": dtype, "kv": "int8", "scales": "token", "block_d": bd, "layout": "nhd", "score": "plain",
-                   "kv_align": 4}
+    for kv in KV_ALIGN4_FORMATS:
+        for dtype in DTYPES:
+            for bd in KV_ALIGN4_BLOCK_DS:
+                yield {"dtype": dtype, "kv": kv, "scales": "token", "block_d": bd, "layout": "nhd", "score": "plain",
+                       "kv_align": 4}
 
 
 def kv_align(axes, addresses) -> int:
     """4 for a call of a kv_align 4 variant's axes whose cache addresses and byte strides are all
-    multiples of 4 but not all of 16 (16-byte rows take the ALIGNED binary), else 16."""
-    if not (axes["kv"] == "int8" and axes["scales"] == "token" and axes["layout"] == "nhd"
+    multiples of 4 but not all of 16 (16-byte rows take the ALIGNED binary), else 16. fp8 with
+    per-token scales has kv_align 4 variants only: 4 whenever the addresses allow it (the op
+    refuses the others)."""
+    if not (axes["kv"] in KV_ALIGN4_FORMATS and axes["scales"] == "token" and axes["layout"] == "nhd"
             and axes["score"] == "plain" and int(axes["block_d"]) in KV_ALIGN4_BLOCK_DS):
         return 16
-    if any(a % 4 for a in addresses) or not any(a % 16 for a in addresses):
+    if any(a % 4 for a in addresses) or (axes["kv"] == "int8" and not any(a % 16 for a in addresses)):
         return 16
     return 4
 
@@ -182,8 +196,9 @@ def launch(axes, arch: int) -> LaunchConfig:
     if _two_programs_an_sm(axes, arch):
         return LaunchConfig(num_warps=8, num_stages=3, maxnreg=128)
     # d64: 4 warps beat 8 (BENCHMARKS.md, Kernel choices: warps and stages).
-    warps = 4 if bd <= 64 or (axes["kv"] in INT_FORMATS and bd <= 128) else 8  # int8/int4: see tile()
-    if arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd":
+    warps = 4 if bd <= 64 or (word_tiles(axes["kv"], axes["scales"]) and bd <= 128) else 8  # int8/int4: see tile()
+    if (arch >= 90 and bd <= 128 and axes["kv"] in ("same", "fp8_e4m3", "fp8_e5m2") and axes["layout"] == "nhd"
+            and not word_tiles(axes["kv"], axes["scales"])):
         # 3 stages for fp16/bf16 d32/d64 and fp8 (its context rows loaded a tile ahead); vllm-layout
         # and int8/int4 caches go through registers: 2 stages (BENCHMARKS.md, Kernel choices: warps and stages).
         return LaunchConfig(num_warps=warps, num_stages=3)

@@ -94,8 +94,10 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
     fmt = _format(kv_format, k_cache, q, head_dim, kv_layout)
     rules.tensor(OP, "v_cache", v_cache, (k_cache.dtype,), 4, dev, last_contiguous=True)
     nb = k_cache.shape[0]
+    fp8_token = _fp8_token(fmt, k_scale)
     if kv_layout == "vllm":
-        rules.need(OP, fmt not in _spec.INT_FORMATS, "kv_layout", "'nhd' or 'hnd' for an int8/int4 cache", kv_layout)
+        rules.need(OP, fmt not in _spec.INT_FORMATS and not fp8_token, "kv_layout",
+                   "'nhd' or 'hnd' for an int8/int4 cache or fp8 with per-token scales", kv_layout)
         x = k_cache.shape[4]
         bs = k_cache.shape[3]
         rules.need(OP, x > 0 and x % 8 == 0 and k_cache.shape[2] * x == head_dim, "k_cache",
@@ -132,11 +134,14 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
         order = (0, 2, 1) if hnd else (0, 1, 2)  # block, token, head
         kc = tuple(k_cache.stride(i) for i in order) + (0,)
         vc = tuple(v_cache.stride(i) for i in order) + (0,)
-        if fmt in _spec.INT_FORMATS:
-            # Read as int16 words (two int8 channels, four int4): even byte strides and addresses.
+        if fmt in _spec.INT_FORMATS or fp8_token:
+            # Read as int16 words (two int8 channels, four int4): even byte strides and addresses;
+            # fp8 with per-token scales only at kv_align 4 (vLLM's record): strides of 4 bytes.
+            unit = 4 if fp8_token else 2
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-                rules.need(OP, all(st % 2 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1), f"{name}'s strides",
-                      f"even (an {fmt} cache is read two bytes at a time)", t.stride())
+                rules.need(OP, all(st % unit == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1),
+                           f"{name}'s strides", "multiples of 4 (an fp8 cache with per-token scales is read 4 bytes "
+                           "at a time)" if fp8_token else f"even (an {fmt} cache is read two bytes at a time)", t.stride())
             kc = tuple(st // 2 for st in kc)
             vc = tuple(st // 2 for st in vc)
     rules.need(OP, bs > 0, "the cache block size", "positive", bs)
@@ -149,6 +154,14 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
                        "cache", f"{tuple(k_scale.shape)} {k_scale.dtype}")
             rules.need(OP, head_dim in (64, 128), "q.shape[2] (head_dim)", "64 or 128 for an int4_zp cache", head_dim)
             scales = "token_zp"
+    elif fp8_token:
+        rules.need(OP, fmt == "fp8_e4m3", "kv_format", "fp8_e4m3 for per-token scales (vLLM's FP8_PER_TOKEN_HEAD)",
+                   fmt)
+        rules.need(OP, 32 < head_dim <= 128, "q.shape[2] (head_dim)",
+                   "in [40, 128] for an fp8 cache with per-token scales", head_dim)
+        scales, sc, quant_shift = _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev)
+        rules.need(OP, scales == "token", "k_scale", f"the cache's shape with last dim 1 (one scale a token and kv "
+                   f"head) or one element, for an {fmt} cache", tuple(k_scale.shape))
     else:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if fmt in _FP8_FORMATS:
@@ -159,6 +172,11 @@ def _check_cache(k_cache, v_cache, kv_format, kv_layout, q, kv_heads, head_dim, 
                 raise ValueError(f"prefix_prefill: {name} applies to fp8, int8 and int4 caches only; the cache is "
                                  f"{k_cache.dtype}")
     return _Cache(fmt, scales, kv_layout == "vllm", bs, x, kc, vc, sc, quant_shift)
+
+
+def _fp8_token(fmt, k_scale) -> bool:
+    """An fp8 cache with per-token scales: k_scale 4-D (the cache's shape with last dim 1)."""
+    return fmt in _FP8_FORMATS and isinstance(k_scale, torch.Tensor) and k_scale.dim() == 4
 
 
 def _check_int_scales(k_scale, v_scale, k_cache, kv_layout, kv_heads, head_dim, dev):
@@ -209,7 +227,7 @@ def _kv_heads(k, k_cache, kv_layout) -> int:
 
 
 def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, softcap, window=None, chunk_lookback=-1,
-                   mm_prefix_range=None, mm_clamp=False, batch=0):
+                   mm_prefix_range=None, mm_clamp=False, batch=0, scales="none"):
     """The score and layout options (spec.OPTION_ARGS): types and shapes, and what int caches lack."""
     if (k is None) != (v is None):
         raise ValueError("prefix_prefill: k and v must both be tensors, or both None (the new tokens' keys and "
@@ -248,12 +266,13 @@ def _check_options(q, k, v, kv_layout, fmt, v_pack, alibi_slopes, alibi_sqrt, so
         if alibi_slopes is not None:
             raise NotImplementedError("prefix_prefill: mm_prefix_range together with alibi_slopes is not "
                                       "implemented")
-    if fmt in _spec.INT_FORMATS:
+    if _spec.word_tiles(fmt, scales):
+        cache = f"an {fmt} cache" + (" with per-token scales" if fmt not in _spec.INT_FORMATS else "")
         for on, name in ((softcap, "softcap"), (alibi_slopes is not None, "alibi_slopes"),
                          (chunk_lookback >= 0, "chunk_lookback"), (mm_prefix_range is not None, "mm_prefix_range")):
             if on:
-                raise NotImplementedError(f"prefix_prefill: {name} with an {fmt} cache is not implemented (fp16, "
-                                          f"bf16 and fp8 caches)")
+                raise NotImplementedError(f"prefix_prefill: {name} with {cache} is not implemented (fp16, "
+                                          f"bf16 and per-tensor fp8 caches)")
 
 
 def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
@@ -286,7 +305,7 @@ def _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens,
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise TypeError(f"prefix_prefill: window must be an int or None, got {type(window).__name__}")
     _check_options(q, k, v, kv_layout, cache.fmt, v_pack, alibi_slopes, alibi_sqrt, softcap, window, chunk_lookback,
-                   mm_prefix_range, mm_clamp, batch)
+                   mm_prefix_range, mm_clamp, batch, cache.scales)
     rules.tensor(OP, "query_start_loc", query_start_loc, (torch.int32,), 1, dev, last_contiguous=True)
     rules.need(OP, query_start_loc.shape[0] == batch + 1, "query_start_loc", f"[batch + 1] = [{batch + 1}] (block_table "
           f"has {batch} rows)", tuple(query_start_loc.shape))
@@ -358,16 +377,17 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
     axes = _spec.axes_for(_DTYPES[q.dtype], c.fmt, c.scales, head_dim, "vllm" if c.vllm else "nhd",
                           "mod" if softcap or alibi_slopes is not None or chunk_lookback >= 0
                           or mm_prefix_range is not None else "plain")
-    if axes["kv"] == "int8":  # rows 4-byte aligned, not 16 (vLLM's record): the kv_align 4 binaries
+    if axes["kv"] in _spec.KV_ALIGN4_FORMATS:  # rows 4-byte aligned, not 16 (vLLM's record): the kv_align 4 binaries
         rows = [st for t in (k_cache, v_cache) for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1]
         if _spec.kv_align(axes, [k_cache.data_ptr(), v_cache.data_ptr(), *rows]) == 4:
             axes["kv_align"] = 4
-    block_m = _spec.tile(axes["block_d"], axes["kv"])[0]
+    words = _spec.word_tiles(axes["kv"], axes["scales"])
+    block_m = _spec.tile(axes["block_d"], axes["kv"], axes["scales"])[0]
     # Flattened q-block schedule: request b owns q blocks [qsl[b] // BLOCK_M + b, ...); this bound
     # covers them all without reading query_start_loc on the host (see kernel.py). Float and fp8
     # caches put the heads on the grid's first axis, int caches the q blocks.
     q_blocks = tokens // block_m + batch
-    if axes["kv"] in _spec.INT_FORMATS:
+    if words:
         grid = (q_blocks, q_heads, 1)
     else:
         rules.need(OP, q_blocks <= _GRID_Y_MAX, "q", f"at most {_GRID_Y_MAX} q blocks in one call: tokens // {block_m} + requests "
@@ -446,6 +466,11 @@ def _prefix_prefill_op(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
         name = "k_cache" if k_cache.data_ptr() & 1 else "v_cache"
         raise ValueError(f"prefix_prefill: {name} must start at an even address (an {axes['kv']} cache is read two "
                          f"bytes at a time); it is a view at an odd byte offset")
+    if _spec.word_tiles(axes["kv"], axes["scales"]) and axes["kv"] not in _spec.INT_FORMATS \
+            and (k_cache.data_ptr() | v_cache.data_ptr()) & 3:
+        name = "k_cache" if k_cache.data_ptr() & 3 else "v_cache"
+        raise ValueError(f"prefix_prefill: {name} must start at a multiple of 4 bytes (an fp8 cache with per-token "
+                         f"scales is read 4 bytes at a time)")
     if validate:
         bs = args[16]  # block_size
         _check_lengths(q.shape[0], k_cache, block_table, query_start_loc, seq_lens, bs, k is None)
@@ -563,7 +588,11 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
         Formats (kv_format, "auto" infers it from the dtype and Dc):
           fp16/bf16: q's dtype, Dc = D.
           fp8_e4m3/fp8_e5m2: float8 dtypes (or their bytes as uint8/int8 with an explicit kv_format),
-            Dc = D, `k_scale`/`v_scale` one-element float32 tensors; value = fp8 * scale.
+            Dc = D, `k_scale`/`v_scale` one-element float32 tensors; value = fp8 * scale. fp8_e4m3
+            also with one scale a token and kv head (vLLM's FP8_PER_TOKEN_HEAD): k_scale/v_scale the
+            cache's shape with last dim 1 (any strides, as int8's), nhd/hnd layouts, D 40..128,
+            caches 4-byte aligned (addresses and strides; vLLM's record [K codes | K scale | V codes |
+            V scale] is); value = fp8 * scale rounded once to fp16, as int8 per token.
           int8 (int8, Dc = D) and int4 (int8 with Dc = D / 2, or uint8; channel 2i in a byte's low
             nibble, 2i+1 in its high, each stored as code + 7), nhd/hnd layouts only, the formats
             `decode` reads and `store_kv` writes; value = code * scale with k_scale/v_scale (same

@@ -171,6 +171,20 @@ def test_no_out_of_bounds_access_under_memcheck():
     assert "ERROR SUMMARY: 0 errors" in res.stdout
 
 
+# ---- vLLM's FP8_PER_TOKEN_HEAD: fp8 e4m3 with per-token scales (quant.py's word tiles, kv_align 4) ----
+
+@pytest.mark.parametrize("inline", [False, True], ids=["separate", "record"])
+@pytest.mark.parametrize("from_cache", [False, True], ids=["new_kv", "from_cache"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_per_token_cache(inline, from_cache, head_dim):
+    from tests.cpu.kernels.prefix_prefill.test_fp8_token import fp8_case
+
+    case, kw = fp8_case([0, 1, 15, 16, 17, 1000, 3000], [1, 16, 7, 129, 5, 300, 64], from_cache, inline, device=DEV,
+                        q_heads=8, kv_heads=2, head_dim=head_dim, dtype=torch.bfloat16, seed=head_dim + from_cache)
+    got, ref = run(case, kw)
+    assert_matches(got, ref, torch.bfloat16)
+
+
 # ---- issue 20: int8 / int4 caches (dequantization fused on the tiles) ----
 
 INT_FORMATS = [("int8", "token", "nhd"), ("int4", "token", "nhd"), ("int8", "channel", "hnd"),

@@ -120,7 +120,7 @@ def test_plan_keys_follow_the_registered_specs_per_target():
     gfx = {str(k) for _, k in plan_keys(None, None, Target.from_name("gfx942"))}
     assert gfx <= sm90 and gfx
     # int8/int4/fp8 caches dequantize through inline PTX on CUDA and through plain Triton elsewhere
-    # (the kernels' PTX constexpr), so every product variant is declared on AMD too: 946 a target
+    # (the kernels' PTX constexpr), so every product variant is declared on AMD too: 954 a target
     # (the four-target build of 2026-11-25 in the README had 540 NVIDIA and 220 AMD ones; since
     # then the state pass's wide value tile added 8, prefix_prefill's per-group scales 28 NVIDIA,
     # and the portable dequantization 348 AMD ones, then fp32 gated delta 30: decode 12, chunk
@@ -129,12 +129,12 @@ def test_plan_keys_follow_the_registered_specs_per_target():
     # their kv_align 8 reads 32; the 256-split merge tile 16; vLLM's INT4_PER_TOKEN_HEAD: decode's
     # int4_zp 12 and prefix_prefill's token_zp 8; gated delta decode's gate axis 36; KDA's
     # precompute as three kernels of its own: 54, less gdn_chunk_prep's 18 KDA keys; prefix_prefill's kv_align 4
-    # reads of vLLM's int8 record 8), plus on sm90
+    # reads of vLLM's int8 record 8, and of its fp8 per-token record 8), plus on sm90
     # the Gluon prefix-prefill kernel's 12 ALIGNED keys and the Gluon gated delta state pass's 8.
     assert any("kv=int8" in k for k in gfx if k.startswith("prefix_prefill"))
     assert any("kv=int4" in k for k in gfx if k.startswith("decode_split"))
     product = ("decode_", "prefix_prefill", "gated_delta_decode", "gdn_chunk_", "kda_chunk_")  # not the tiny kernel
-    assert (len([k for k in sm90 if k.startswith(product)]), len([k for k in gfx if k.startswith(product)])) == (966, 946)
+    assert (len([k for k in sm90 if k.startswith(product)]), len([k for k in gfx if k.startswith(product)])) == (974, 954)
     # the MLA family is declared for NVIDIA targets only (kernels/decode/mla_spec.py)
     assert sm90 - gfx == {k for k in sm90 if k.startswith(("prefix_prefill_ws(", "gdn_chunk_state_ws(", "mla_"))}
     sm80 = {str(k) for _, k in plan_keys(None, None, Target.from_name("sm80"))}

@@ -158,19 +158,24 @@ def test_per_token_head_decode_rows(mode, padded):
     assert_matches(args["out"], ref, torch.bfloat16)
 
 
+@pytest.mark.parametrize("mode", PTH, ids=lambda m: m.name)
 @pytest.mark.parametrize("padded", [False, True], ids=["separate", "inline"])
-def test_int8_per_token_head_prefill_rows(padded, monkeypatch):
-    # a mixed batch: one prefix_prefill over the int8 cache, the new tokens read from it; vLLM's
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_per_token_head_prefill_rows(mode, padded, head_dim, monkeypatch):
+    # a mixed batch: one prefix_prefill over the int8 / fp8 cache, the new tokens read from it; vLLM's
     # inline record (rows 4-byte aligned) on the kv_align 4 binaries, separate 16-byte rows not
+    # (int8; fp8 per token has kv_align 4 binaries only)
     from aotc.loader.ops import prefix_prefill as pp
 
     seen = []
     real = pp.launch_plan
     monkeypatch.setattr(pp, "launch_plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
-    args, ref = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS, padded=padded)
+    args, ref = _per_token_head_problem(mode, Q_LENS, CTX_LENS, padded=padded, head_dim=head_dim, seed=head_dim)
     vllm.unified_attention(**args)
     assert_matches(args["out"], ref, torch.bfloat16)
-    assert [axes.get("kv_align") for axes, _, _ in seen] == [4 if padded else None]
+    fp8 = mode == vllm.KVQuantMode.FP8_PER_TOKEN_HEAD
+    assert [(axes["kv"], axes["scales"], axes.get("kv_align")) for axes, _, _ in seen] == [
+        ("fp8_e4m3" if fp8 else "int8", "token", 4 if padded or fp8 else None)]
 
 
 def test_prefill_rows_under_another_default_device():
@@ -183,8 +188,8 @@ def test_prefill_rows_under_another_default_device():
 
 def test_per_token_head_refusals():
     args, _ = _per_token_head_problem(vllm.KVQuantMode.FP8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS)
-    with pytest.raises(NotImplementedError, match="FP8_PER_TOKEN_HEAD with prefill rows"):
-        vllm.unified_attention(**args)
+    with pytest.raises(NotImplementedError, match="FP8_PER_TOKEN_HEAD with softcap"):
+        vllm.unified_attention(**{**args, "alibi_slopes": torch.ones(4)})
     args, _ = _per_token_head_problem(vllm.KVQuantMode.INT8_PER_TOKEN_HEAD, Q_LENS, CTX_LENS)
     with pytest.raises(NotImplementedError, match="INT8_PER_TOKEN_HEAD with softcap"):
         vllm.unified_attention(**{**args, "softcap": 5.0})

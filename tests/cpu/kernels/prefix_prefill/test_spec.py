@@ -23,18 +23,21 @@ def test_variant_count_and_keys():
     variants = list(spec.variants())
     # 96 float/fp8 (dtype x format x block_d x layout x score) + 42 int8/int4 (dtype x 3 scales x
     # block_d, nhd, plain scores) + 4 int4 "token_zp" (dtype x block_d 64, 128: vLLM's INT4_PER_TOKEN_HEAD)
-    # + 4 int8 per token at kv_align 4 (dtype x block_d 64, 128: vLLM's INT8_PER_TOKEN_HEAD record).
-    assert len(variants) == 146
+    # + 4 int8 and 4 fp8 e4m3 per token at kv_align 4 (dtype x block_d 64, 128: vLLM's INT8_PER_TOKEN_HEAD
+    # and FP8_PER_TOKEN_HEAD record).
+    assert len(variants) == 150
     assert sorted((a["dtype"], a["block_d"]) for a in variants if a["scales"] == "token_zp") == [
         ("bf16", 64), ("bf16", 128), ("fp16", 64), ("fp16", 128)]
     aligned4 = [a for a in variants if "kv_align" in a]
     assert sorted((a["dtype"], a["block_d"], a["kv"], a["scales"], a["kv_align"]) for a in aligned4) == [
-        ("bf16", 64, "int8", "token", 4), ("bf16", 128, "int8", "token", 4), ("fp16", 64, "int8", "token", 4),
-        ("fp16", 128, "int8", "token", 4)]
+        ("bf16", 64, "fp8_e4m3", "token", 4), ("bf16", 64, "int8", "token", 4), ("bf16", 128, "fp8_e4m3", "token", 4),
+        ("bf16", 128, "int8", "token", 4), ("fp16", 64, "fp8_e4m3", "token", 4), ("fp16", 64, "int8", "token", 4),
+        ("fp16", 128, "fp8_e4m3", "token", 4), ("fp16", 128, "int8", "token", 4)]
+    assert not any(a["kv"] == "fp8_e4m3" and a["scales"] == "token" for a in variants if "kv_align" not in a)
     assert not any(spec.ws_variant(a) for a in aligned4)  # the Gluon kernel copies 16 bytes: kernel.py's only
     assert not any(spec.ws_variant(a) for a in variants if a["scales"] == "token_zp")  # kernel.py's only
     keys = spec.PREFIX_PREFILL.keys()
-    assert len(set(map(str, keys))) == 292
+    assert len(set(map(str, keys))) == 300
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("prefix_prefill") is spec.PREFIX_PREFILL
 
@@ -49,6 +52,23 @@ def test_kv_align_4_only_for_4_byte_rows(addresses, want):
     assert spec.kv_align(axes, addresses) == want
     assert spec.kv_align(spec.axes_for("bf16", "int8", "group", 128, "nhd"), addresses) == 16
     assert spec.kv_align(spec.axes_for("bf16", "int8", "token", 256, "nhd"), addresses) == 16
+    # fp8 per token has kv_align 4 binaries only: they serve 16-byte rows too (their ALIGNED level)
+    assert spec.kv_align(spec.axes_for("bf16", "fp8_e4m3", "token", 128, "nhd"), addresses) == (4 if want == 4 or
+                                                                                                 addresses[1] == 256 else 16)
+    assert spec.kv_align(spec.axes_for("bf16", "fp8_e4m3", "none", 128, "nhd"), addresses) == 16
+
+
+def test_fp8_per_token_runs_the_int8_word_tiles():
+    axes = dict(spec.axes_for("bf16", "fp8_e4m3", "token", 128, "nhd"), kv_align=4)
+    int8 = dict(axes, kv="int8")
+    for arch in (80, 90):
+        assert spec.launch(axes, arch) == spec.launch(int8, arch)
+        cx = spec.PREFIX_PREFILL.compile_constexprs(axes, arch)
+        assert {k: v for k, v in cx.items() if k != "KV_FORMAT"} == \
+            {k: v for k, v in spec.PREFIX_PREFILL.compile_constexprs(int8, arch).items() if k != "KV_FORMAT"}
+        assert (cx["KV_FORMAT"], cx["SCALES"]) == (1, 1)
+    assert spec.tile(128, "fp8_e4m3", "token") == spec.tile(128, "int8") != spec.tile(128, "fp8_e4m3")
+    assert not spec.ws_variant(axes)
 
 
 def _as_jit(fn):
@@ -108,7 +128,7 @@ def test_fp16_bf16_d128_on_sm90_runs_128_x_32_tiles_two_programs_an_sm(dtype):
     assert config(axes, "gfx942")[:2] == (64, 8)
     for other in ({"kv": "fp8_e4m3"}, {"layout": "vllm"}, {"block_d": 64}, {"block_d": 256}):
         a = dict(axes, **other)
-        assert config(a, "sm90")[0] == spec.tile(a["block_d"], a["kv"])[1] and config(a, "sm90")[3] == 0, other
+        assert config(a, "sm90")[0] == spec.tile(a["block_d"], a["kv"], a["scales"])[1] and config(a, "sm90")[3] == 0, other
 
 
 @triton.jit

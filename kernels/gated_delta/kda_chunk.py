@@ -3,12 +3,11 @@
 A chunk's 64 x 64 A (strictly lower, beta and 1 / |k| of row and column) and Aqk (lower with the
 diagonal, scale, 1 / |q| and 1 / |k|) split into 16 x 16 blocks:
 `kda_chunk_intra` (grid: chunk slots x value heads, one warp a chunk): the four diagonal blocks,
-  elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc), exp(G_ic - G_jc) the product
-  exp(g_{j+1}) ... exp(g_i) of the in-block gates between (each factor <= 1 for gates <= 0: nothing
-  overflows, a product underflows only below fp32's range). A lane holds two rows of a block and BC
-  channels, and sweeps the block's columns from the last, multiplying in one token's factor a
-  column (one exp a token and channel, shared by the lane's two rows): every load has the same
-  layout, nothing moves between threads, the channel sums stay in a thread.
+  elementwise: A_ij = sum_c k_ic k_jc exp(G_ic - G_jc), exp of the exact in-block gate sum
+  g_{j+1} + ... + g_i (<= 0 for j <= i, safe for any gate). A lane holds two rows of a block and
+  BC channels, and sweeps the block's columns from the last, adding one token's gate to the sum
+  a column: every load has the same layout, nothing moves between threads, the channel sums stay
+  in a thread.
 `kda_chunk_inter` (grid: chunk slots x value heads): the six blocks below the diagonal as real
   [16, BK] x [BK, 16] dots a channel step. Row block s, column block r < s, E the cumulative gate
   at the last token before block s: exp(G_i - G_j) = exp(G_i - E) exp(E - G_j), left
@@ -90,9 +89,9 @@ def kda_chunk_intra(
     [16 b, 16 b + 16) of block b's rows. Grid (chunk slots x HV,), value heads fastest; one warp.
     Lane l holds rows l % 8 (A) and l % 8 + 8 (B) of block l // 8 and BC channels of each: every
     load has one layout, so nothing moves between threads, and the channel sums stay in a thread.
-    It sweeps the block's columns j from the last: exp(G_row - G_j) takes the factor exp(g) of token
-    j + 1 where j + 1 <= row, the product of the in-block gates' exps (<= 1 each for the pairs kept);
-    columns 8..15 need no A row."""
+    It sweeps the block's columns j from the last: D = G_row - G_j grows by the gate of token
+    j + 1 where j + 1 <= row, so each exp is of an exact in-block gate sum (<= 0 for the pairs
+    kept, safe for any gate); columns 8..15 need no A row."""
     pid = tl.program_id(0) // HV
     hv = tl.program_id(0) % HV
     t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
@@ -131,22 +130,22 @@ def kda_chunk_intra(
         ska += tl.sum(xka * xka, 1)
         sqb += tl.sum(xqb * xqb, 1)
         skb += tl.sum(xkb * xkb, 1)
-        ea = tl.full([32, BC], 1.0, tl.float32)
-        eb = tl.full([32, BC], 1.0, tl.float32)
+        da = tl.zeros([32, BC], tl.float32)
+        db = tl.zeros([32, BC], tl.float32)
         for j in tl.static_range(SUB - 1, -1, -1):
             if j < SUB - 1:
                 tn = t_blk + j + 1
-                xn = tl.exp2(_tile(gp, tn.to(tl.int64), tn < end, s_gt, 0, c, K_DIM) * LOG2E)
-                eb = tl.where((rl + 8 > j)[:, None], eb * xn, eb)
+                gn = _tile(gp, tn.to(tl.int64), tn < end, s_gt, 0, c, K_DIM) * LOG2E
+                db += tl.where((rl + 8 > j)[:, None], gn, 0.0)
                 if j < 7:
-                    ea = tl.where((rl > j)[:, None], ea * xn, ea)
+                    da += tl.where((rl > j)[:, None], gn, 0.0)
             tj = t_blk + j
             kc = _tile(kp, tj.to(tl.int64), tj < end, s_kt, 0, c, K_DIM)
-            kj = kc * eb
+            kj = kc * tl.exp2(db)
             ab = _col_add(ab, jj, j, xkb, kj)
             qb = _col_add(qb, jj, j, xqb, kj)
             if j < 8:
-                kj = kc * ea
+                kj = kc * tl.exp2(da)
                 aa = _col_add(aa, jj, j, xka, kj)
                 qa = _col_add(qa, jj, j, xqa, kj)
     rka = _inv_norm(ska, qk_l2norm)

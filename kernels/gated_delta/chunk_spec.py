@@ -353,8 +353,9 @@ def kda_inter_launch(axes, arch: int) -> LaunchConfig:
 
 
 def kda_wy_launch(axes, arch: int) -> LaunchConfig:
-    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps (8 and 2 were slower, same
-    # table), one stage.
+    # X [64, 64] and the chunk's W-operand and v column blocks (16-bit, loaded together) live: 4 warps
+    # (8 and 2 were slower with one block live: BENCHMARKS.md, "KDA precompute as three kernels";
+    # not re-swept since), one stage.
     return LaunchConfig(num_warps=4, num_stages=1)
 
 

@@ -343,15 +343,19 @@ def kda_intra_launch(axes, arch: int) -> LaunchConfig:
 
 
 def kda_inter_launch(axes, arch: int) -> LaunchConfig:
-    # Twelve [16, 16] accumulators, [16, 32] operands: few warps (a 16-row MMA tile is repeated in
-    # every warp); 2, not 1, since it also writes Qg / Kg / W's operand (1 warp spilled 90 B before
-    # that: BENCHMARKS.md, "KDA precompute as three kernels"). One stage.
+    # Twelve [16, 16] accumulators, [16, 32] operands. CUDA: 4 warps, 2 stages (the next channel
+    # step's q, k, g tiles copied ahead; at 4 warps no spills), faster than 2 warps at 1, 2 or 3
+    # stages on the H100 (BENCHMARKS.md, "KDA precompute, session 33"). Other backends keep 2 warps,
+    # one stage (not measured there).
+    if getattr(arch, "backend", "cuda") == "cuda":
+        return LaunchConfig(num_warps=4, num_stages=2)
     return LaunchConfig(num_warps=2, num_stages=1)
 
 
 def kda_wy_launch(axes, arch: int) -> LaunchConfig:
-    # X [64, 64] and one [64, 64] column block of W or U live: 4 warps (8 and 2 were slower, same
-    # table), one stage.
+    # X [64, 64] and the chunk's W-operand and v column blocks (16-bit, loaded together) live: 4 warps
+    # (8 and 2 were slower with one block live: BENCHMARKS.md, "KDA precompute as three kernels";
+    # not re-swept since), one stage.
     return LaunchConfig(num_warps=4, num_stages=1)
 
 

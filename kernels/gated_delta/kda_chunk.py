@@ -345,24 +345,45 @@ def kda_chunk_wy(
 ):
     """One chunk of one value head: X = (I + A)^-1 of A (Akk), then W = X W (in place: the chunk's
     W operand rows, read before they are written, by this program alone) and U = X (beta v).
-    Grid (chunk slots x HV,), value heads fastest."""
+    Grid (chunk slots x HV,), value heads fastest. bf16 inputs on CUDA: the inverse's products on bf16
+    operands, as gdn_chunk_prep's (chunk._mm)."""
     pid = tl.program_id(0) // HV
     hv = tl.program_id(0) % HV
     t0, end = _chunk_of(Cu_seqlens, State_indices, pid, num_seqs, num_slots)
     if t0 >= end:
         return
     EXACT: tl.constexpr = V.dtype.element_ty == tl.float32
+    BFM: tl.constexpr = (MERGE_TF32 != 0) and (V.dtype.element_ty == tl.bfloat16)  # as gdn_chunk_prep's
+    DTW: tl.constexpr = W.dtype.element_ty
     hv64 = hv.to(tl.int64)
     t = t0 + tl.arange(0, CHUNK)
     m = t < end
     t = t.to(tl.int64)
     cc = tl.arange(0, CHUNK)
     a = tl.load(Akk + (t[:, None] * HV + hv64) * CHUNK + cc[None, :], mask=m[:, None], other=0.0)
-    x = _wy_operand(_inverse_doubling(a, MERGE_TF32, EXACT), W.dtype.element_ty)
-    for c0 in tl.static_range(0, HEAD_K, WCOL):
-        kb = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, c0, K_DIM)
-        _store_cols(W, _mm(x, _wy_operand(kb, W.dtype.element_ty), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_K)
+    x = _wy_operand(_inverse_doubling(a, MERGE_TF32, EXACT, BFM), DTW)
     bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-    for c0 in tl.static_range(0, HEAD_V, WCOL):
-        vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
-        _store_cols(U, _mm(x, _wy_operand(vc, W.dtype.element_ty), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_V)
+    if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
+        # every column block of W's operand and v issued before the first dot, as gdn_chunk_prep's
+        kc0 = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, 0, K_DIM, False)
+        vc0 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, 0, V_DIM, False)
+        if HEAD_K > WCOL:
+            kc1 = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, WCOL, K_DIM, False)
+        if HEAD_V > WCOL:
+            vc1 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, WCOL, V_DIM, False)
+        _store_cols(W, _mm(x, _wy_operand(kc0.to(tl.float32), DTW), MERGE_TF32, EXACT), t, m, hv64, HV, 0, HEAD_K)
+        if HEAD_K > WCOL:
+            _store_cols(W, _mm(x, _wy_operand(kc1.to(tl.float32), DTW), MERGE_TF32, EXACT), t, m, hv64, HV, WCOL,
+                        HEAD_K)
+        _store_cols(U, _mm(x, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), MERGE_TF32, EXACT), t, m, hv64, HV,
+                    0, HEAD_V)
+        if HEAD_V > WCOL:
+            _store_cols(U, _mm(x, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), MERGE_TF32, EXACT), t, m, hv64,
+                        HV, WCOL, HEAD_V)
+    else:
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kb = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, c0, K_DIM)
+            _store_cols(W, _mm(x, _wy_operand(kb, DTW), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_K)
+        for c0 in tl.static_range(0, HEAD_V, WCOL):
+            vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
+            _store_cols(U, _mm(x, _wy_operand(vc, DTW), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_V)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from aotc import loader
+from aotc.loader import dispatch
 from aotc.loader.fallback import AotcJitFallbackWarning
 
 
@@ -16,6 +17,13 @@ def aot(fn):
         got = fn()
     torch.cuda.synchronize()
     return got
+
+
+def loaded_entries(kernel: str, axes: dict) -> list:
+    """The manifest entries (ALIGNED, GENERIC) of `kernel` at `axes` that this process's AOT launches
+    loaded since the last artifacts switch: the binaries a JIT compile of the same call must equal."""
+    return [b.entry for (name, key, _), sel in list(dispatch._selections.items())
+            if name == kernel and dict(key) == axes for b in sel.loaded.values()]
 
 
 @pytest.fixture

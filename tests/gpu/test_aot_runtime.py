@@ -13,9 +13,10 @@ import torch
 from aotc import loader
 from aotc.kernels.decode import spec as decode_spec
 from aotc.kernels.decode.reference import decode_reference
-from aotc.kernels.variants import ALIGNED, GENERIC
+from aotc.kernels.variants import GENERIC
 from aotc.loader import artifacts, dispatch
 from aotc.loader.fallback import AotcJitFallbackWarning, jit_function
+from tests.gpu.aot_jit import loaded_entries
 
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
          "fp32": torch.float32}
@@ -46,6 +47,11 @@ def make_case(axes, batch=3, kv_heads=2, group=4, page=16, lens=(1, 100, 300), s
             else:
                 kc, vc, ks, vs = kc.contiguous(), vc.contiguous(), ks.contiguous(), vs.contiguous()
         kw.update(k_scale=ks, v_scale=vs, kv_format=fmt)
+    elif kv == "int4_zp":  # vLLM's INT4_PER_TOKEN_HEAD codes, read as the kernel does (no rotation)
+        from tests.cpu.kernels.decode.test_vllm_int4 import int4_cache
+
+        kc, vc, ks, vs, _, _ = int4_cache(k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd))
+        kw.update(k_scale=ks, v_scale=vs, kv_format="int4_zp")
     elif kv in ("fp16", "bf16"):
         kc, vc = k.view(num_pages, page, kv_heads, hd), v.view(num_pages, page, kv_heads, hd)
     elif axes.get("scales") == "channel":  # int8, fp32 scales [kv_heads, head_dim]
@@ -133,6 +139,8 @@ def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
             warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
             aot = loader.decode(*args, **kw)
         torch.cuda.synchronize()
+        used = loaded_entries(decode_spec.SPLIT.name, axes)
+        assert used, f"the AOT run loaded no binary of {key_text}"
         jit_only(True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AotcJitFallbackWarning)
@@ -140,10 +148,10 @@ def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
         jit_only(False)
         torch.cuda.synchronize()
         assert torch.equal(aot, jit), key_text
-        if args[1].stride(2) % 16:  # vLLM's inline rows: the GENERIC binary ran (its bytes: tests/cpu/aot)
-            continue
-        aligned = target.entries[f"{key_text}@{ALIGNED}"].sha256
-        assert aligned in _cubin_shas(jit_function(decode_spec.SPLIT)), f"JIT cubin differs for {key_text}"
+        # the level the case's addresses took (vLLM's inline rows: GENERIC), each built binary it loaded
+        shas = _cubin_shas(jit_function(decode_spec.SPLIT))
+        for entry in used:
+            assert entry.sha256 in shas, f"JIT cubin differs for {entry.key}"
     # The merge kernels the JIT compiled (sm90: programmatic dependent launches) are built bytes too.
     merges = [e for e in target.manifest.entries if e.kernel == "decode_merge"]
     jit_merges = _cubin_shas(jit_function(decode_spec.MERGE))

@@ -288,15 +288,34 @@ def _built_prefix_prefill_variants():
                    if e.kernel in ("prefix_prefill", "prefix_prefill_ws")})
 
 
+def _vllm_record_case(axes, dtype):
+    """The every-variant case on the cache a vLLM-record key reads: INT4_PER_TOKEN_HEAD's codes ("token_zp":
+    kv_format "int4_zp", the kernel's format: no rotation), or int8 / fp8 codes with their fp32 scale inline a (token, head) ("kv_align"
+    4: rows 4-byte aligned)."""
+    from tests.cpu.kernels.decode.test_vllm_caches import vllm_inline_cache
+    from tests.cpu.kernels.decode.test_vllm_int4 import int4_cache
+
+    case, _ = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"], dtype=dtype,
+                        cache_dtype=torch.float32, device=DEV, seed=1)
+    k, v = case["k_cache"].nan_to_num(), case["v_cache"].nan_to_num()  # [blocks, bs, kv_heads, D]; NaN: unused slots
+    if axes["scales"] == "token_zp":
+        kc, vc, ks, vs, _, _ = int4_cache(k, v)
+        fmt = "int4_zp"
+    else:
+        kc, vc, ks, vs, _, _ = vllm_inline_cache(k, v, axes["kv"])
+        fmt = axes["kv"]
+    case.update(k_cache=kc, v_cache=vc)
+    return case, dict(kv_format=fmt, k_scale=ks, v_scale=vs)
+
+
 def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
     import hashlib
     import warnings
 
     from aotc import loader
     from aotc.kernels.prefix_prefill import spec
-    from aotc.kernels.variants import ALIGNED
-    from aotc.loader import artifacts
     from aotc.loader.fallback import AotcJitFallbackWarning, jit_function
+    from tests.gpu.aot_jit import loaded_entries
 
     variants = _built_prefix_prefill_variants()
     assert variants, "no prefix_prefill artifacts: run aotc build --arch sm90 first"
@@ -317,7 +336,6 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                                  ("block_d=64" in v and "kv=int4" in v)))
                     or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
     variants += ws_built  # every Gluon variant (12)
-    target = artifacts.load_target(torch.cuda.get_device_capability())
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
     torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
     fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -330,10 +348,13 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                  score) == dict(axes, score=score)
             mods = dict(softcap=30.0, alibi_slopes=torch.rand(8, device=DEV)) if score == "mod" else {}
             quant = axes["kv"] in spec.INT_FORMATS
-            case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
-                                 dtype=torch_dt[axes["dtype"]], cache_dtype=fp8.get(axes["kv"]),
-                                 kv_format=axes["kv"] if quant else None, scales=axes["scales"],
-                                 layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
+            if axes["scales"] == "token_zp" or "kv_align" in axes:  # vLLM's records
+                case, kw = _vllm_record_case(axes, torch_dt[axes["dtype"]])
+            else:
+                case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
+                                     dtype=torch_dt[axes["dtype"]], cache_dtype=fp8.get(axes["kv"]),
+                                     kv_format=axes["kv"] if quant else None, scales=axes["scales"],
+                                     layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
             sinks = torch.randn(8, device=DEV)
             kernel = spec.PREFIX_PREFILL_WS if key_text.startswith("prefix_prefill_ws(") else spec.PREFIX_PREFILL
             # a Triton variant the op would route to the Gluon kernel here: the switch sends it back
@@ -341,6 +362,8 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
             with warnings.catch_warnings():
                 warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
                 aot = prefix_prefill(**case, **kw, window=200, sinks=sinks, **mods)
+            used = loaded_entries(kernel.name, axes)
+            assert used, f"the AOT run loaded no binary of {key_text}"
             loader.set_artifacts(tmp_path)  # an empty folder: the JIT compiles the same key
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", AotcJitFallbackWarning)
@@ -350,7 +373,9 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
             assert torch.equal(aot, jit), key_text
             shas = {hashlib.sha256(k.asm["cubin"]).hexdigest()
                     for cache in jit_function(kernel).device_caches.values() for k in cache[0].values()}
-            assert target.entries[f"{key_text}@{ALIGNED}"].sha256 in shas, f"JIT cubin differs for {key_text}"
+            # the level the case's addresses took (vLLM's records: GENERIC), each built binary it loaded
+            for entry in used:
+                assert entry.sha256 in shas, f"JIT cubin differs for {entry.key}"
     finally:
         loader.set_artifacts(None)
 

@@ -25,3 +25,18 @@ def run_cli(*args, env=None, timeout=600):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "aotc.aot.cli", *map(str, args)], capture_output=True,
                           text=True, env=full_env, cwd=REPO, timeout=timeout)
+
+
+def jit_sha_pairs(module: str, *args, tmp_path, env=None) -> list[tuple[str, str]]:
+    """Run the (AOT sha, JIT sha) script tests.cpu.aot.<module> in a process without the interpreter and
+    with a Triton cache of its own; its output lines as pairs (a failed run fails the test)."""
+    import subprocess
+
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full_env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    full_env.update(env or {})
+    out = subprocess.run([sys.executable, "-m", f"tests.cpu.aot.{module}", *map(str, args)], capture_output=True,
+                         text=True, cwd=REPO, env=full_env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [tuple(line.split()) for line in out.stdout.split("\n") if line.strip()]
+

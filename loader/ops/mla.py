@@ -164,6 +164,12 @@ def _make_plan(c: _Call, out) -> SplitMerge:
     merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                   lse.stride(0) if lse is not None else 0]
     merge_axes = S.merge_axes(FLOAT_NAMES[out.dtype], d_v, splits)
+    if S.fuses(split_axes, splits):  # one launch: the split kernel's last programs merge
+        fused_ints = split_ints + [int(c.sinks is not None), int(lse is not None), out.stride(0), out.stride(1),
+                                   lse.stride(0) if lse is not None else 0]
+        return SplitMerge((S.FUSED, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), fused_ints),
+                          None, n_o, n_lse, q.device, c.fmt, fp8, fp8, False,
+                          S.counter_elements(batch, kv_heads, group, tile))
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), split_ints),
                       (S.merge_spec(d_v), merge_axes, DS.merge_grid(batch, q_heads, merge_axes), merge_ints),
                       n_o, n_lse, q.device, c.fmt, fp8, fp8, False)

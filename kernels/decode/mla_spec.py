@@ -220,9 +220,12 @@ SPLIT = KernelSpec(
 # two-kernel path spreads the merge over (batch x heads) programs. Fused up to this many splits
 # (batch 32 x 4K at 16 heads: 8); past it the merge kernel. Unmeasured on a GPU (issue 39).
 FUSED_MAX_SPLITS = 16
-# Channels the fused merge combines at a time: a [BLOCK_H, MERGE_DV] fp32 tile of 8192 elements
-# (64 a thread at h16's 4 warps, 32 at 8 warps), so the merge needs no more registers than the loop.
-FUSED_MERGE_ELEMENTS = 8192
+# Channels the fused merge combines at a time: a [BLOCK_H, MERGE_DV] fp32 tile of FUSED_MERGE_ELEMENTS
+# (h16: 256 channels), at least 128 channels (h32, h64). sm90 ptxas, bf16 latent: h16 168 registers
+# (the split alone 192), h32 173 (195), h64 255 (255), no stack; 8192-element tiles took h16 to 255.
+FUSED_MERGE_ELEMENTS = 4096
+FUSED_MIN_MERGE_DV = 128
+
 
 FUSED_ARGS = (
     *SPLIT_ARGS[:10],
@@ -241,7 +244,7 @@ FUSED_ARGS = (
 
 def fused_constexprs(axes) -> dict:
     c = split_constexprs(axes)
-    return {**c, "MERGE_DV": min(c["BLOCK_DV"], FUSED_MERGE_ELEMENTS // c["BLOCK_H"])}
+    return {**c, "MERGE_DV": min(c["BLOCK_DV"], max(FUSED_MIN_MERGE_DV, FUSED_MERGE_ELEMENTS // c["BLOCK_H"]))}
 
 
 def fused_variants():

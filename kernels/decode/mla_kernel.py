@@ -10,6 +10,13 @@ split with no tokens writes lse = -inf and no partial. The splits are combined b
 kernel (its HEAD_DIM = D_V; past 256 splits its looping form), which also adds sinks and writes
 the natural-log LSE.
 
+`mla_fused_kernel` (mla_spec.FUSED: latent calls of at most FUSED_MAX_SPLITS splits) is the split
+kernel with that merge folded in, one launch a call: after storing its partial, each program
+increments its (request, head block)'s int32 counter (a CTA barrier, then one thread's gpu-scope
+acq_rel atomic); the program that arrives last reads every split's partial past L1 (.cg), writes
+out and lse as decode's merge does (its loop form, MERGE_DV channels at a time) and resets the
+counter to zero, so the next call and a graph replay start clean. The grid is the split kernel's.
+
 Key channels are two tiles: A, channels [0, BLOCK_A), and B, [BLOCK_A, BLOCK_A + BLOCK_B) (576 =
 512 + 64, 192 = 128 + 64), each a power of two masked at D_QK, so no channel beyond D_QK is read
 and a 576-channel key costs 576, not 1024, channels of work. LATENT: one cache whose first D_V

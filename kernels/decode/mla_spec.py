@@ -9,7 +9,8 @@ latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads 
 sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
-(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
+(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks; or,
+for latent calls of few splits (`fuses`), FUSED: the split kernel that merges in its last program.
 Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
 runtime arguments; split counts follow batch, heads and occupancy (num_splits), never lengths.
 """

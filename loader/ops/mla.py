@@ -2,7 +2,8 @@
 `v_head_dim` channels are the value, DeepSeek-style MLA) and the path `decode` takes when its
 k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/decode/mla_kernel.py (its table: mla_spec.py).
 
-Rules (`check`, with kv_cache.py's row checks), plan (`_make_plan`: a split_merge.SplitMerge,
+Rules (`check`, with kv_cache.py's row checks), plan (`_make_plan`: a split_merge.SplitMerge, fused
+into one launch for latent calls of few splits (mla_spec.fuses),
 cached by the inputs' metadata as decode's are), launch (`SplitMerge.launch`, decode's). Declared
 once as `MLA_DECODE` (library.Op): the `torch.ops.aotc.mla_decode` op (mutating `out`/`lse`), its
 fake and its plan key follow from it, so `torch.compile(fullgraph=True)` traces through it. The

@@ -270,18 +270,20 @@ class Eager(steady.Steady):
             sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl, pl if ap is None else ap)
         else:
             sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
+        packing = self.packing
         if self.fused:
+            # the stream lock too: its partials must not land between another call's split and merge
             sptrs += (pl if sp is None else sp, op, pl if lsep is None else lsep, cp)
-            packing = self.packing
+            lock.acquire()
             packing.acquire()
             try:
                 self.split_pack(self.split_buffer, 0, *sptrs)
                 self.split_go[not self.split_misaligned(sptrs)](stream)
             finally:
                 packing.release()
+                lock.release()
             return True
         mptrs = (po, pl, pl if sp is None else sp, op, pl if lsep is None else lsep)
-        packing = self.packing
         lock.acquire()
         packing.acquire()
         try:

@@ -241,6 +241,53 @@ def _store_cols(P, x, t, m, hv, HV, c0, D: tl.constexpr):
 
 
 @triton.jit
+def _wy_dots(W, U, xw, Kr, s_kr, k_off, rs, V, s_vt, v_off, Beta, s_bt, s_bh, t, m, hv64, HV, K_DIM, V_DIM,
+             HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, TF: tl.constexpr, EXACT: tl.constexpr,
+             ROW_SCALE: tl.constexpr):
+    """W = X (k's rows, times rs when ROW_SCALE) and U = X (beta v) of a chunk, in [64, WCOL] column
+    blocks; xw: X as the dots' operand, k's rows at Kr + t * s_kr + k_off, v's at V + t * s_vt + v_off.
+    16-bit inputs with at most two blocks a side: every block issued before the first dot, one
+    exposed load latency instead of one a block, as a store between them kept each next load behind
+    it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse"); not at fp32 (spills more at
+    the 128 tile) nor past two blocks a side (registers)."""
+    DTW: tl.constexpr = W.dtype.element_ty
+    if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
+        kc0 = _chunk_cols(Kr, t, m, s_kr, k_off, 0, K_DIM, False)
+        vc0 = _chunk_cols(V, t, m, s_vt, v_off, 0, V_DIM, False)
+        if HEAD_K > WCOL:
+            kc1 = _chunk_cols(Kr, t, m, s_kr, k_off, WCOL, K_DIM, False)
+        if HEAD_V > WCOL:
+            vc1 = _chunk_cols(V, t, m, s_vt, v_off, WCOL, V_DIM, False)
+        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        _store_cols(W, _mm(xw, _wy_operand(_row_scaled(kc0.to(tl.float32), rs, ROW_SCALE), DTW), TF, EXACT), t, m,
+                    hv64, HV, 0, HEAD_K)
+        if HEAD_K > WCOL:
+            _store_cols(W, _mm(xw, _wy_operand(_row_scaled(kc1.to(tl.float32), rs, ROW_SCALE), DTW), TF, EXACT), t,
+                        m, hv64, HV, WCOL, HEAD_K)
+        _store_cols(U, _mm(xw, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
+                    HEAD_V)
+        if HEAD_V > WCOL:
+            _store_cols(U, _mm(xw, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV,
+                        WCOL, HEAD_V)
+    else:
+        for c0 in tl.static_range(0, HEAD_K, WCOL):
+            kc = _row_scaled(_chunk_cols(Kr, t, m, s_kr, k_off, c0, K_DIM), rs, ROW_SCALE)
+            _store_cols(W, _mm(xw, _wy_operand(kc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
+        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
+        for c0 in tl.static_range(0, HEAD_V, WCOL):
+            vc = _chunk_cols(V, t, m, s_vt, v_off, c0, V_DIM) * bv[:, None]
+            _store_cols(U, _mm(xw, _wy_operand(vc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
+
+
+@triton.jit
+def _row_scaled(x, rs, ROW_SCALE: tl.constexpr):
+    if ROW_SCALE:
+        return x * rs[:, None]
+    else:
+        return x
+
+
+@triton.jit
 def _block_of(a4, i: tl.constexpr, j: tl.constexpr):
     """Block (i, j) [16, 16] of a [64, 64] tile viewed as [4, 16, 4, 16]."""
     b = tl.arange(0, 4)
@@ -358,7 +405,6 @@ def gdn_chunk_prep(
     hk = (hv // group).to(tl.int64)
     hv64 = hv.to(tl.int64)
     offs_k = tl.arange(0, HEAD_K)
-    offs_v = tl.arange(0, HEAD_V)
     rows = tl.arange(0, SUB)
     cols = tl.arange(0, SUB)
 
@@ -495,37 +541,8 @@ def gdn_chunk_prep(
             rs = rs / tl.sqrt(ss + L2NORM_EPS)
     else:
         rs = fk
-    DTW: tl.constexpr = W.dtype.element_ty
-    if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
-        # k's and v's column blocks (input dtype) all issued before the first W/U dot: one exposed
-        # load latency instead of one per block, as a store between them kept each next load
-        # behind it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse").
-        # Not at fp32 (spills more at the 128 tile) nor past two blocks a side (registers).
-        kc0 = _chunk_cols(K, t, m, s_kt, hk * s_kh, 0, K_DIM, False)
-        vc0 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, 0, V_DIM, False)
-        if HEAD_K > WCOL:
-            kc1 = _chunk_cols(K, t, m, s_kt, hk * s_kh, WCOL, K_DIM, False)
-        if HEAD_V > WCOL:
-            vc1 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, WCOL, V_DIM, False)
-        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        _store_cols(W, _mm(xw, _wy_operand(kc0.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
-                    HEAD_K)
-        if HEAD_K > WCOL:
-            _store_cols(W, _mm(xw, _wy_operand(kc1.to(tl.float32) * rs[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
-                        HEAD_K)
-        _store_cols(U, _mm(xw, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, 0,
-                    HEAD_V)
-        if HEAD_V > WCOL:
-            _store_cols(U, _mm(xw, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), TF, EXACT), t, m, hv64, HV, WCOL,
-                        HEAD_V)
-    else:
-        for c0 in tl.static_range(0, HEAD_K, WCOL):
-            kc = _chunk_cols(K, t, m, s_kt, hk * s_kh, c0, K_DIM) * rs[:, None]
-            _store_cols(W, _mm(xw, _wy_operand(kc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_K)
-        bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-        for c0 in tl.static_range(0, HEAD_V, WCOL):
-            vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
-            _store_cols(U, _mm(xw, _wy_operand(vc, DTW), TF, EXACT), t, m, hv64, HV, c0, HEAD_V)
+    _wy_dots(W, U, xw, K, s_kt, hk * s_kh, rs, V, s_vt, hv64 * s_vh, Beta, s_bt, s_bh, t, m, hv64, HV, K_DIM, V_DIM,
+             HEAD_K, HEAD_V, TF, EXACT, True)
 
 
 

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from aotc.kernels.common.schedule import owner_of_block
 
-from .chunk import CHUNK, L2NORM_EPS, SUB, WCOL, _chunk_cols, _dot_acc, _inverse_doubling, _mm, _store_cols, _wy_operand
+from .chunk import CHUNK, L2NORM_EPS, SUB, _dot_acc, _inverse_doubling, _wy_dots, _wy_operand
 
 BC = tl.constexpr(4)  # channels a step of kda_chunk_intra: a thread's whole share (16 bytes of fp32 gate)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -362,28 +362,6 @@ def kda_chunk_wy(
     cc = tl.arange(0, CHUNK)
     a = tl.load(Akk + (t[:, None] * HV + hv64) * CHUNK + cc[None, :], mask=m[:, None], other=0.0)
     x = _wy_operand(_inverse_doubling(a, MERGE_TF32, EXACT, BFM), DTW)
-    bv = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)
-    if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
-        # every column block of W's operand and v issued before the first dot, as gdn_chunk_prep's
-        kc0 = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, 0, K_DIM, False)
-        vc0 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, 0, V_DIM, False)
-        if HEAD_K > WCOL:
-            kc1 = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, WCOL, K_DIM, False)
-        if HEAD_V > WCOL:
-            vc1 = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, WCOL, V_DIM, False)
-        _store_cols(W, _mm(x, _wy_operand(kc0.to(tl.float32), DTW), MERGE_TF32, EXACT), t, m, hv64, HV, 0, HEAD_K)
-        if HEAD_K > WCOL:
-            _store_cols(W, _mm(x, _wy_operand(kc1.to(tl.float32), DTW), MERGE_TF32, EXACT), t, m, hv64, HV, WCOL,
-                        HEAD_K)
-        _store_cols(U, _mm(x, _wy_operand(vc0.to(tl.float32) * bv[:, None], DTW), MERGE_TF32, EXACT), t, m, hv64, HV,
-                    0, HEAD_V)
-        if HEAD_V > WCOL:
-            _store_cols(U, _mm(x, _wy_operand(vc1.to(tl.float32) * bv[:, None], DTW), MERGE_TF32, EXACT), t, m, hv64,
-                        HV, WCOL, HEAD_V)
-    else:
-        for c0 in tl.static_range(0, HEAD_K, WCOL):
-            kb = _chunk_cols(W, t, m, HV * HEAD_K, hv64 * HEAD_K, c0, K_DIM)
-            _store_cols(W, _mm(x, _wy_operand(kb, DTW), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_K)
-        for c0 in tl.static_range(0, HEAD_V, WCOL):
-            vc = _chunk_cols(V, t, m, s_vt, hv64 * s_vh, c0, V_DIM) * bv[:, None]
-            _store_cols(U, _mm(x, _wy_operand(vc, DTW), MERGE_TF32, EXACT), t, m, hv64, HV, c0, HEAD_V)
+    # W's operand rows are read before this program overwrites them (in place)
+    _wy_dots(W, U, x, W, HV * HEAD_K, hv64 * HEAD_K, 0.0, V, s_vt, hv64 * s_vh, Beta, s_bt, s_bh, t, m, hv64, HV,
+             K_DIM, V_DIM, HEAD_K, HEAD_V, MERGE_TF32, EXACT, False)

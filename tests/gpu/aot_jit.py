@@ -1,6 +1,7 @@
 """The two ways a GPU test runs an op: `aot(fn)` on the built binaries (a JIT fallback is an error,
 so an unbuilt key fails loudly) and the `jit_only` fixture's `jit(fn)`, through Triton's JIT from
 an empty artifacts folder; a test imports both and compares their outputs bit for bit."""
+import hashlib
 import warnings
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 
 from aotc import loader
 from aotc.loader import dispatch
-from aotc.loader.fallback import AotcJitFallbackWarning
+from aotc.kernels.variants import ALIGNED, GENERIC
+from aotc.loader.fallback import AotcJitFallbackWarning, jit_kernel
 
 
 def aot(fn):
@@ -24,6 +26,14 @@ def loaded_entries(kernel: str, axes: dict) -> list:
     loaded since the last artifacts switch: the binaries a JIT compile of the same call must equal."""
     return [b.entry for (name, key, _), sel in list(dispatch._selections.items())
             if name == kernel and dict(key) == axes for b in sel.loaded.values()]
+
+
+def jit_cubin_shas(spec) -> set:
+    """sha256 of every cubin this process's JIT compiled for `spec`, at both levels: the kernel's own
+    function (ALIGNED calls) and the unspecialized copy that GENERIC calls compile with."""
+    fns = {id(f): f for f in (jit_kernel(spec, ALIGNED), jit_kernel(spec, GENERIC))}
+    return {hashlib.sha256(k.asm["cubin"]).hexdigest()
+            for fn in fns.values() for cache in fn.device_caches.values() for k in cache[0].values()}
 
 
 @pytest.fixture

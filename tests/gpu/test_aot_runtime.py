@@ -1,7 +1,6 @@
 """The AOT runtime on a real GPU: AOT output equals the JIT's bit for bit for every built decode
 variant (and the JIT compiles the same split and merge cubins), misaligned inputs take the generic binary and
 stay correct, first loads are thread-safe, and the AOT path never imports triton."""
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from aotc.kernels.decode import spec as decode_spec
 from aotc.kernels.decode.reference import decode_reference
 from aotc.kernels.variants import GENERIC
 from aotc.loader import artifacts, dispatch
-from aotc.loader.fallback import AotcJitFallbackWarning, jit_function
-from tests.gpu.aot_jit import loaded_entries
+from aotc.loader.fallback import AotcJitFallbackWarning
+from tests.gpu.aot_jit import jit_cubin_shas, loaded_entries
 
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
          "fp32": torch.float32}
@@ -111,14 +110,6 @@ def jit_only(tmp_path, monkeypatch):
     loader.set_artifacts(None)
 
 
-def _cubin_shas(fn):
-    shas = set()
-    for cache in fn.device_caches.values():
-        for kernel in cache[0].values():
-            shas.add(hashlib.sha256(kernel.asm["cubin"]).hexdigest())
-    return shas
-
-
 def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
     variants = built_split_variants()
     assert variants, "no decode_split artifacts: run aotc build --arch sm90 first"
@@ -149,12 +140,12 @@ def test_every_built_decode_variant_matches_the_jit_bit_for_bit(jit_only):
         torch.cuda.synchronize()
         assert torch.equal(aot, jit), key_text
         # the level the case's addresses took (vLLM's inline rows: GENERIC), each built binary it loaded
-        shas = _cubin_shas(jit_function(decode_spec.SPLIT))
+        shas = jit_cubin_shas(decode_spec.SPLIT)
         for entry in used:
             assert entry.sha256 in shas, f"JIT cubin differs for {entry.key}"
     # The merge kernels the JIT compiled (sm90: programmatic dependent launches) are built bytes too.
     merges = [e for e in target.manifest.entries if e.kernel == "decode_merge"]
-    jit_merges = _cubin_shas(jit_function(decode_spec.MERGE))
+    jit_merges = jit_cubin_shas(decode_spec.MERGE)
     assert jit_merges and jit_merges <= {e.sha256 for e in merges}
     if torch.cuda.get_device_capability() >= (9, 0):
         assert all(e.launch_pdl for e in merges)

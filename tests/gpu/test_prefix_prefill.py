@@ -266,6 +266,74 @@ def test_sm90_int_caches_run_the_gluon_kernel(fmt, dtype, scales, layout, group,
     assert_matches(got, ref, dtype)
 
 
+def _cache_keys_case(fmt, dtype, ctx, qlen, head_dim=128, q_heads=16, kv_heads=4, block_size=16, seed=0):
+    """A case whose cache holds every key (k = v = None, as vLLM's unified_attention calls): fmt
+    "int8" / "fp8_e4m3": vLLM's per-token-head record ([K codes | K scale | V codes | V scale] a
+    token and kv head, rows 4-byte aligned); "fp8_tensor": float8_e4m3fn pages, one scale a cache.
+    Unused slots hold NaN (codes 0x7f in fp8, NaN scales in the record)."""
+    from tests.cpu.kernels.decode.test_vllm_caches import vllm_inline_cache
+
+    full = [c + n for c, n in zip(ctx, qlen)]
+    fp8 = fmt == "fp8_tensor"
+    case, kw = make_case(full, qlen, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                         dtype=dtype, cache_dtype=torch.float8_e4m3fn if fp8 else torch.float32, device=DEV,
+                         seed=seed)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32, device=DEV)
+    case["k"] = case["v"] = None
+    if not fp8:
+        poison = case["k_cache"].isnan().any(-1)
+        kc, vc, ks, vs, _, _ = vllm_inline_cache(case["k_cache"].nan_to_num(), case["v_cache"].nan_to_num(), fmt)
+        ks[poison], vs[poison] = float("nan"), float("nan")
+        case.update(k_cache=kc, v_cache=vc)
+        kw = dict(kv_format=fmt, k_scale=ks, v_scale=vs)
+    return case, kw
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon kernel (kernel_ws_rec.py) is sm90's")
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "fp8_tensor"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sm90_cache_keys_run_the_gluon_record_kernel(fmt, dtype, monkeypatch):
+    # vLLM's prefill rows (every key in the cache) -> kernel_ws_rec.py, within tolerance of the
+    # reference at block boundaries: query lengths 1, 127, 128, 129 and long; contexts 0, 1, 16, 17
+    # and long (pages of 16, key tiles of 128); then window + sinks, and the Triton kernel's answer
+    # under AOTC_PREFIX_PREFILL_WS=0.
+    ctx = [0, 1, 16, 17, 2000, 0, 17, 1, 300]
+    qlen = [129, 128, 127, 1, 700, 1, 129, 300, 128]
+    case, kw = _cache_keys_case(fmt, dtype, ctx, qlen, seed=21)
+    names, got, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill_ws_rec"}
+    assert_matches(got, ref, dtype)
+    sinks = torch.randn(16, device=DEV)
+    for window in (1, 100, 1000):
+        names, got, ref = _kernels_run(case, kw, window=window, sinks=sinks)
+        assert names == {"prefix_prefill_ws_rec"}
+        assert_matches(got, ref, dtype)
+    monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "0")
+    names, got_triton, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill"}
+    assert_matches(got_triton, ref, dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon kernel (kernel_ws_rec.py) is sm90's")
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_sm90_record_kernel_gqa_heads_and_long_context(fmt):
+    # GQA 8 at llama's 32 / 4 heads, a long context over pages of 32, and head dim 96 (a 128-wide
+    # tile, 16-byte q rows); head dim 120 (q rows not 16-byte multiples) keeps the Triton kernel.
+    case, kw = _cache_keys_case(fmt, torch.bfloat16, [16384, 5], [1024, 130], q_heads=32, kv_heads=4, block_size=32,
+                                seed=22)
+    names, got, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill_ws_rec"}
+    assert_matches(got, ref, torch.bfloat16)
+    for head_dim, want in ((96, "prefix_prefill_ws_rec"), (120, "prefix_prefill")):
+        case, kw = _cache_keys_case(fmt, torch.float16, [40, 300], [200, 77], head_dim=head_dim, q_heads=8,
+                                    kv_heads=2, seed=head_dim)
+        names, got, ref = _kernels_run(case, kw, window=64)
+        assert names == {want}
+        assert_matches(got, ref, torch.float16)
+
+
 @pytest.mark.parametrize("head_dim", [24, 40, 72, 112, 192])
 @pytest.mark.parametrize("layout,cache_dtype,x", [("vllm", None, None), ("vllm", torch.float8_e4m3fn, 8),
                                                   ("nhd", None, None)])

@@ -25,14 +25,21 @@ check. Everything else runs kernel.py.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from aotc.kernels.common.schedule import owner_of_block
 
 from .kernel import LOG2E, NEG_BIG
-from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, STAGES, _qk, _softmax_pv
+from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _qk
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
+
+STAGES = gl.constexpr(2)  # ring depth
+# the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
+# live in its registers
+LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
+                                   warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
 # Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
 # prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
@@ -77,26 +84,28 @@ E4M3X4_BITS_PTX = gl.constexpr("""{
 
 
 @gluon.jit
-def _rec_load(Cb, CS, start, key_lo, ctx_hi, bt_row, block_size, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind,
-              head_dim, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
-    """The code bytes [BLOCK_N, BLOCK_D] of keys [start, start + BLOCK_N) (strides in bytes) and,
-    SCALES 1, each key's scale in fp16 (0 otherwise). Keys outside [key_lo, ctx_hi) and channels
-    past head_dim are 0 (their scores are masked)."""
-    # 4 bytes a load, 4 rows a thread (8 threads a row): few row offsets live in the producer's registers
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
-                                        warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0])
-    n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+    """(which keys [start, start + BLOCK_N) count, their block, their slot): K's and V's loads share them."""
+    n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
     n_valid = (n >= key_lo) & (n < ctx_hi)
     blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
-    slot = (n % block_size).to(gl.int64)
-    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld))
+    return n_valid, blk, (n % block_size).to(gl.int64)
+
+
+@gluon.jit
+def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
+              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
+    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
+    key's scale in fp16 (0 otherwise). Keys that do not count and channels past head_dim are 0
+    (their scores are masked)."""
+    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
     ptrs = Cb + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(c, 0)
     ptrs = gl.multiple_of(ptrs, [1, 4])  # rows 4-byte aligned (the op checks addresses and strides)
     x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
     if SCALES == 1:
         sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
     else:
-        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, ld))
+        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, LD))
     return x, sc
 
 
@@ -125,10 +134,11 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         ph = (t // STAGES) & 1
         start = first + t * BLOCK_N
         # both tiles' loads in flight before either is converted
-        xk, sk = _rec_load(Kb, KS, start, key_lo, ctx_hi, bt_row, block_size, kv_head, s_kb, s_kt, s_kh, s_sb, s_st,
-                           s_sh, kind, head_dim, BLOCK_N, BLOCK_D, SCALES)
-        xv, sv = _rec_load(Vb, VS, start, key_lo, ctx_hi, bt_row, block_size, kv_head, s_vb, s_vt, s_vh, s_sb, s_st,
-                           s_sh, kind, head_dim, BLOCK_N, BLOCK_D, SCALES)
+        n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
+        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
+        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
         fence_async_shared()
@@ -137,6 +147,23 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         _rec_store(xv, sv, vb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
+
+
+@gluon.jit
+def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, mma_o: gl.constexpr):
+    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st (the
+    producer fenced its register stores before arriving: no fence here)."""
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
+    mbarrier.wait(vfull.index(st), ph)
+    o = warpgroup_mma(gl.convert_layout(p.to(gl.float16), p_l), vbuf.index(st), o, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    mbarrier.arrive(vempty.index(st))
+    return m_new, l_i, o
 
 
 @gluon.jit
@@ -175,7 +202,7 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, ke
             dist = gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0)
             ok = (dist >= 0) & (dist < win)
             s = gl.where(ok, s, float("-inf"))
-        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, gl.float16, mma_o)
+        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, mma_o)
     # a row with nothing to attend (no keys at all) keeps l == 0: written as 0
     inv = gl.expand_dims(gl.convert_layout(v_unit / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
     rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))

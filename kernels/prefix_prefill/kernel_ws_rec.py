@@ -142,31 +142,23 @@ def _rec_store(x, s2, buf, st, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_
 def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt, s_kh,
                   s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, key_lo, ctx_hi, first, n_ctx, head_dim,
                   BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
-    # Software-pipelined: tile t + 1's K words are loaded once tile t's K is stored, its V words
-    # once tile t's V is, so their latency overlaps the other half's conversion (past the last
-    # tile every key is masked: nothing is read).
-    n_valid, blk, slot = _rec_rows(first, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
-    xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
-                       BLOCK_N, BLOCK_D, SCALES)
-    xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
-                       BLOCK_N, BLOCK_D, SCALES)
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1
-        n_valid, blk, slot = _rec_rows(first + (t + 1) * BLOCK_N, key_lo, ctx_hi, bt_row, block_size, BLOCK_N,
-                                       BLOCK_D)
+        # both tiles' loads in flight before either is converted
+        n_valid, blk, slot = _rec_rows(first + t * BLOCK_N, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
+        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
+        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store(xk, sk, kb, st, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(kfull.index(st))
-        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
         mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store(xv, sv, vb, st, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
-        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
 
 
 @gluon.jit

@@ -36,59 +36,51 @@ from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 STAGES = gl.constexpr(2)  # ring depth
-# the producer's tiles of 4-byte words: 4 rows a thread (8 threads a row), so that few row offsets
+# the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
 # live in its registers
-LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8],
+LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
-# Four int8 codes a word (byte i = channel 4j + i) -> fp16 channels 4j .. 4j + 3 times the scale
-# (fp16 twice in $5): prmt puts bytes 0, 2 / 1, 3 in the halves, then dequant.py's I8X2 arithmetic
-# (the same bits as quant.py's word tiles).
+# Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
+# prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
 I8X4_DEQUANT_PTX = gl.constexpr("""{
             .reg .b32 t, e, o, m;
             mov.b32 m, 0x64806480;
-            prmt.b32 t, $4, 0, 0x3120;
+            prmt.b32 t, $2, 0, 0x3120;
             lop3.b32 e, t, 0x00FF00FF, 0x64806480, 0x6A;
             shr.b32 o, t, 8;
             lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
             sub.rn.f16x2 e, e, m;
             sub.rn.f16x2 o, o, m;
-            mul.rn.f16x2 e, e, $5;
-            mul.rn.f16x2 o, o, $5;
-            mov.b32 {$0, $1}, e;
-            mov.b32 {$2, $3}, o;
+            mul.rn.f16x2 $0, e, $3;
+            mul.rn.f16x2 $1, o, $4;
             }""")
-# Four fp8 e4m3 codes a word -> fp16 times the scale: dequant._e4m3x2_dequant's arithmetic (value *
-# 2^-8, times 256, times s, rounded once), bytes taken in channel order.
+# Four fp8 e4m3 codes a register -> fp16 (c0, c1), (c2, c3) times the scales: dequant._e4m3x2_dequant's
+# arithmetic (value * 2^-8, times 256, times s, rounded once), bytes taken in channel order.
 E4M3X4_DEQUANT_PTX = gl.constexpr("""{
             .reg .b32 a, b, m;
             mov.b32 m, 0x5C005C00;
-            prmt.b32 a, $4, 0, 0x9180;
-            prmt.b32 b, $4, 0, 0xB3A2;
+            prmt.b32 a, $2, 0, 0x9180;
+            prmt.b32 b, $2, 0, 0xB3A2;
             shl.b32 a, a, 7;
             shl.b32 b, b, 7;
             and.b32 a, a, 0xBF80BF80;
             and.b32 b, b, 0xBF80BF80;
             mul.rn.f16x2 a, a, m;
             mul.rn.f16x2 b, b, m;
-            mul.rn.f16x2 a, a, $5;
-            mul.rn.f16x2 b, b, $5;
-            mov.b32 {$0, $1}, a;
-            mov.b32 {$2, $3}, b;
+            mul.rn.f16x2 $0, a, $3;
+            mul.rn.f16x2 $1, b, $4;
             }""")
-# Four fp8 e4m3 codes a word -> fp16 value * 2^-8 (exact; the scale and 2^8 go elsewhere).
+# Four fp8 e4m3 codes a register -> fp16 value * 2^-8 (exact; the scale and 2^8 go elsewhere).
 E4M3X4_BITS_PTX = gl.constexpr("""{
             .reg .b32 a, b;
-            prmt.b32 a, $4, 0, 0x9180;
-            prmt.b32 b, $4, 0, 0xB3A2;
+            prmt.b32 a, $2, 0, 0x9180;
+            prmt.b32 b, $2, 0, 0xB3A2;
             shl.b32 a, a, 7;
             shl.b32 b, b, 7;
-            and.b32 a, a, 0xBF80BF80;
-            and.b32 b, b, 0xBF80BF80;
-            mov.b32 {$0, $1}, a;
-            mov.b32 {$2, $3}, b;
+            and.b32 $0, a, 0xBF80BF80;
+            and.b32 $1, b, 0xBF80BF80;
             }""")
-
 
 
 @gluon.jit
@@ -101,41 +93,36 @@ def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _rec_load(Cw, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
+def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
               BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
-    """The 4-byte code words [BLOCK_N, BLOCK_D // 4] of _rec_rows' keys (strides in words) and, SCALES
-    1, each key's scale as fp16 twice in an int32 (0 otherwise). Keys that do not count and words
-    past head_dim are 0 (their scores are masked)."""
-    w = gl.arange(0, BLOCK_D // 4, layout=gl.SliceLayout(0, LD))
-    x = gl.load(Cw + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(w, 0),
-                mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(w < head_dim // 4, 0), other=0)
+    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
+    key's scale in fp16 (0 otherwise). Keys that do not count and channels past head_dim are 0
+    (their scores are masked)."""
+    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
+    ptrs = Cb + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(c, 0)
+    ptrs = gl.multiple_of(ptrs, [1, 4])  # rows 4-byte aligned (the op checks addresses and strides)
+    x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
     if SCALES == 1:
         sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
-        h = sc.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        s2 = h | (h << 16)
     else:
-        s2 = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(1, LD))
-    return x, s2
+        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, LD))
+    return x, sc
 
 
 @gluon.jit
-def _rec_store(x, s2, buf, st, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_FORMAT: gl.constexpr,
-               SCALES: gl.constexpr):
-    """_rec_load's words as fp16 values in channel order (SCALES 1: code * scale; 0: e4m3 value *
-    2^-8) into buf[st]: word w = channels 4w + i -> a, b, c, d; [w, j, s] = channel 4w + 2j + s."""
-    f16: gl.constexpr = (gl.float16, gl.float16, gl.float16, gl.float16)
+def _rec_store(x, sc, buf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
+    """_rec_load's codes as fp16 values (SCALES 1: code * scale; 0: e4m3 value * 2^-8) into buf[st]."""
     if SCALES == 1:
-        s4 = gl.broadcast(gl.expand_dims(s2, 1), x)[0]
+        s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
         if KV_FORMAT == 3:
-            a, b, c, d = gl.inline_asm_elementwise(I8X4_DEQUANT_PTX, "=h,=h,=h,=h,r,r", [x, s4], dtype=f16,
-                                                   is_pure=True, pack=1)
+            y = gl.inline_asm_elementwise(I8X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16, is_pure=True,
+                                          pack=4)
         else:
-            a, b, c, d = gl.inline_asm_elementwise(E4M3X4_DEQUANT_PTX, "=h,=h,=h,=h,r,r", [x, s4], dtype=f16,
-                                                   is_pure=True, pack=1)
+            y = gl.inline_asm_elementwise(E4M3X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16,
+                                          is_pure=True, pack=4)
     else:
-        a, b, c, d = gl.inline_asm_elementwise(E4M3X4_BITS_PTX, "=h,=h,=h,=h,r", [x], dtype=f16, is_pure=True,
-                                               pack=1)
-    buf.index(st).store(gl.reshape(gl.join(gl.join(a, c), gl.join(b, d)), [BLOCK_N, BLOCK_D]))
+        y = gl.inline_asm_elementwise(E4M3X4_BITS_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    buf.index(st).store(y)
 
 
 @gluon.jit
@@ -145,18 +132,19 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1
+        start = first + t * BLOCK_N
         # both tiles' loads in flight before either is converted
-        n_valid, blk, slot = _rec_rows(first + t * BLOCK_N, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
+        n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
         xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
                            BLOCK_N, BLOCK_D, SCALES)
         xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
                            BLOCK_N, BLOCK_D, SCALES)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _rec_store(xk, sk, kb, st, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
+        _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(kfull.index(st))
         mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _rec_store(xv, sv, vb, st, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)
+        _rec_store(xv, sv, vb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
 
@@ -306,11 +294,8 @@ def prefix_prefill_ws_rec_kernel(
     fence_async_shared()
     gl.thread_barrier()
     bt_row = Block_table + req.to(gl.int64) * stride_bt
-    # the producer reads 4-byte words; the op passes per-token caches' strides in int16 words
-    # (quant.py's), per-cache fp8's in bytes, all of them multiples of 4 bytes
-    per_word: gl.constexpr = 2 if SCALES == 1 else 4
-    Kw = K_cache.to(gl.pointer_type(gl.int32), bitcast=True)
-    Vw = V_cache.to(gl.pointer_type(gl.int32), bitcast=True)
+    # the op passes per-token caches' strides in int16 words (quant.py's), per-tensor fp8's in bytes
+    unit_b: gl.constexpr = 2 if SCALES == 1 else 1
     gl.warp_specialize([
         (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
                          q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
@@ -318,9 +303,8 @@ def prefix_prefill_ws_rec_kernel(
         (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
                          q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
                          stride_ot, stride_oh, head_dim, HALF, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE)),
-        (_rec_producer, (Kw, Vw, K_scale, V_scale, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size,
-                         kv_head, stride_kcb // per_word, stride_kct // per_word, stride_kch // per_word,
-                         stride_vcb // per_word, stride_vct // per_word, stride_vch // per_word, stride_ksb,
-                         stride_kst, stride_ksh, kind, key_lo,
+        (_rec_producer, (K_cache, V_cache, K_scale, V_scale, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size,
+                         kv_head, stride_kcb * unit_b, stride_kct * unit_b, stride_kch * unit_b, stride_vcb * unit_b,
+                         stride_vct * unit_b, stride_vch * unit_b, stride_ksb, stride_kst, stride_ksh, kind, key_lo,
                          ctx_hi, first, n_ctx, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)),
     ], [CONSUMER_WARPS, PRODUCER_WARPS], [184, 72])

@@ -10,12 +10,14 @@ cache after the context (the op's k = v = None), one causal loop over the cache,
   fp8 e4m3 with one scale a cache (SCALES 0, vLLM's FP8_PER_TENSOR): value * 2^-8 in the tiles
       (exact), the scales and the 2^8 on q's logit scale and on the output, as kernel.py does.
 
-  producer (8 warps): context tiles of 128 keys, K and V rows loaded as 4-byte vectors (8 bytes a
-      thread, a 128-byte row over 16 threads), converted in registers by packed PTX (four codes a
-      register), stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a stage.
+  producer (8 warps): tiles of 128 keys, K and V rows read 4 bytes a load (a 128-byte row over 8
+      threads, 4 rows a thread), converted in registers by packed PTX (four codes a register),
+      stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a stage. (A ring
+      of 3, int32 words, and a producer loading tile t + 1 while storing tile t were not faster:
+      BENCHMARKS.md, session 34.)
   two consumers (4 warps each): 64 query rows each, wgmma Q.K^T in fp16 (q scaled by a power of
       two a row), online softmax (base 2, sinks, window, causal on the tiles past the q block's
-      first position), wgmma P.V (kernel_ws.py's _qk and _softmax_pv).
+      first position), wgmma P.V.
 
 Shared memory: q once (fp16, 32 KiB) and the ring (128 KiB). Where it runs (the op decides,
 loader/ops/prefix_prefill.py, spec.rec_serves): sm90, k = v = None, head_dim 80..128 (multiples of
@@ -35,7 +37,7 @@ from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _qk
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
-STAGES = gl.constexpr(2)  # ring depth
+STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
 # the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
 # live in its registers
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],

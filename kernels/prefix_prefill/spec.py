@@ -41,7 +41,10 @@ PREFIX_PREFILL_WS, the warp-specialized Gluon kernel (kernel_ws.py), serves on s
 written for: int8/int4 (scales per token, channel or group) at block_d 128, fp16/bf16, nhd
 (head-major caches too): 2 dtypes x 2 formats x 3 scales = 12 variants, ALIGNED only (12 keys
 beside PREFIX_PREFILL's 180: 192 on sm90; sm80 and AMD unchanged). The op routes a call there
-when `ws_serves` says so.
+when `ws_serves` says so. PREFIX_PREFILL_WS_REC (kernel_ws_rec.py) serves the calls whose keys are
+all in the cache (k = v = None, vLLM's unified_attention) on int8 / fp8_e4m3 per token (vLLM's
+records) and fp8_e4m3 per cache: 6 variants, ALIGNED on q and out only (REC_ARGS), where
+`rec_serves` says so.
 """
 from __future__ import annotations
 

@@ -419,8 +419,8 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
 _FROM_CACHE = _spec.PREFIX_PREFILL.arg_index["kv_from_cache"]
-_CACHE_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n] for n in ("stride_kcb", "stride_kct", "stride_kch", "stride_vcb",
-                                                                  "stride_vct", "stride_vch"))
+_CACHE_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n]
+                       for n in ("stride_kcb", "stride_kct", "stride_kch", "stride_vcb", "stride_vct", "stride_vch"))
 
 
 def kernel_for(axes, args):
@@ -623,7 +623,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             decode): scales below fp16's normals (~6.1e-5) lose precision gradually, and values
             past 65504 overflow. On sm90 (H100/H200), D 80..128 (multiples of 16, 16-byte
             aligned tensors) runs a warp-specialized kernel (kernel_ws.py) that overlaps the
-            dequantization with the tensor cores; AOTC_PREFIX_PREFILL_WS=0 turns it off.
+            dequantization with the tensor cores; with k = v = None, int8 and fp8_e4m3 per token
+            (4-byte-aligned caches: vLLM's records) and fp8_e4m3 per cache run its sibling
+            kernel_ws_rec.py (16-byte-aligned q and out); AOTC_PREFIX_PREFILL_WS=0 turns both off.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);
         seq_lens `[B]` int32: context + new tokens. New token i of request b sits at position

@@ -180,7 +180,8 @@ def test_record_kernel_variants_keys_and_targets():
         "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "KV_FORMAT": 1, "SCALES": 0}
     # the Triton kernel's BLOCK_M for the same calls (the op's grid): 128 too
     for kv, sc in spec.REC_FORMATS:
-        assert spec.PREFIX_PREFILL.compile_constexprs(dict(REC_INT8, kv=kv, scales=sc, score="plain"), 90)["BLOCK_M"] == 128
+        axes = dict(REC_INT8, kv=kv, scales=sc, score="plain")
+        assert spec.PREFIX_PREFILL.compile_constexprs(axes, 90)["BLOCK_M"] == 128
     # its binary assumes q's and out's alignment only: the caches' rows are vLLM's 4-byte-aligned record
     assert set(REC.divisible_args(ALIGNED)) == set(spec.REC_ALIGNED)
     check_consistency(REC, jit_function(REC))

@@ -353,7 +353,7 @@ def _built_prefix_prefill_variants():
     if tgt is None:
         return []
     return sorted({e.key.rsplit("@", 1)[0] for e in tgt.manifest.entries
-                   if e.kernel in ("prefix_prefill", "prefix_prefill_ws")})
+                   if e.kernel in ("prefix_prefill", "prefix_prefill_ws", "prefix_prefill_ws_rec")})
 
 
 def _vllm_record_case(axes, dtype):
@@ -387,7 +387,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
 
     variants = _built_prefix_prefill_variants()
     assert variants, "no prefix_prefill artifacts: run aotc build --arch sm90 first"
-    ws_built = [v for v in variants if v.startswith("prefix_prefill_ws(")]
+    ws_built = [v for v in variants if v.startswith(("prefix_prefill_ws(", "prefix_prefill_ws_rec("))]
     assert ws_built or torch.cuda.get_device_capability() != (9, 0), "sm90 artifacts without the Gluon kernel"
     variants = [v for v in variants if v not in ws_built]
     only = os.environ.get("AOTC_PP_PARITY", "")
@@ -403,7 +403,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                             and ("block_d=128" in v or "block_d=32" in v or
                                                  ("block_d=64" in v and "kv=int4" in v)))
                     or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
-    variants += ws_built  # every Gluon variant (12)
+    variants += ws_built  # every Gluon variant (12 + 6)
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
     torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
     fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -416,7 +416,12 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                  score) == dict(axes, score=score)
             mods = dict(softcap=30.0, alibi_slopes=torch.rand(8, device=DEV)) if score == "mod" else {}
             quant = axes["kv"] in spec.INT_FORMATS
-            if axes["scales"] == "token_zp" or "kv_align" in axes:  # vLLM's records
+            rec = key_text.startswith("prefix_prefill_ws_rec(")
+            if rec:  # every key in the cache: vLLM's records, or fp8 pages with one scale
+                fmt = "fp8_tensor" if axes["scales"] == "none" else axes["kv"]
+                case, kw = _cache_keys_case(fmt, torch_dt[axes["dtype"]], [0, 40, 300], [70, 1, 130], q_heads=8,
+                                            kv_heads=2, seed=1)
+            elif axes["scales"] == "token_zp" or "kv_align" in axes:  # vLLM's records
                 case, kw = _vllm_record_case(axes, torch_dt[axes["dtype"]])
             else:
                 case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
@@ -424,9 +429,10 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                      kv_format=axes["kv"] if quant else None, scales=axes["scales"],
                                      layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
             sinks = torch.randn(8, device=DEV)
-            kernel = spec.PREFIX_PREFILL_WS if key_text.startswith("prefix_prefill_ws(") else spec.PREFIX_PREFILL
-            # a Triton variant the op would route to the Gluon kernel here: the switch sends it back
-            monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "1" if kernel is spec.PREFIX_PREFILL_WS else "0")
+            kernel = spec.PREFIX_PREFILL_WS_REC if rec else spec.PREFIX_PREFILL_WS if key_text.startswith(
+                "prefix_prefill_ws(") else spec.PREFIX_PREFILL
+            # a Triton variant the op would route to a Gluon kernel here: the switch sends it back
+            monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "0" if kernel is spec.PREFIX_PREFILL else "1")
             with warnings.catch_warnings():
                 warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
                 aot = prefix_prefill(**case, **kw, window=200, sinks=sinks, **mods)

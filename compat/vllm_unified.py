@@ -164,7 +164,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     docstring): one aotc decode call (per-token-head modes: at head sizes 64 and 128).
     Prefill rows on INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD caches: prefix_prefill's kv_align 4
     binaries on vLLM's record at head sizes 40..128 (FP8 there only; INT8 elsewhere on its GENERIC
-    ones); with softcap or ALiBi they raise NotImplementedError.
+    ones), on sm90 at head sizes 80..128 (multiples of 16) its Gluon kernel for keys read from the
+    cache (kernel_ws_rec.py; FP8_PER_TENSOR there too); with softcap or ALiBi they raise
+    NotImplementedError.
     Converted: an fp8 q becomes q * q_descale in out's dtype (bfloat16 for an fp8 out): one copy
     of q; vLLM multiplies the scales into its fp8 scores instead. Ignored: max_seqlen_q,
     max_seqlen_k, seq_threshold_3D and the softmax segment buffers (vLLM's split-K workspace:

@@ -41,7 +41,10 @@ PREFIX_PREFILL_WS, the warp-specialized Gluon kernel (kernel_ws.py), serves on s
 written for: int8/int4 (scales per token, channel or group) at block_d 128, fp16/bf16, nhd
 (head-major caches too): 2 dtypes x 2 formats x 3 scales = 12 variants, ALIGNED only (12 keys
 beside PREFIX_PREFILL's 180: 192 on sm90; sm80 and AMD unchanged). The op routes a call there
-when `ws_serves` says so.
+when `ws_serves` says so. PREFIX_PREFILL_WS_REC (kernel_ws_rec.py) serves the calls whose keys are
+all in the cache (k = v = None, vLLM's unified_attention) on int8 / fp8_e4m3 per token (vLLM's
+records) and fp8_e4m3 per cache: 6 variants, ALIGNED on q and out only (REC_ARGS), where
+`rec_serves` says so.
 """
 from __future__ import annotations
 
@@ -107,6 +110,12 @@ CONSTEXPRS = ("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_VLLM", "KV_FORMAT", "SCALES",
 DO_NOT_SPECIALIZE = [a.name for a in ARGS if a.kind == "i32" and not a.aligned]
 DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in ARGS if a.kind == "ptr" and not a.aligned]
 KERNEL_DO_NOT_SPECIALIZE = [a.name for a in KERNEL_ARGS if a.kind == "i32" and not a.aligned]
+# kernel_ws_rec.py's arguments: ARGS with only q's and out's alignment assumed (the caches' rows
+# are 4-byte aligned, checked by the op; k, v and their strides are not read)
+REC_ALIGNED = ("Q", "Out", "head_dim", "stride_qt", "stride_qh", "stride_ot", "stride_oh")
+REC_ARGS = tuple(Arg(a.name, a.kind, aligned=a.aligned and a.name in REC_ALIGNED, dtype=a.dtype) for a in ARGS)
+REC_DO_NOT_SPECIALIZE = [a.name for a in REC_ARGS if a.kind == "i32" and not a.aligned]
+REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in REC_ARGS if a.kind == "ptr" and not a.aligned]
 KERNEL_DO_NOT_SPECIALIZE_ON_ALIGNMENT = [a.name for a in KERNEL_ARGS if a.kind == "ptr" and not a.aligned]
 
 
@@ -212,8 +221,9 @@ def axes_for(dtype: str, kv: str, scales: str, head_dim: int, layout: str, score
 
 
 def ws_axes(axes) -> dict:
-    """kernel_ws.py's axes for a call's axes: no "score" (it serves "plain" calls only)."""
-    return {k: v for k, v in axes.items() if k != "score"}
+    """kernel_ws.py's (and kernel_ws_rec.py's) axes for a call's axes: no "score" (they serve
+    "plain" calls only), no "kv_align" (kernel_ws_rec.py reads any 4-byte-aligned rows)."""
+    return {k: v for k, v in axes.items() if k not in ("score", "kv_align")}
 
 
 PREFIX_PREFILL = KernelSpec(
@@ -274,4 +284,47 @@ PREFIX_PREFILL_WS = KernelSpec(
     kind="gluon",
 )
 
-KERNELS = (PREFIX_PREFILL, PREFIX_PREFILL_WS)
+
+
+# PREFIX_PREFILL_WS_REC, kernel_ws_rec.py: the same program for calls whose new tokens' keys are in
+# the cache (vLLM's unified_attention): int8 and fp8 e4m3 per token (vLLM's per-token-head records)
+# and fp8 e4m3 per cache, at block_d 128, fp16/bf16: 6 variants, ALIGNED only (REC_ARGS: q and out).
+REC_FORMATS = (("int8", "token"), ("fp8_e4m3", "token"), ("fp8_e4m3", "none"))
+
+
+def rec_variant(axes) -> bool:
+    """The axes kernel_ws_rec.py implements (the call's kv_align aside)."""
+    return ((axes["kv"], axes["scales"]) in REC_FORMATS and int(axes["block_d"]) == 128 and axes["layout"] == "nhd"
+            and axes.get("score", "plain") == "plain")
+
+
+def rec_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool, from_cache: bool,
+               rows4: bool) -> bool:
+    """Whether a call runs kernel_ws_rec.py: one of its variants on an sm90 GPU, every key read from
+    the cache (from_cache), fp16/bf16 output, q and out meeting its ALIGNED binary's assumptions
+    (aligned), and cache addresses and byte strides multiples of 4 (rows4: its 4-byte loads)."""
+    return (rec_variant(axes) and tuple(capability) == (9, 0) and from_cache and not out_fp8 and aligned
+            and rows4)
+
+
+def rec_variants():
+    for dtype in DTYPES:
+        for kv, scales in REC_FORMATS:
+            yield {"dtype": dtype, "kv": kv, "scales": scales, "block_d": 128, "layout": "nhd"}
+
+
+PREFIX_PREFILL_WS_REC = KernelSpec(
+    name="prefix_prefill_ws_rec",
+    module="aotc.kernels.prefix_prefill.kernel_ws_rec",
+    function="prefix_prefill_ws_rec_kernel",
+    args=REC_ARGS,
+    constexpr_names=("BLOCK_D", "BLOCK_M", "BLOCK_N", "KV_FORMAT", "SCALES"),
+    constexprs=ws_constexprs,
+    variants=rec_variants,
+    launch=sm90_gluon_launch(rec_variant),  # 16 warps: two consumers and an 8-warp producer
+    sources=("kernel_ws_rec.py", "kernel_ws.py"),
+    levels=(ALIGNED,),
+    kind="gluon",
+)
+
+KERNELS = (PREFIX_PREFILL, PREFIX_PREFILL_WS, PREFIX_PREFILL_WS_REC)

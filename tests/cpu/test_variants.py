@@ -33,12 +33,12 @@ def test_every_declared_variant_comes_at_each_of_its_levels():
         assert len(keys) == len(spec.levels) * len({k.axes for k in keys}), spec.name
         assert {k.level for k in keys} == set(spec.levels), spec.name
         assert spec.divisible_args(GENERIC) == ()
-    # Only the Gluon kernels (prefix prefill, the gated delta state pass) cannot compile without
-    # ALIGNED's assumptions; the Triton gated delta state pass declares its two levels as two specs
-    # (their launch configs differ).
+    # Only the Gluon kernels (prefix prefill's two, the gated delta state pass) cannot compile without
+    # ALIGNED's assumptions (prefix_prefill_ws_rec's are q's and out's only); the Triton gated delta
+    # state pass declares its two levels as two specs (their launch configs differ).
     assert {s.name: s.levels for s in all_specs().values() if s.levels != (ALIGNED, GENERIC)} == {
-        "prefix_prefill_ws": (ALIGNED,), "gdn_chunk_state": (ALIGNED,), "gdn_chunk_state_generic": (GENERIC,),
-        "gdn_chunk_state_ws": (ALIGNED,)}
+        "prefix_prefill_ws": (ALIGNED,), "prefix_prefill_ws_rec": (ALIGNED,), "gdn_chunk_state": (ALIGNED,),
+        "gdn_chunk_state_generic": (GENERIC,), "gdn_chunk_state_ws": (ALIGNED,)}
 
 
 def test_levels_and_kind_are_checked():

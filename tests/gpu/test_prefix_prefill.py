@@ -266,6 +266,74 @@ def test_sm90_int_caches_run_the_gluon_kernel(fmt, dtype, scales, layout, group,
     assert_matches(got, ref, dtype)
 
 
+def _cache_keys_case(fmt, dtype, ctx, qlen, head_dim=128, q_heads=16, kv_heads=4, block_size=16, seed=0):
+    """A case whose cache holds every key (k = v = None, as vLLM's unified_attention calls): fmt
+    "int8" / "fp8_e4m3": vLLM's per-token-head record ([K codes | K scale | V codes | V scale] a
+    token and kv head, rows 4-byte aligned); "fp8_tensor": float8_e4m3fn pages, one scale a cache.
+    Unused slots hold NaN (codes 0x7f in fp8, NaN scales in the record)."""
+    from tests.cpu.kernels.decode.test_vllm_caches import vllm_inline_cache
+
+    full = [c + n for c, n in zip(ctx, qlen)]
+    fp8 = fmt == "fp8_tensor"
+    case, kw = make_case(full, qlen, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                         dtype=dtype, cache_dtype=torch.float8_e4m3fn if fp8 else torch.float32, device=DEV,
+                         seed=seed)
+    case["seq_lens"] = torch.tensor(full, dtype=torch.int32, device=DEV)
+    case["k"] = case["v"] = None
+    if not fp8:
+        poison = case["k_cache"].isnan().any(-1)
+        kc, vc, ks, vs, _, _ = vllm_inline_cache(case["k_cache"].nan_to_num(), case["v_cache"].nan_to_num(), fmt)
+        ks[poison], vs[poison] = float("nan"), float("nan")
+        case.update(k_cache=kc, v_cache=vc)
+        kw = dict(kv_format=fmt, k_scale=ks, v_scale=vs)
+    return case, kw
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon kernel (kernel_ws_rec.py) is sm90's")
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "fp8_tensor"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sm90_cache_keys_run_the_gluon_record_kernel(fmt, dtype, monkeypatch):
+    # vLLM's prefill rows (every key in the cache) -> kernel_ws_rec.py, within tolerance of the
+    # reference at block boundaries: query lengths 1, 127, 128, 129 and long; contexts 0, 1, 16, 17
+    # and long (pages of 16, key tiles of 128); then window + sinks, and the Triton kernel's answer
+    # under AOTC_PREFIX_PREFILL_WS=0.
+    ctx = [0, 1, 16, 17, 2000, 0, 17, 1, 300]
+    qlen = [129, 128, 127, 1, 700, 1, 129, 300, 128]
+    case, kw = _cache_keys_case(fmt, dtype, ctx, qlen, seed=21)
+    names, got, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill_ws_rec"}
+    assert_matches(got, ref, dtype)
+    sinks = torch.randn(16, device=DEV)
+    for window in (1, 100, 1000):
+        names, got, ref = _kernels_run(case, kw, window=window, sinks=sinks)
+        assert names == {"prefix_prefill_ws_rec"}
+        assert_matches(got, ref, dtype)
+    monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "0")
+    names, got_triton, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill"}
+    assert_matches(got_triton, ref, dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon kernel (kernel_ws_rec.py) is sm90's")
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_sm90_record_kernel_gqa_heads_and_long_context(fmt):
+    # GQA 8 at llama's 32 / 4 heads, a long context over pages of 32, and head dim 96 (a 128-wide
+    # tile, 16-byte q rows); head dim 120 (q rows not 16-byte multiples) keeps the Triton kernel.
+    case, kw = _cache_keys_case(fmt, torch.bfloat16, [16384, 5], [1024, 130], q_heads=32, kv_heads=4, block_size=32,
+                                seed=22)
+    names, got, ref = _kernels_run(case, kw)
+    assert names == {"prefix_prefill_ws_rec"}
+    assert_matches(got, ref, torch.bfloat16)
+    for head_dim, want in ((96, "prefix_prefill_ws_rec"), (120, "prefix_prefill")):
+        case, kw = _cache_keys_case(fmt, torch.float16, [40, 300], [200, 77], head_dim=head_dim, q_heads=8,
+                                    kv_heads=2, seed=head_dim)
+        names, got, ref = _kernels_run(case, kw, window=64)
+        assert names == {want}
+        assert_matches(got, ref, torch.float16)
+
+
 @pytest.mark.parametrize("head_dim", [24, 40, 72, 112, 192])
 @pytest.mark.parametrize("layout,cache_dtype,x", [("vllm", None, None), ("vllm", torch.float8_e4m3fn, 8),
                                                   ("nhd", None, None)])
@@ -285,7 +353,7 @@ def _built_prefix_prefill_variants():
     if tgt is None:
         return []
     return sorted({e.key.rsplit("@", 1)[0] for e in tgt.manifest.entries
-                   if e.kernel in ("prefix_prefill", "prefix_prefill_ws")})
+                   if e.kernel in ("prefix_prefill", "prefix_prefill_ws", "prefix_prefill_ws_rec")})
 
 
 def _vllm_record_case(axes, dtype):
@@ -318,7 +386,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
 
     variants = _built_prefix_prefill_variants()
     assert variants, "no prefix_prefill artifacts: run aotc build --arch sm90 first"
-    ws_built = [v for v in variants if v.startswith("prefix_prefill_ws(")]
+    ws_built = [v for v in variants if v.startswith(("prefix_prefill_ws(", "prefix_prefill_ws_rec("))]
     assert ws_built or torch.cuda.get_device_capability() != (9, 0), "sm90 artifacts without the Gluon kernel"
     variants = [v for v in variants if v not in ws_built]
     only = os.environ.get("AOTC_PP_PARITY", "")
@@ -334,7 +402,7 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                             and ("block_d=128" in v or "block_d=32" in v or
                                                  ("block_d=64" in v and "kv=int4" in v)))
                     or ("block_d=32" in v and "dtype=fp16" in v and "kv=fp8_e5m2" not in v)]
-    variants += ws_built  # every Gluon variant (12)
+    variants += ws_built  # every Gluon variant (12 + 6)
     monkeypatch.setenv("AOTC_MISS_LOG", str(tmp_path / "misses.jsonl"))
     torch_dt = {"fp16": torch.float16, "bf16": torch.bfloat16}
     fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -348,7 +416,12 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                  score) == dict(call_axes, score=score)
             mods = dict(softcap=30.0, alibi_slopes=torch.rand(8, device=DEV)) if score == "mod" else {}
             quant = axes["kv"] in spec.INT_FORMATS
-            if axes["scales"] == "token_zp" or "kv_align" in axes:  # vLLM's records
+            rec = key_text.startswith("prefix_prefill_ws_rec(")
+            if rec:  # every key in the cache: vLLM's records, or fp8 pages with one scale
+                fmt = "fp8_tensor" if axes["scales"] == "none" else axes["kv"]
+                case, kw = _cache_keys_case(fmt, torch_dt[axes["dtype"]], [0, 40, 300], [70, 1, 130], q_heads=8,
+                                            kv_heads=2, seed=1)
+            elif axes["scales"] == "token_zp" or "kv_align" in axes:  # vLLM's records
                 case, kw = _vllm_record_case(axes, torch_dt[axes["dtype"]])
             else:
                 case, kw = make_case([0, 40, 300], [70, 1, 130], q_heads=8, kv_heads=2, head_dim=axes["block_d"],
@@ -356,9 +429,10 @@ def test_every_built_variant_matches_the_jit_bit_for_bit(tmp_path, monkeypatch):
                                      kv_format=axes["kv"] if quant else None, scales=axes["scales"],
                                      layout="hnd" if quant else axes["layout"], device=DEV, seed=1)
             sinks = torch.randn(8, device=DEV)
-            kernel = spec.PREFIX_PREFILL_WS if key_text.startswith("prefix_prefill_ws(") else spec.PREFIX_PREFILL
-            # a Triton variant the op would route to the Gluon kernel here: the switch sends it back
-            monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "1" if kernel is spec.PREFIX_PREFILL_WS else "0")
+            kernel = spec.PREFIX_PREFILL_WS_REC if rec else spec.PREFIX_PREFILL_WS if key_text.startswith(
+                "prefix_prefill_ws(") else spec.PREFIX_PREFILL
+            # a Triton variant the op would route to a Gluon kernel here: the switch sends it back
+            monkeypatch.setenv("AOTC_PREFIX_PREFILL_WS", "0" if kernel is spec.PREFIX_PREFILL else "1")
             with warnings.catch_warnings():
                 warnings.simplefilter("error", AotcJitFallbackWarning)  # the AOT run must not fall back
                 aot = prefix_prefill(**case, **kw, window=200, sinks=sinks, **mods)

@@ -7,9 +7,10 @@ import sys
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
+from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
+from aotc.aot.triton_compat import ast_source
 from aotc.kernels.registry import get_spec
 from aotc.loader import targets
 from aotc.loader.fallback import jit_kernel
@@ -36,7 +37,7 @@ def _jit_sha(spec_name, axes, args, name, level=None):
     bound, specialization, options = binder(*args, **kwargs)
     kwargs["debug"] = False
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    kernel = triton.compile(ast_source(spec, fn, signature, constexprs, attrs), target=target, options=options.__dict__)
     return hashlib.sha256(kernel.asm[info.asm]).hexdigest()
 
 

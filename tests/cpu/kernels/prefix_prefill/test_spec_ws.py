@@ -161,3 +161,98 @@ def test_sm90_binary(index):
     assert 190 * 1024 < got["shared"] <= 227 * 1024, got  # q twice + the 2-stage ring: one program an SM
     assert got["global_scratch"] == 0 and got["symbol"] == "prefix_prefill_ws_kernel"
     assert got["e_machine"] == 190 and got["sm"] == 90
+
+
+REC = spec.PREFIX_PREFILL_WS_REC
+REC_INT8 = dict(INT8_D128)  # the record kernel's axes: int8 per token at 128-wide tiles, nhd
+
+
+def test_record_kernel_variants_keys_and_targets():
+    assert get_spec("prefix_prefill_ws_rec") is REC and REC.kind == "gluon"
+    assert list(REC.variants()) == [dict(REC_INT8, dtype=d, kv=kv, scales=sc) for d in spec.DTYPES
+                                    for kv, sc in spec.REC_FORMATS]
+    keys = REC.keys(targets.get("sm90").spec_arch())
+    assert len(keys) == 6 and {k.level for k in keys} == {ALIGNED}
+    for name in ("sm80", "gfx942", "gfx90a"):
+        assert REC.keys(targets.get(name).spec_arch()) == [], name
+    assert REC.launch_config(REC_INT8, 100) is None
+    assert REC.compile_constexprs(dict(REC_INT8, kv="fp8_e4m3", scales="none"), 90) == {
+        "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "KV_FORMAT": 1, "SCALES": 0}
+    # the Triton kernel's BLOCK_M for the same calls (the op's grid): 128 too
+    for kv, sc in spec.REC_FORMATS:
+        axes = dict(REC_INT8, kv=kv, scales=sc, score="plain")
+        assert spec.PREFIX_PREFILL.compile_constexprs(axes, 90)["BLOCK_M"] == 128
+    # its binary assumes q's and out's alignment only: the caches' rows are vLLM's 4-byte-aligned record
+    assert set(REC.divisible_args(ALIGNED)) == set(spec.REC_ALIGNED)
+    check_consistency(REC, jit_function(REC))
+
+
+@pytest.mark.parametrize("change,served", [
+    ({}, True), ({"kv": "fp8_e4m3"}, True), ({"kv": "fp8_e4m3", "scales": "none"}, True), ({"dtype": "fp16"}, True),
+    ({"kv_align": 4}, True), ({"block_d": 64}, False), ({"scales": "group"}, False), ({"kv": "int4"}, False),
+    ({"kv": "fp8_e5m2", "scales": "none"}, False), ({"kv": "same", "scales": "none"}, False), ({"score": "mod"}, False),
+    ({"layout": "vllm"}, False),
+])
+def test_record_kernel_routing_rule(change, served):
+    axes = dict(REC_INT8, **change)
+    assert spec.rec_serves(axes, (9, 0), out_fp8=False, aligned=True, from_cache=True, rows4=True) is served
+    for cap, fp8, aligned, from_cache, rows4 in (((8, 0), False, True, True, True), ((9, 0), True, True, True, True),
+                                                 ((9, 0), False, False, True, True), ((9, 0), False, True, False, True),
+                                                 ((9, 0), False, True, True, False)):
+        assert not spec.rec_serves(axes, cap, out_fp8=fp8, aligned=aligned, from_cache=from_cache, rows4=rows4)
+
+
+def _record_plan(fmt, head_dim=128, dtype=torch.bfloat16):
+    from tests.cpu.aot.kv_align4_jit_sha import call
+    from tests.cpu.aot.ws_rec_jit_sha import per_cache_call
+
+    if fmt == "fp8_tensor":
+        return per_cache_call(dtype)
+    return call(head_dim, dtype, torch.int8 if fmt == "int8" else torch.float8_e4m3fn, fmt)
+
+
+@pytest.mark.parametrize("fmt,change,want", [
+    ("int8", None, "prefix_prefill_ws_rec"), ("fp8_e4m3", None, "prefix_prefill_ws_rec"),
+    ("fp8_tensor", None, "prefix_prefill_ws_rec"),
+    ("int8", "misaligned q", "prefix_prefill"),  # its ALIGNED binary's assumption
+    ("int8", "cache 2 bytes off", "prefix_prefill"),  # its 4-byte loads
+    ("int8", "odd row stride", "prefix_prefill"),
+    ("int8", "head dim 64", "prefix_prefill"),  # 64-wide tiles: kernel.py's
+    ("int8", "fp8 out", "prefix_prefill"),
+    ("fp8_e4m3", "switched off", "prefix_prefill"),
+    ("int8", "not built", "prefix_prefill"),  # artifacts without it keep kernel.py's built binary
+])
+def test_record_kernel_op_routing(fmt, change, want, monkeypatch):
+    from aotc.loader import dispatch
+    from aotc.loader.targets import Device
+
+    axes, _grid, args = _record_plan(fmt, 64 if change == "head dim 64" else 128)
+    assert args[spec.PREFIX_PREFILL.arg_index["kv_from_cache"]] == 1
+    args = [(_CudaPointer(4096 * (i + 1) + (2 if (change == "misaligned q" and i == 0)
+                                            or (change == "cache 2 bytes off" and i == 4) else 0)
+                          + (132 if i == 4 and fmt != "fp8_tensor" else 0)))  # the record's V: 4 bytes past 16
+            if a.kind == "ptr" else v for i, (a, v) in enumerate(zip(spec.KERNEL_ARGS, args))]
+    if change == "odd row stride":
+        args[spec.PREFIX_PREFILL.arg_index["stride_kct"]] += 1  # int16 words: 2 bytes off a multiple of 4
+    if change == "fp8 out":
+        args[spec.PREFIX_PREFILL.arg_index["out_fp8"]] = 1
+    if change == "switched off":
+        monkeypatch.setenv(pp_op.ENV_WS, "0")
+    monkeypatch.setattr(dispatch, "device_of", lambda index: Device(name="NVIDIA GPU", capability=(9, 0)))
+    monkeypatch.setattr(dispatch, "is_built", lambda kernel, axes_, device: change != "not built"
+                        or kernel.name == "prefix_prefill")
+    assert pp_op.kernel_for(axes, args).name == want
+
+
+def test_record_kernel_sm90_binary():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = _COMPILE.replace("spec.PREFIX_PREFILL_WS", "spec.PREFIX_PREFILL_WS_REC")
+    for index in (0, 5):
+        res = subprocess.run([sys.executable, "-c", code, str(index)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["num_warps"] == 16, got
+        assert 128 * 1024 < got["shared"] <= 227 * 1024, got  # q (fp16) + the ring: one program an SM
+        assert got["global_scratch"] == 0 and got["symbol"] == "prefix_prefill_ws_rec_kernel"
+        assert got["e_machine"] == 190 and got["sm"] == 90

@@ -1,0 +1,312 @@
+"""Paged prefix-prefill with every key read from the cache (vLLM's unified_attention), for sm90 (Gluon).
+
+kernel_ws.py's warp-specialized program (16 warps, one program an SM: 128 new tokens of one request
+and one query head) for the calls it does not take: the new tokens' keys and values already in the
+cache after the context (the op's k = v = None), one causal loop over the cache, on
+  int8 (KV_FORMAT 3) and fp8 e4m3 (1) codes with one scale a token and kv head (SCALES 1): vLLM's
+      INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD record [K codes | K scale | V codes | V scale] a
+      (token, kv head), whose rows are only 4-byte aligned; value = code * scale rounded once to
+      fp16, as quant.py's word tiles (the same PTX arithmetic);
+  fp8 e4m3 with one scale a cache (SCALES 0, vLLM's FP8_PER_TENSOR): value * 2^-8 in the tiles
+      (exact), the scales and the 2^8 on q's logit scale and on the output, as kernel.py does.
+
+  producer (8 warps): tiles of 128 keys, K and V rows read 4 bytes a load (a 128-byte row over 8
+      threads, 4 rows a thread), converted in registers by packed PTX (four codes a register),
+      stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a stage. (A ring
+      of 3, int32 words, and a producer loading tile t + 1 while storing tile t were not faster:
+      BENCHMARKS.md, session 34.)
+  two consumers (4 warps each): 64 query rows each, wgmma Q.K^T in fp16 (q scaled by a power of
+      two a row), online softmax (base 2, sinks, window, causal on the tiles past the q block's
+      first position), wgmma P.V.
+
+Shared memory: q once (fp16, 32 KiB) and the ring (128 KiB). Where it runs (the op decides,
+loader/ops/prefix_prefill.py, spec.rec_serves): sm90, k = v = None, head_dim 80..128 (multiples of
+16: q and out take 16-byte loads), cache addresses and byte strides multiples of 4, fp16/bf16 out.
+Its ALIGNED binary assumes only q's and out's alignment (spec.REC_ARGS); the caches' is the op's
+check. Everything else runs kernel.py.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from aotc.kernels.common.schedule import owner_of_block
+
+from .kernel import LOG2E, NEG_BIG
+from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _qk
+from .quant import _load_scale
+from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
+
+STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
+# the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
+# live in its registers
+LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
+                                   warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
+
+# Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
+# prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
+I8X4_DEQUANT_PTX = gl.constexpr("""{
+            .reg .b32 t, e, o, m;
+            mov.b32 m, 0x64806480;
+            prmt.b32 t, $2, 0, 0x3120;
+            lop3.b32 e, t, 0x00FF00FF, 0x64806480, 0x6A;
+            shr.b32 o, t, 8;
+            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
+            sub.rn.f16x2 e, e, m;
+            sub.rn.f16x2 o, o, m;
+            mul.rn.f16x2 $0, e, $3;
+            mul.rn.f16x2 $1, o, $4;
+            }""")
+# Four fp8 e4m3 codes a register -> fp16 (c0, c1), (c2, c3) times the scales: dequant._e4m3x2_dequant's
+# arithmetic (value * 2^-8, times 256, times s, rounded once), bytes taken in channel order.
+E4M3X4_DEQUANT_PTX = gl.constexpr("""{
+            .reg .b32 a, b, m;
+            mov.b32 m, 0x5C005C00;
+            prmt.b32 a, $2, 0, 0x9180;
+            prmt.b32 b, $2, 0, 0xB3A2;
+            shl.b32 a, a, 7;
+            shl.b32 b, b, 7;
+            and.b32 a, a, 0xBF80BF80;
+            and.b32 b, b, 0xBF80BF80;
+            mul.rn.f16x2 a, a, m;
+            mul.rn.f16x2 b, b, m;
+            mul.rn.f16x2 $0, a, $3;
+            mul.rn.f16x2 $1, b, $4;
+            }""")
+# Four fp8 e4m3 codes a register -> fp16 value * 2^-8 (exact; the scale and 2^8 go elsewhere).
+E4M3X4_BITS_PTX = gl.constexpr("""{
+            .reg .b32 a, b;
+            prmt.b32 a, $2, 0, 0x9180;
+            prmt.b32 b, $2, 0, 0xB3A2;
+            shl.b32 a, a, 7;
+            shl.b32 b, b, 7;
+            and.b32 $0, a, 0xBF80BF80;
+            and.b32 $1, b, 0xBF80BF80;
+            }""")
+
+
+@gluon.jit
+def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+    """(which keys [start, start + BLOCK_N) count, their block, their slot): K's and V's loads share them."""
+    n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    n_valid = (n >= key_lo) & (n < ctx_hi)
+    blk = gl.load(bt_row + n // block_size, mask=n_valid, other=0).to(gl.int64)
+    return n_valid, blk, (n % block_size).to(gl.int64)
+
+
+@gluon.jit
+def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
+              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
+    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
+    key's scale in fp16 (0 otherwise). Keys that do not count and channels past head_dim are 0
+    (their scores are masked)."""
+    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
+    ptrs = Cb + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(c, 0)
+    ptrs = gl.multiple_of(ptrs, [1, 4])  # rows 4-byte aligned (the op checks addresses and strides)
+    x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
+    if SCALES == 1:
+        sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
+    else:
+        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, LD))
+    return x, sc
+
+
+@gluon.jit
+def _rec_store(x, sc, buf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
+    """_rec_load's codes as fp16 values (SCALES 1: code * scale; 0: e4m3 value * 2^-8) into buf[st]."""
+    if SCALES == 1:
+        s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
+        if KV_FORMAT == 3:
+            y = gl.inline_asm_elementwise(I8X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16, is_pure=True,
+                                          pack=4)
+        else:
+            y = gl.inline_asm_elementwise(E4M3X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16,
+                                          is_pure=True, pack=4)
+    else:
+        y = gl.inline_asm_elementwise(E4M3X4_BITS_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    buf.index(st).store(y)
+
+
+@gluon.jit
+def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt, s_kh,
+                  s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, key_lo, ctx_hi, first, n_ctx, head_dim,
+                  BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
+    for t in range(n_ctx):
+        st = t % STAGES
+        ph = (t // STAGES) & 1
+        start = first + t * BLOCK_N
+        # both tiles' loads in flight before either is converted
+        n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
+        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
+        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
+                           BLOCK_N, BLOCK_D, SCALES)
+        mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
+        _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
+        fence_async_shared()
+        mbarrier.arrive(kfull.index(st))
+        mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
+        _rec_store(xv, sv, vb, st, KV_FORMAT, SCALES)
+        fence_async_shared()
+        mbarrier.arrive(vfull.index(st))
+
+
+@gluon.jit
+def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, mma_o: gl.constexpr):
+    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st (the
+    producer fenced its register stores before arriving: no fence here)."""
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
+    mbarrier.wait(vfull.index(st), ph)
+    o = warpgroup_mma(gl.convert_layout(p.to(gl.float16), p_l), vbuf.index(st), o, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    mbarrier.arrive(vempty.index(st))
+    return m_new, l_i, o
+
+
+@gluon.jit
+def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk, q_len,
+                  q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win, stride_ot,
+                  stride_oh, head_dim, ROW0: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, DTYPE: gl.constexpr):
+    """Rows [ROW0, ROW0 + HALF) of the q block over keys [key_lo, ctx_hi), then the store."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                                    instr_shape=[16, BLOCK_D, 16])
+    row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma_s)
+    rsc = rs.slice(ROW0, HALF).load(row_l)  # the logit scale a row (its q scaling undone)
+    offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
+    q_pos = ctx_len + offs_m
+    sink = gl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
+    m_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.maximum(sink, NEG_BIG)
+    l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
+    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
+    for t in range(n_ctx):
+        st = t % STAGES
+        ph = (t // STAGES) & 1
+        mbarrier.wait(kfull.index(st), ph)
+        s = _qk(qc, kb, st, s_zero, ROW0, HALF)
+        mbarrier.arrive(kempty.index(st))
+        start = first + t * BLOCK_N
+        s = s * gl.expand_dims(rsc, 1)
+        # tiles below the q block's first position and inside every row's window need no mask
+        if (start < inner_lo) | (start + BLOCK_N > inner_hi):
+            # causal and window: keys below key_lo are past the window of every row, and keys
+            # from ctx_hi on lie past every valid row's own position
+            nc = start + gl.arange(0, BLOCK_N, layout=col_l)
+            dist = gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0)
+            ok = (dist >= 0) & (dist < win)
+            s = gl.where(ok, s, float("-inf"))
+        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, mma_o)
+    # a row with nothing to attend (no keys at all) keeps l == 0: written as 0
+    inv = gl.expand_dims(gl.convert_layout(v_unit / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
+    rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))
+    row_ok = (rows_o < q_len) & (active != 0)
+    rows_off = (q_start + rows_o).to(gl.int64) * stride_ot + head.to(gl.int64) * stride_oh
+    Od = Out.to(gl.pointer_type(DTYPE), bitcast=True)
+    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, mma_o))
+    gl.store(Od + gl.expand_dims(rows_off, 1) + gl.expand_dims(d, 0), (o * inv).to(DTYPE),
+             mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(d < head_dim, 0))
+
+
+@gluon.jit(do_not_specialize=REC_DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT)
+def prefix_prefill_ws_rec_kernel(
+    Q, K, V, K_cache, V_cache, Out,
+    Block_table, Query_start_loc, Seq_lens, K_scale, V_scale, Out_scale, Sinks,
+    sm_scale, batch, num_queries_per_kv, block_size, stride_bt, window, has_sinks, out_fp8,
+    skip_decode, kv_xg, scale_kind, stride_ksb, stride_kst, stride_ksh,
+    head_dim, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_kcb, stride_kct, stride_kch, stride_kcd, stride_vcb, stride_vct, stride_vch, stride_vcd,
+    BLOCK_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, KV_FORMAT: gl.constexpr,
+    SCALES: gl.constexpr,
+):
+    # K, V, their strides and Out_scale are not read (the keys are in the cache; out_fp8 is kernel.py's).
+    gl.static_assert(BLOCK_M == 2 * 64, "two consumer warpgroups of 64 rows")
+    HALF: gl.constexpr = BLOCK_M // 2
+    DTYPE: gl.constexpr = Q.dtype.element_ty
+    if SCALES == 0:  # per-cache fp8: the op's grid for kernel.py's float/fp8 path, (q_heads, q blocks)
+        pid = gl.program_id(1)
+        head = gl.program_id(0)
+    else:
+        pid = gl.program_id(0)
+        head = gl.program_id(1)
+    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
+    q_start = gl.load(Query_start_loc + req)
+    q_len = gl.load(Query_start_loc + req + 1) - q_start
+    # A request's q blocks run last first (kernel_ws.py): the longest programs start first.
+    rank = pid - (q_start // BLOCK_M + req)
+    n_blk = gl.cdiv(q_len, BLOCK_M)
+    qblk = gl.maximum(n_blk - 1 - rank, 0)
+    active = ((rank < n_blk) & ((skip_decode == 0) | (q_len != 1))).to(gl.int32)
+    ctx_len = gl.load(Seq_lens + req) - q_len
+    kv_head = (head // num_queries_per_kv).to(gl.int64)
+    win = gl.where(window > 0, window, 2147483647)
+    qk_scale = sm_scale * LOG2E
+    # keys [key_lo, ctx_hi) in tiles from first: the context, then the new tokens up to the block's
+    # last row; tiles in [inner_lo, inner_hi) lie below its first row and inside every row's window
+    last_row = gl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
+    key_lo = gl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
+    ctx_hi = ctx_len + last_row + 1
+    first = key_lo // BLOCK_N * BLOCK_N
+    inner_lo = gl.maximum(gl.cdiv(gl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
+    n_ctx = gl.cdiv(ctx_hi - first, BLOCK_N) * active
+
+    ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_D, BLOCK_D // 8],
+                                         warps_per_cta=[CONSUMER_WARPS, 1], order=[1, 0])
+    offs_m = qblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ldq))
+    m_valid = (offs_m < q_len) & (active != 0)
+    q_row = (q_start + offs_m).to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
+    dq = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ldq))
+    q = gl.load(Q + gl.expand_dims(q_row, 1) + gl.expand_dims(dq, 0),
+                mask=gl.expand_dims(m_valid, 1) & gl.expand_dims(dq < head_dim, 0), other=0.0)
+    kind = scale_kind & 3  # the per-token scales' dtype
+    qf = q.to(gl.float32)
+    amax = gl.max(gl.abs(qf), 1)
+    unit = gl.where(amax > 0.0, gl.exp2(gl.floor(gl.log2(gl.maximum(amax, 1e-30))) - 14.0), 1.0)
+    qh = (qf / gl.expand_dims(unit, 1)).to(gl.float16)
+    logit = unit * qk_scale
+    v_unit = 1.0
+    if SCALES == 0:  # one scale a cache: the tiles hold value * 2^-8
+        logit = logit * (gl.load(K_scale.to(gl.pointer_type(gl.float32), bitcast=True)) * 256.0)
+        v_unit = gl.load(V_scale.to(gl.pointer_type(gl.float32), bitcast=True)) * 256.0
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], gl.float16)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float16)
+    r_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    qc = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_D], q_sl, qh)
+    rs = gl.allocate_shared_memory(gl.float32, [BLOCK_M], r_sl, logit)
+    kb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
+    vb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
+    kfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kfull.index(i), count=1)
+        mbarrier.init(kempty.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(vfull.index(i), count=1)
+        mbarrier.init(vempty.index(i), count=2)
+    fence_async_shared()
+    gl.thread_barrier()
+    bt_row = Block_table + req.to(gl.int64) * stride_bt
+    # the op passes per-token caches' strides in int16 words (quant.py's), per-tensor fp8's in bytes
+    unit_b: gl.constexpr = 2 if SCALES == 1 else 1
+    gl.warp_specialize([
+        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
+                         q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
+                         stride_ot, stride_oh, head_dim, 0, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE)),
+        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
+                         q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
+                         stride_ot, stride_oh, head_dim, HALF, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE)),
+        (_rec_producer, (K_cache, V_cache, K_scale, V_scale, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size,
+                         kv_head, stride_kcb * unit_b, stride_kct * unit_b, stride_kch * unit_b, stride_vcb * unit_b,
+                         stride_vct * unit_b, stride_vch * unit_b, stride_ksb, stride_kst, stride_ksh, kind, key_lo,
+                         ctx_hi, first, n_ctx, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)),
+    ], [CONSUMER_WARPS, PRODUCER_WARPS], [184, 72])

@@ -9,7 +9,8 @@ latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads 
 sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
-(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
+(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks; or,
+for latent calls of few splits (`fuses`), FUSED: the split kernel that merges in its last program.
 Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
 runtime arguments; split counts follow batch, heads and occupancy (num_splits), never lengths.
 """
@@ -213,6 +214,70 @@ SPLIT = KernelSpec(
     target_constexprs=split_target_constexprs,
 )
 
+# --- split with the merge folded in (one launch a call) -------------------------------------
+
+# The last program of a (request, head block) merges its splits' partials: one program reads
+# splits x BLOCK_H x d_v floats, a serial tail that grows with the split count, while the
+# two-kernel path spreads the merge over (batch x heads) programs. Fused up to this many splits
+# (batch 32 x 4K at 16 heads: 8); past it the merge kernel. Unmeasured on a GPU (issue 39).
+FUSED_MAX_SPLITS = 16
+# Channels the fused merge combines at a time: a [BLOCK_H, MERGE_DV] fp32 tile of FUSED_MERGE_ELEMENTS
+# (h16: 256 channels), at least 128 channels (h32, h64). sm90 ptxas, bf16 latent: h16 168 registers
+# (the split alone 192), h32 173 (195), h64 255 (255), no stack; 8192-element tiles took h16 to 255.
+FUSED_MERGE_ELEMENTS = 4096
+FUSED_MIN_MERGE_DV = 128
+
+
+FUSED_ARGS = (
+    *SPLIT_ARGS[:10],
+    Arg("Sinks", "ptr", dtype="=fp32"),
+    Arg("Out", "ptr", aligned=True, dtype="q"),
+    Arg("Lse", "ptr", dtype="=fp32"),  # [batch, q_heads] natural-log LSE when write_lse
+    Arg("Counters", "ptr", dtype="=i32"),  # one a (request, head block), zero between calls
+    *SPLIT_ARGS[10:],
+    Arg("use_sinks", _I32),
+    Arg("write_lse", _I32),
+    Arg("stride_ob", _I32, aligned=True),
+    Arg("stride_oh", _I32, aligned=True),
+    Arg("stride_lse", _I32),
+)
+
+
+def fused_constexprs(axes) -> dict:
+    c = split_constexprs(axes)
+    return {**c, "MERGE_DV": min(c["BLOCK_DV"], max(FUSED_MIN_MERGE_DV, FUSED_MERGE_ELEMENTS // c["BLOCK_H"]))}
+
+
+def fused_variants():
+    # the latent layout (MLA decode, issue 39); separate caches keep the two kernels
+    for axes in split_variants():
+        if axes["layout"] == "latent":
+            yield axes
+
+
+def fuses(axes, splits: int) -> bool:
+    """Whether a call's split kernel merges in its last programs (one launch) instead of decode's merge."""
+    return axes["layout"] == "latent" and splits <= FUSED_MAX_SPLITS
+
+
+FUSED = KernelSpec(
+    name="mla_fused",
+    module="aotc.kernels.decode.mla_kernel",
+    function="mla_fused_kernel",
+    args=FUSED_ARGS,
+    constexpr_names=SPLIT.constexpr_names + ("MERGE_DV",),
+    constexprs=fused_constexprs,
+    variants=fused_variants,
+    launch=split_launch,
+    target_constexprs=split_target_constexprs,
+)
+
+
+def counter_elements(batch: int, kv_heads: int, group: int, tile: str) -> int:
+    """int32 counters of a fused call: one a (request, head block)."""
+    return batch * kv_heads * head_blocks(group, tile)
+
+
 # --- merge: decode's kernel at this family's value head sizes ------------------------------------
 
 MERGE_HEAD_DIMS = tuple(sorted({row[1] for row in DECLARED} - set(D.HEAD_DIMS)))
@@ -252,4 +317,4 @@ MERGE = KernelSpec(
     launch=merge_launch,
 )
 
-KERNELS = (SPLIT, MERGE)
+KERNELS = (SPLIT, FUSED, MERGE)

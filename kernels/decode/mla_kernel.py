@@ -13,9 +13,10 @@ the natural-log LSE.
 `mla_fused_kernel` (mla_spec.FUSED: latent calls of at most FUSED_MAX_SPLITS splits) is the split
 kernel with that merge folded in, one launch a call: after storing its partial, each program
 increments its (request, head block)'s int32 counter (a CTA barrier, then one thread's gpu-scope
-acq_rel atomic); the program that arrives last reads every split's partial past L1 (.cg), writes
-out and lse as decode's merge does (its loop form, MERGE_DV channels at a time) and resets the
-counter to zero, so the next call and a graph replay start clean. The grid is the split kernel's.
+acq_rel atomic); the program that arrives last reads every split's partial (at most MERGE_SPLITS,
+unrolled, so all of a MERGE_DV-channel block's loads are in flight together), writes out and lse
+as decode's merge does and resets the counter to zero, so the next call and a graph replay start
+clean. The grid is the split kernel's.
 
 Key channels are two tiles: A, channels [0, BLOCK_A), and B, [BLOCK_A, BLOCK_A + BLOCK_B) (576 =
 512 + 64, 192 = 128 + 64), each a power of two masked at D_QK, so no channel beyond D_QK is read
@@ -183,6 +184,7 @@ def mla_fused_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LATENT: tl.constexpr, KV_KIND: tl.constexpr,
     PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr, MERGE_DV: tl.constexpr,
+    MERGE_SPLITS: tl.constexpr,
 ):
     # The split kernel, then the merge in the last program of each (request, head block) to finish:
     # one launch a call. Counters: int32 a (request, head block), zero before the call and reset to
@@ -206,19 +208,22 @@ def mla_fused_kernel(
         h_mask = offs_g < group
         heads = (pid_h // h_blocks) * group + offs_g
         slot0 = (b * q_heads + heads).to(tl.int64) * num_splits
-        # .cg: the partials of other SMs, read past L1
+        # Unrolled over MERGE_SPLITS (splits past the call's masked): every load is issued before any
+        # result is needed and no store sits between them. Plain loads: the acquire above (with its L1
+        # invalidation) and the barrier order them after every split's stores.
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for s in range(0, num_splits):
-            m = tl.maximum(m, tl.load(PartLse + slot0 + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg"))
+        for s in tl.static_range(MERGE_SPLITS):
+            ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
+            m = tl.maximum(m, ls)
         sink = tl.full([BLOCK_H], float("-inf"), tl.float32)
         if use_sinks != 0:
             sink = tl.load(Sinks + heads, mask=h_mask, other=float("-inf")).to(tl.float32) * LOG2E
             m = tl.maximum(m, sink)
         m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
         denom = tl.exp2(sink - m)
-        for s in range(0, num_splits):
-            lse = tl.load(PartLse + slot0 + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg")
-            denom += tl.exp2(lse - m)
+        for s in tl.static_range(MERGE_SPLITS):
+            ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
+            denom += tl.exp2(ls - m)
         d_ok = denom > 0
         inv = 1.0 / tl.where(d_ok, denom, 1.0)
         out_rows = Out + b.to(tl.int64) * stride_ob + heads.to(tl.int64) * stride_oh
@@ -226,14 +231,13 @@ def mla_fused_kernel(
             offs_d = c0 + tl.arange(0, MERGE_DV)
             d_mask = offs_d < D_V
             acc = tl.zeros([BLOCK_H, MERGE_DV], dtype=tl.float32)
-            for s in range(0, num_splits):
-                lse = tl.load(PartLse + slot0 + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg")
+            for s in tl.static_range(MERGE_SPLITS):
+                ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
                 # empty splits stored no partial (their slot may hold an earlier call's NaN): not read;
-                # NaN passes `lse != -inf`, so a NaN split's partial is read and the NaN kept
+                # NaN passes `ls != -inf`, so a NaN split's partial is read and the NaN kept
                 o = tl.load(PartO + (slot0 + s)[:, None] * D_V + offs_d[None, :],
-                            mask=(h_mask & (lse != float("-inf")))[:, None] & d_mask[None, :], other=0.0,
-                            cache_modifier=".cg")
-                acc += o * tl.exp2(lse - m)[:, None]
+                            mask=(h_mask & (ls != float("-inf")))[:, None] & d_mask[None, :], other=0.0)
+                acc += o * tl.exp2(ls - m)[:, None]
             tl.store(out_rows[:, None] + offs_d[None, :], (acc * inv[:, None]).to(Out.dtype.element_ty),
                      mask=h_mask[:, None] & d_mask[None, :])
         if write_lse != 0:

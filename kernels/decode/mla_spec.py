@@ -217,15 +217,14 @@ SPLIT = KernelSpec(
 # --- split with the merge folded in (one launch a call) -------------------------------------
 
 # The last program of a (request, head block) merges its splits' partials: one program reads
-# splits x BLOCK_H x d_v floats, a serial tail that grows with the split count, while the
-# two-kernel path spreads the merge over (batch x heads) programs. Fused up to this many splits
-# (batch 32 x 4K at 16 heads: 8); past it the merge kernel. Unmeasured on a GPU (issue 39).
-FUSED_MAX_SPLITS = 16
-# Channels the fused merge combines at a time: a [BLOCK_H, MERGE_DV] fp32 tile of FUSED_MERGE_ELEMENTS
-# (h16: 256 channels), at least 128 channels (h32, h64). sm90 ptxas, bf16 latent: h16 168 registers
-# (the split alone 192), h32 173 (195), h64 255 (255), no stack; 8192-element tiles took h16 to 255.
-FUSED_MERGE_ELEMENTS = 4096
-FUSED_MIN_MERGE_DV = 128
+# splits x BLOCK_H x d_v floats, a tail that grows with the split count, while the two-kernel path
+# spreads the merge over (batch x heads) programs. Fused up to this many splits (the merge is
+# unrolled over them: every split's load of a channel block in flight at once); past it the merge
+# kernel. Batch 32 x 4K at 16 heads takes 8 on an H100 (BENCHMARKS.md, "MLA decode: the fused merge").
+FUSED_MAX_SPLITS = 8
+# Channels the fused merge combines at a time: [BLOCK_H, MERGE_DV] fp32 blocks of this many elements,
+# FUSED_MAX_SPLITS of them loaded together (more took the 16-head bf16 binary to spills, sm90 ptxas).
+FUSED_MERGE_ELEMENTS = 2048
 
 
 FUSED_ARGS = (
@@ -245,7 +244,8 @@ FUSED_ARGS = (
 
 def fused_constexprs(axes) -> dict:
     c = split_constexprs(axes)
-    return {**c, "MERGE_DV": min(c["BLOCK_DV"], max(FUSED_MIN_MERGE_DV, FUSED_MERGE_ELEMENTS // c["BLOCK_H"]))}
+    return {**c, "MERGE_DV": min(c["BLOCK_DV"], max(16, FUSED_MERGE_ELEMENTS // c["BLOCK_H"])),
+            "MERGE_SPLITS": FUSED_MAX_SPLITS}
 
 
 def fused_variants():
@@ -265,7 +265,7 @@ FUSED = KernelSpec(
     module="aotc.kernels.decode.mla_kernel",
     function="mla_fused_kernel",
     args=FUSED_ARGS,
-    constexpr_names=SPLIT.constexpr_names + ("MERGE_DV",),
+    constexpr_names=SPLIT.constexpr_names + ("MERGE_DV", "MERGE_SPLITS"),
     constexprs=fused_constexprs,
     variants=fused_variants,
     launch=split_launch,

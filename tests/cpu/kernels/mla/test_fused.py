@@ -81,13 +81,12 @@ def test_past_the_fused_cap_two_kernels(spied):
     assert_lse_close(lse, ref_lse)
 
 
-@pytest.mark.parametrize("tile", ["h32", "h64"])
-def test_fused_wide_tiles_merge_channel_blocks(spied, monkeypatch, tile):
-    # MERGE_DV 128: the merge walks the 512 value channels in 4 blocks (h16's 256 in 2, the tests
-    # above); 40 heads: a partial head block
+@pytest.mark.parametrize("tile,merge_dv", [("h32", 64), ("h64", 32)])
+def test_fused_wide_tiles_merge_channel_blocks(spied, monkeypatch, tile, merge_dv):
+    # the merge walks the 512 value channels in 8 (h32) or 16 (h64) blocks (h16's 128 in 4, the
+    # tests above); 40 heads: a partial head block
     monkeypatch.setattr(S, "choose_tile", lambda group, arch, layout="latent": tile)
-    assert S.fused_constexprs(S.split_axes("bf16", "bf16", 576, 512, "latent", tile))["MERGE_DV"] == \
-        128
+    assert S.fused_constexprs(S.split_axes("bf16", "bf16", 576, 512, "latent", tile))["MERGE_DV"] == merge_dv
     case = make_case([0, 33, 130], kv_heads=1, group=40, seed=13)
     out, lse = _run(case, 4)
     assert spied == ["mla_fused"]
@@ -128,4 +127,4 @@ def test_fused_spec():
     assert S.fuses(axes, 8) and S.fuses(axes, S.FUSED_MAX_SPLITS) and not S.fuses(axes, S.FUSED_MAX_SPLITS + 1)
     assert not S.fuses(S.split_axes("bf16", "bf16", 192, 128, "separate"), 2)
     assert S.counter_elements(32, 1, 128, "h64") == 64
-    assert S.fused_constexprs(axes)["MERGE_DV"] == 256
+    assert S.fused_constexprs(axes)["MERGE_DV"] == 128 and S.fused_constexprs(axes)["MERGE_SPLITS"] == 8

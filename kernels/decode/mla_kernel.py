@@ -55,6 +55,21 @@ def _tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr):
         return _fp8_bits_to_fp16(x, KV_KIND, PTX)
 
 
+@triton.jit
+def _prefetch_table(Table, b, use_req_idx, max_pages, stride_table, page_shift, split, num_splits,
+                    BLOCK_N: tl.constexpr):
+    # The page ids this split reads if its request fills the table, pulled into L2 while its length
+    # is read (the split's chunk follows from the length): the chain length -> page table -> cache
+    # then waits for one DRAM read fewer wherever the guess holds, and a wrong guess costs 4 lines.
+    if use_req_idx == 0:
+        chunk = tl.cdiv(tl.cdiv(max_pages << page_shift, num_splits), BLOCK_N) * BLOCK_N
+        first = (split * chunk) >> page_shift
+        offs = first + tl.arange(0, 4) * 32  # 32 int32 page ids: one 128-byte line
+        ptrs = Table + b.to(tl.int64) * stride_table + tl.minimum(offs, max_pages - 1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(
     do_not_specialize=["sm_scale", "window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
                        "group"],
@@ -98,6 +113,8 @@ def _split_partial(
     h_mask = offs_g < group
     heads = kvh * group + offs_g
 
+    if PAGE_AHEAD and PTX and not _INTERPRET:
+        _prefetch_table(Table, b, use_req_idx, max_pages, stride_table, page_shift, split, num_splits, BLOCK_N)
     lo, hi, _ = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
 
     row = b

@@ -4,7 +4,10 @@ bf16 latent cache, page 64 (bench_mla.problem). Device time (CUDA events, L2 emp
 call), each kernel's summed time (torch.profiler, L2 warm) and, with --zero, the same calls over
 length-0 requests (the fixed part: launches, the length -> page table chain, the merge).
 
-    python bench/mla_fused.py --out rows.jsonl [--shape 32x4096] [--splits 4,6,8] [--zero]
+    python bench/mla_fused.py --out rows.jsonl [--shape 32x4096[:4,6,8]] [--splits 4,6,8] [--zero]
+
+A shape's own split counts (after ':') replace --splits for it; 0 is the rule's count. Where a plan
+at that count does not fuse (past FUSED_MAX_SPLITS), only its split + merge row is timed.
 """
 import argparse
 import os
@@ -17,7 +20,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bench", default=here, help="the bench/ folder holding harness.py and bench_mla.py")
 ap.add_argument("--out", default=None, help="append result rows (JSON lines) to this file")
 ap.add_argument("--heads", type=int, default=16)
-ap.add_argument("--shape", action="append", default=None, help="BATCHxCONTEXT (repeatable; default 32x4096)")
+ap.add_argument("--shape", action="append", default=None,
+                help="BATCHxCONTEXT[:SPLITS,...] (repeatable; default 32x4096)")
 ap.add_argument("--splits", default="4,6,8", help="split counts, comma-separated (0: the rule's)")
 ap.add_argument("--zero", action="store_true", help="also time the calls with every length 0")
 ap.add_argument("--tag", default="", help="appended to each row's provider (which tree ran)")
@@ -58,18 +62,19 @@ def short(name):
 
 
 for shape_text in a.shape or ["32x4096"]:
-    batch, ctx = (int(x) for x in shape_text.split("x"))
+    dims, _, counts = shape_text.partition(":")
+    batch, ctx = (int(x) for x in dims.split("x"))
     q, kv, table, lens = B.problem(batch, a.heads, ctx)
     out = torch.empty(batch, a.heads, B.D_V, dtype=q.dtype, device="cuda")
     zero = torch.zeros_like(lens)
     v = kv[..., :B.D_V]
     nbytes = batch * ctx * B.D_QK * 2
     shape = f"B{batch}xH{a.heads}x{ctx}"
-    for s in (int(x) for x in a.splits.split(",")):
+    for s in (int(x) for x in (counts or a.splits).split(",")):
         for fused in (True, False):
             plan = plan_for(q, kv, table, lens, out, s or None, fused)
             if fused and not plan.fused:
-                print(f"{shape} splits {s}: not fused in this tree (FUSED_MAX_SPLITS {S.FUSED_MAX_SPLITS})")
+                print(f"{shape} splits {plan.split_grid[2]}: not fused (FUSED_MAX_SPLITS {S.FUSED_MAX_SPLITS})")
                 continue
             n = plan.split_grid[2]
             prov = f"{'fused' if fused else '2k'}-S{n}{a.tag}"

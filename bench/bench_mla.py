@@ -10,9 +10,6 @@ vLLM's kernel is not part of aotc: pass `--vllm-shim DIR`, a folder holding vLLM
 vllm/v1/attention/ops/triton_decode_attention.py (taken from its sdist) as
 vllm/v1/attention/ops/_vllm_triton_decode_attention.py beside stub vllm.platforms /
 vllm.triton_utils modules; without it the vLLM rows are left out.
-Where the rule's split count fuses the merge into the split kernel (mla_spec.FUSED_MAX_SPLITS),
-rows `aot-fused` and `aot-2k` time that plan and the same call through split + merge (two
-launches) the same way (SplitMerge.launch), for the A/B in one process.
 `--sweep`: also time the split kernel at other tiles (heads a program, tokens a tile, warps,
 stages) through Triton's JIT, for choosing kernels/decode/mla_spec.py's table.
 """
@@ -26,7 +23,6 @@ import torch
 import triton
 
 from aotc import loader
-from aotc.kernels.decode import mla_spec as S
 from aotc.loader.ops import mla as mla_ops
 from harness import Rows, copy_bandwidth, device_time, kernel_time
 
@@ -147,21 +143,8 @@ def main():
         mla_ops._plans.clear()
         calls[0][1]()
         (plan,) = mla_ops._plans.values()
-        print(f"{shape:>18} aotc splits {plan.split_grid[2]}" + (" (fused merge)" if plan.fused else ""))
+        print(f"{shape:>18} aotc splits {plan.split_grid[2]}")
         rows.add("mla_decode", "latent-bf16-p64", "aot", shape, "splits", plan.split_grid[2])
-        if plan.fused:  # the same call through split + merge (two launches), timed as the fused plan
-            fused_max, S.FUSED_MAX_SPLITS = S.FUSED_MAX_SPLITS, 0
-            mla_ops._plans.clear()
-            mla_ops._recent.clear()  # its steady state would take the fused plan again
-            calls[0][1]()
-            (unfused,) = mla_ops._plans.values()
-            S.FUSED_MAX_SPLITS = fused_max
-            mla_ops._plans.clear()  # the "aot" row: the rule's (fused) plan again
-            mla_ops._recent.clear()
-            calls[0][1]()
-            v = kv[..., :D_V]
-            calls += [("aot-fused", lambda: plan.launch(q, kv, v, None, None, table, None, lens, None, out)),
-                      ("aot-2k", lambda: unfused.launch(q, kv, v, None, None, table, None, lens, None, out))]
         if vllm_fwd is not None:
             run, o_vllm, splits = vllm_call(vllm_fwd, q, kv, table, lens, sms)
             calls.append((f"vllm", run))

@@ -105,33 +105,3 @@ def get(device, numel: int):
             size = max(numel, 2 * buf.numel() if buf is not None else 0)
             buf = _buffers[key] = torch.zeros(size, dtype=torch.float32, device=device)
     return buf[:numel]
-
-
-_counters: dict[tuple[int, int], object] = {}
-
-
-def counters(device, numel: int):
-    """An int32 tensor of `numel` zeros between calls, one buffer per (device, stream) grown and
-    never shrunk (mla_decode's fused split+merge: an arrival counter a (request, head block),
-    each reset to zero by the kernel that counted on it). CPU: fresh zeros a call. While the
-    stream is capturing, a buffer too small is not grown: the graph gets zeros from its pool."""
-    import torch
-
-    if device.type != "cuda":
-        return torch.zeros(numel, dtype=torch.int32, device=device)
-    key = _buffer_key(device)
-    buf = _counters.get(key)
-    if buf is not None and buf.numel() >= numel:
-        return buf[:numel]
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(numel, dtype=torch.int32, device=device)
-    global generation
-    with _lock:
-        buf = _counters.get(key)
-        if buf is None or buf.numel() < numel:
-            generation += 1
-            if buf is not None:
-                _retired.append(buf)
-            buf = _counters[key] = torch.zeros(max(numel, 2 * buf.numel() if buf is not None else 0, 256),
-                                               dtype=torch.int32, device=device)
-    return buf[:numel]

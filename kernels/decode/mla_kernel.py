@@ -10,14 +10,6 @@ split with no tokens writes lse = -inf and no partial. The splits are combined b
 kernel (its HEAD_DIM = D_V; past 256 splits its looping form), which also adds sinks and writes
 the natural-log LSE.
 
-`mla_fused_kernel` (mla_spec.FUSED: latent calls of at most FUSED_MAX_SPLITS splits) is the split
-kernel with that merge folded in, one launch a call: after storing its partial, each program
-increments its (request, head block)'s int32 counter (a CTA barrier, then one thread's gpu-scope
-acq_rel atomic); the program that arrives last reads every split's partial (at most MERGE_SPLITS,
-unrolled, so all of a MERGE_DV-channel block's loads are in flight together), writes out and lse
-as decode's merge does and resets the counter to zero, so the next call and a graph replay start
-clean. The grid is the split kernel's.
-
 Key channels are two tiles: A, channels [0, BLOCK_A), and B, [BLOCK_A, BLOCK_A + BLOCK_B) (576 =
 512 + 64, 192 = 128 + 64), each a power of two masked at D_QK, so no channel beyond D_QK is read
 and a 576-channel key costs 576, not 1024, channels of work. LATENT: one cache whose first D_V
@@ -42,7 +34,6 @@ from aotc.kernels.common.dequant import _INTERPRET, _fp8_bits_to_fp16
 from aotc.kernels.common.schedule import split_tokens
 
 LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -53,21 +44,6 @@ def _tile(base, row, cols, mask, KV_KIND: tl.constexpr, PTX: tl.constexpr):
         return x
     else:
         return _fp8_bits_to_fp16(x, KV_KIND, PTX)
-
-
-@triton.jit
-def _prefetch_table(Table, b, use_req_idx, max_pages, stride_table, page_shift, split, num_splits,
-                    BLOCK_N: tl.constexpr):
-    # The page ids this split reads if its request fills the table, pulled into L2 while its length
-    # is read (the split's chunk follows from the length): the chain length -> page table -> cache
-    # then waits for one DRAM read fewer wherever the guess holds, and a wrong guess costs 4 lines.
-    if use_req_idx == 0:
-        chunk = tl.cdiv(tl.cdiv(max_pages << page_shift, num_splits), BLOCK_N) * BLOCK_N
-        first = (split * chunk) >> page_shift
-        offs = first + tl.arange(0, 4) * 32  # 32 int32 page ids: one 128-byte line
-        ptrs = Table + b.to(tl.int64) * stride_table + tl.minimum(offs, max_pages - 1)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit(
@@ -83,22 +59,6 @@ def mla_split_kernel(
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LATENT: tl.constexpr, KV_KIND: tl.constexpr,
     PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr,
 ):
-    _split_partial(Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse,
-                   sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group,
-                   stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                   D_QK, D_V, BLOCK_A, BLOCK_B, BLOCK_DV, BLOCK_N, BLOCK_H, LATENT, KV_KIND, PAGE_AHEAD, PDL, PTX)
-
-
-@triton.jit
-def _split_partial(
-    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse,
-    sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LATENT: tl.constexpr, KV_KIND: tl.constexpr,
-    PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr,
-):
-    # One program's split: its partial output and base-2 log-sum-exp stored in the workspace.
     # PDL (sm90+): scheduled while the previous kernel on the stream drains; nothing is read
     # before griddepcontrol.wait returns (decode's split kernel does the same).
     if PDL and not _INTERPRET:
@@ -113,8 +73,6 @@ def _split_partial(
     h_mask = offs_g < group
     heads = kvh * group + offs_g
 
-    if PAGE_AHEAD and PTX and not _INTERPRET:
-        _prefetch_table(Table, b, use_req_idx, max_pages, stride_table, page_shift, split, num_splits, BLOCK_N)
     lo, hi, _ = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
 
     row = b
@@ -186,79 +144,3 @@ def _split_partial(
     tl.store(PartO + slot_ids[:, None] * D_V + offs_v[None, :], acc * inv_l[:, None], mask=om)
     lse = tl.where(hi > lo, m_i + tl.log2(tl.where((l_i > 0) | (l_i != l_i), l_i, 1.0)), float("-inf"))
     tl.store(PartLse + slot_ids, lse, mask=h_mask)
-
-
-@triton.jit(
-    do_not_specialize=["sm_scale", "window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
-                       "group", "use_sinks", "write_lse", "stride_lse"],
-    do_not_specialize_on_alignment=["KS", "VS", "Table", "ReqIdx", "SeqLens", "Sinks", "Lse", "Counters"],
-)
-def mla_fused_kernel(
-    Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse, Sinks, Out, Lse, Counters,
-    sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group,
-    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-    use_sinks, write_lse, stride_ob, stride_oh, stride_lse,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, LATENT: tl.constexpr, KV_KIND: tl.constexpr,
-    PAGE_AHEAD: tl.constexpr, PDL: tl.constexpr, PTX: tl.constexpr, MERGE_DV: tl.constexpr,
-    MERGE_SPLITS: tl.constexpr,
-):
-    # The split kernel, then the merge in the last program of each (request, head block) to finish:
-    # one launch a call. Counters: int32 a (request, head block), zero before the call and reset to
-    # zero by the last arriver (the next call and a graph replay start clean).
-    _split_partial(Q, K, V, KS, VS, Table, ReqIdx, SeqLens, PartO, PartLse,
-                   sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group,
-                   stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                   D_QK, D_V, BLOCK_A, BLOCK_B, BLOCK_DV, BLOCK_N, BLOCK_H, LATENT, KV_KIND, PAGE_AHEAD, PDL, PTX)
-    pid_h = tl.program_id(0)
-    b = tl.program_id(1)
-    num_splits = tl.num_programs(2)
-    counter = Counters + b * tl.num_programs(0) + pid_h
-    # Every thread's partial stores precede the barrier; the one thread's gpu-scope release orders
-    # them before its increment, whose acquire (last arriver) orders the reads below after every split's.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_splits - 1:
-        tl.store(counter, 0)
-        h_blocks = tl.cdiv(group, BLOCK_H)
-        offs_g = (pid_h % h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-        h_mask = offs_g < group
-        heads = (pid_h // h_blocks) * group + offs_g
-        slot0 = (b * q_heads + heads).to(tl.int64) * num_splits
-        # Unrolled over MERGE_SPLITS (splits past the call's masked): every load is issued before any
-        # result is needed and no store sits between them. Plain loads: the acquire above (with its L1
-        # invalidation) and the barrier order them after every split's stores.
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for s in tl.static_range(MERGE_SPLITS):
-            ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
-            m = tl.maximum(m, ls)
-        sink = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        if use_sinks != 0:
-            sink = tl.load(Sinks + heads, mask=h_mask, other=float("-inf")).to(tl.float32) * LOG2E
-            m = tl.maximum(m, sink)
-        m = tl.where(m == float("-inf"), 0.0, m)  # length 0, no sink: every weight below is 0
-        denom = tl.exp2(sink - m)
-        for s in tl.static_range(MERGE_SPLITS):
-            ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
-            denom += tl.exp2(ls - m)
-        d_ok = denom > 0
-        inv = 1.0 / tl.where(d_ok, denom, 1.0)
-        out_rows = Out + b.to(tl.int64) * stride_ob + heads.to(tl.int64) * stride_oh
-        for c0 in tl.static_range(0, BLOCK_DV, MERGE_DV):
-            offs_d = c0 + tl.arange(0, MERGE_DV)
-            d_mask = offs_d < D_V
-            acc = tl.zeros([BLOCK_H, MERGE_DV], dtype=tl.float32)
-            for s in tl.static_range(MERGE_SPLITS):
-                ls = tl.load(PartLse + slot0 + s, mask=h_mask & (s < num_splits), other=float("-inf"))
-                # empty splits stored no partial (their slot may hold an earlier call's NaN): not read;
-                # NaN passes `ls != -inf`, so a NaN split's partial is read and the NaN kept
-                o = tl.load(PartO + (slot0 + s)[:, None] * D_V + offs_d[None, :],
-                            mask=(h_mask & (ls != float("-inf")))[:, None] & d_mask[None, :], other=0.0)
-                acc += o * tl.exp2(ls - m)[:, None]
-            tl.store(out_rows[:, None] + offs_d[None, :], (acc * inv[:, None]).to(Out.dtype.element_ty),
-                     mask=h_mask[:, None] & d_mask[None, :])
-        if write_lse != 0:
-            # natural-log LSE as decode's merge writes it: -inf where nothing was attended, NaN kept
-            total = tl.where(d_ok, (m + tl.log2(tl.where(d_ok, denom, 1.0))) * LN2,
-                             tl.where(denom != denom, denom, float("-inf")))
-            tl.store(Lse + b.to(tl.int64) * stride_lse + heads, total, mask=h_mask)

@@ -9,8 +9,7 @@ latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads 
 sm90), plus `cache`, the element type the kernel
 reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
-(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks; or,
-for latent calls of few splits (`fuses`), FUSED: the split kernel that merges in its last program.
+(kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
 Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
 runtime arguments; split counts follow batch, heads and occupancy (num_splits), never lengths.
 """
@@ -214,70 +213,6 @@ SPLIT = KernelSpec(
     target_constexprs=split_target_constexprs,
 )
 
-# --- split with the merge folded in (one launch a call) -------------------------------------
-
-# The last program of a (request, head block) merges its splits' partials: one program reads
-# splits x BLOCK_H x d_v floats, a tail that grows with the split count, while the two-kernel path
-# spreads the merge over (batch x heads) programs. Fused up to this many splits (the merge is
-# unrolled over them: every split's load of a channel block in flight at once); past it the merge
-# kernel. Batch 32 x 4K at 16 heads takes 8 on an H100 (BENCHMARKS.md, "MLA decode: the fused merge").
-FUSED_MAX_SPLITS = 8
-# Channels the fused merge combines at a time: [BLOCK_H, MERGE_DV] fp32 blocks of this many elements,
-# FUSED_MAX_SPLITS of them loaded together (more took the 16-head bf16 binary to spills, sm90 ptxas).
-FUSED_MERGE_ELEMENTS = 2048
-
-
-FUSED_ARGS = (
-    *SPLIT_ARGS[:10],
-    Arg("Sinks", "ptr", dtype="=fp32"),
-    Arg("Out", "ptr", aligned=True, dtype="q"),
-    Arg("Lse", "ptr", dtype="=fp32"),  # [batch, q_heads] natural-log LSE when write_lse
-    Arg("Counters", "ptr", dtype="=i32"),  # one a (request, head block), zero between calls
-    *SPLIT_ARGS[10:],
-    Arg("use_sinks", _I32),
-    Arg("write_lse", _I32),
-    Arg("stride_ob", _I32, aligned=True),
-    Arg("stride_oh", _I32, aligned=True),
-    Arg("stride_lse", _I32),
-)
-
-
-def fused_constexprs(axes) -> dict:
-    c = split_constexprs(axes)
-    return {**c, "MERGE_DV": min(c["BLOCK_DV"], max(16, FUSED_MERGE_ELEMENTS // c["BLOCK_H"])),
-            "MERGE_SPLITS": FUSED_MAX_SPLITS}
-
-
-def fused_variants():
-    # the latent layout (MLA decode, issue 39); separate caches keep the two kernels
-    for axes in split_variants():
-        if axes["layout"] == "latent":
-            yield axes
-
-
-def fuses(axes, splits: int) -> bool:
-    """Whether a call's split kernel merges in its last programs (one launch) instead of decode's merge."""
-    return axes["layout"] == "latent" and splits <= FUSED_MAX_SPLITS
-
-
-FUSED = KernelSpec(
-    name="mla_fused",
-    module="aotc.kernels.decode.mla_kernel",
-    function="mla_fused_kernel",
-    args=FUSED_ARGS,
-    constexpr_names=SPLIT.constexpr_names + ("MERGE_DV", "MERGE_SPLITS"),
-    constexprs=fused_constexprs,
-    variants=fused_variants,
-    launch=split_launch,
-    target_constexprs=split_target_constexprs,
-)
-
-
-def counter_elements(batch: int, kv_heads: int, group: int, tile: str) -> int:
-    """int32 counters of a fused call: one a (request, head block)."""
-    return batch * kv_heads * head_blocks(group, tile)
-
-
 # --- merge: decode's kernel at this family's value head sizes ------------------------------------
 
 MERGE_HEAD_DIMS = tuple(sorted({row[1] for row in DECLARED} - set(D.HEAD_DIMS)))
@@ -317,4 +252,4 @@ MERGE = KernelSpec(
     launch=merge_launch,
 )
 
-KERNELS = (SPLIT, FUSED, MERGE)
+KERNELS = (SPLIT, MERGE)

@@ -2,8 +2,7 @@
 `v_head_dim` channels are the value, DeepSeek-style MLA) and the path `decode` takes when its
 k_cache and v_cache head sizes differ (`split_heads_decode`). Kernels: kernels/decode/mla_kernel.py (its table: mla_spec.py).
 
-Rules (`check`, with kv_cache.py's row checks), plan (`_make_plan`: a split_merge.SplitMerge, fused
-into one launch for latent calls of few splits (mla_spec.fuses),
+Rules (`check`, with kv_cache.py's row checks), plan (`_make_plan`: a split_merge.SplitMerge,
 cached by the inputs' metadata as decode's are), launch (`SplitMerge.launch`, decode's). Declared
 once as `MLA_DECODE` (library.Op): the `torch.ops.aotc.mla_decode` op (mutating `out`/`lse`), its
 fake and its plan key follow from it, so `torch.compile(fullgraph=True)` traces through it. The
@@ -165,12 +164,6 @@ def _make_plan(c: _Call, out) -> SplitMerge:
     merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                   lse.stride(0) if lse is not None else 0]
     merge_axes = S.merge_axes(FLOAT_NAMES[out.dtype], d_v, splits)
-    if S.fuses(split_axes, splits):  # one launch: the split kernel's last programs merge
-        fused_ints = split_ints + [int(c.sinks is not None), int(lse is not None), out.stride(0), out.stride(1),
-                                   lse.stride(0) if lse is not None else 0]
-        return SplitMerge((S.FUSED, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), fused_ints),
-                          None, n_o, n_lse, q.device, c.fmt, fp8, fp8, False,
-                          S.counter_elements(batch, kv_heads, group, tile))
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), split_ints),
                       (S.merge_spec(d_v), merge_axes, DS.merge_grid(batch, q_heads, merge_axes), merge_ints),
                       n_o, n_lse, q.device, c.fmt, fp8, fp8, False)

@@ -4,7 +4,7 @@ As `DecodePlan` (decode_plan.py) for `decode`: the constructor runs every check 
 (the value checks too, once) on tensors that stand for every layer's, and keeps the plan
 (variant, grids, split count, every non-pointer argument); `run(q, kv_cache, out)` compares each
 layer tensor's dtype, size, stride and device with the plan's and launches the plan's two
-kernels (one where the merge is fused into the split kernel) with that layer's pointers (split_merge.Bound, as DecodePlan: the plan's own launches
+kernels with that layer's pointers (split_merge.Bound, as DecodePlan: the plan's own launches
 and workspace, the step's table and lengths packed once). As DecodePlan's, a run first tries one
 C call over its tensors (rules.call_matcher) and reads each pointer once; anything else takes
 the full check. out and lse may share no byte with the layer's inputs or the step's table,

@@ -5,9 +5,7 @@ Both kernel families take the same arguments (split: q, k, v, k_scale, v_scale, 
 lengths, partial out, partial lse, then decode's ALiBi slopes (a split spec with an `Alibi`
 argument), then ints; merge: partial out, partial lse, sinks, out, lse, then ints), so one
 `SplitMerge` holds what a call's metadata fixes (variants, grids, ints,
-workspace sizes, the two prepared `launch.Launch`es) and launches it three ways (a fused plan, `merge` None: one split kernel that merges in the
-last program of each (request, head block), mla_decode's; after the partial lse it takes sinks,
-out, lse and int32 arrival counters, `workspace.counters`):
+workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
 - `launch(...)`: an eager call, on the current stream with the stream's workspace, the two launches
   held together under the stream's lock; the prepared launches where the binaries are built, else
   `run_kernel` (the JIT fallback, the CPU interpreter, another current device);
@@ -62,16 +60,14 @@ class SplitMerge:
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
                  "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "residues",
-                 "fast_split", "fast_merge", "apart", "alibi", "eager_made", "n_counters")
+                 "fast_split", "fast_merge", "apart", "alibi", "eager_made")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
-                 halfword: int, n_counters: int = 0):
-        """split, merge: (spec, axes, grid, ints) of each kernel; merge None: the split kernel merges
-        (fused) with `n_counters` int32 counters."""
+                 halfword: int):
+        """split, merge: (spec, axes, grid, ints) of each kernel."""
         self.split_spec, self.split_axes, self.split_grid, self.split_ints = split
         self.alibi = "Alibi" in self.split_spec.arg_index
-        self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge or (None, None, None, None)
-        self.n_counters = n_counters
+        self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
         self.n_o, self.n_lse, self.device, self.fmt = n_o, n_lse, device, fmt
         self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
         self.residues = address_residues(halfword)
@@ -80,25 +76,17 @@ class SplitMerge:
         self.eager_made = 0  # Eager steady states made for this plan (bounded: see Eager.make)
         if device.type == "cuda" and self.launches_anything():
             split_l, merge_l = self._prepare()
-            if self.fused:
-                self.fast_split = split_l
-            elif split_l is not None and merge_l is not None:
+            if split_l is not None and merge_l is not None:
                 merge_l.lock = split_l.lock  # one lock for both buffers: launch_pointers packs them together
                 self.fast_split, self.fast_merge = split_l, merge_l
 
-    @property
-    def fused(self) -> bool:
-        return self.merge_spec is None
-
     def launches_anything(self) -> bool:
-        return all(self.split_grid) and (self.fused or all(self.merge_grid))
+        return all(self.split_grid) and all(self.merge_grid)
 
     def _prepare(self):
         index = self.device.index
-        split = prepare(self.split_spec, self.split_axes, self.split_grid, self.split_ints, index)
-        if self.fused:
-            return split, None
-        return split, prepare(self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints, index)
+        return (prepare(self.split_spec, self.split_axes, self.split_grid, self.split_ints, index),
+                prepare(self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints, index))
 
     def check_halfword(self, k_ptr: int, v_ptr: int) -> None:
         """ValueError naming the cache whose address the plan's binary was not compiled for."""
@@ -141,13 +129,8 @@ class SplitMerge:
         else:
             together = contextlib.nullcontext()  # CPU: a fresh workspace a call
         with together:
-            args = self.split_args(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi)
-            if self.fused:
-                args[10:10] = [sinks if sinks is not None else part_lse, out, lse if lse is not None else part_lse,
-                               workspace.counters(q.device, self.n_counters)]
-                run_kernel(self.split_spec, self.split_axes, self.split_grid, args)
-                return
-            run_kernel(self.split_spec, self.split_axes, self.split_grid, args)
+            run_kernel(self.split_spec, self.split_axes, self.split_grid,
+                       self.split_args(q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi))
             run_kernel(self.merge_spec, self.merge_axes, self.merge_grid,
                        [part_o, part_lse, sinks if sinks is not None else part_lse, out,
                         lse if lse is not None else part_lse, *self.merge_ints])
@@ -172,11 +155,6 @@ class SplitMerge:
                         lens, part_o, part_lse)
             if self.alibi:
                 pointers += (part_lse if alibi is None else alibi.data_ptr(),)
-            if self.fused:
-                keep = (keep, workspace.counters(self.device, self.n_counters))
-                self.fast_split(pointers + (part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
-                                            part_lse if lse is None else lse.data_ptr(), keep[1].data_ptr()), stream)
-                return
             self.fast_split(pointers, stream)
             self.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
                              part_lse if lse is None else lse.data_ptr()), stream)
@@ -187,7 +165,7 @@ class SplitMerge:
         if self.fast_split is None:
             return None
         split_l, merge_l = self._prepare()
-        if split_l is None or (merge_l is None and not self.fused):
+        if split_l is None or merge_l is None:
             return None
         return Bound(self, split_l, merge_l, table, seq_lens, req_idx, sinks, return_lse)
 
@@ -210,8 +188,7 @@ class Eager(steady.Steady):
 
     ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
     __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split_pack", "split_buffer", "merge_pack",
-                 "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws",
-                 "fused")
+                 "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
 
     def __init__(self, match, plan: SplitMerge, apart):
         super().__init__(match, apart, None, plan.device.index)
@@ -220,16 +197,12 @@ class Eager(steady.Steady):
         self.mask, self.k_res, self.v_res = plan.residues
         self.alibi = plan.alibi
         split, merge = plan.fast_split, plan.fast_merge
-        self.fused = plan.fused
-        self.split_pack, self.split_buffer = split.pack, split.buffer
+        self.split_pack, self.split_buffer, self.merge_pack, self.merge_buffer = \
+            split.pack, split.buffer, merge.pack, merge.buffer
         self.packing = split.lock  # the plan's buffers (the merge's shares it), also packed by calls on other streams
-        self.split_go = (split.go(False), split.go(True))
-        self.split_misaligned = split.misaligned
-        if merge is not None:
-            self.merge_pack, self.merge_buffer = merge.pack, merge.buffer
-            self.merge_go, self.merge_misaligned = (merge.go(False), merge.go(True)), merge.misaligned
-        # (stream, workspace.generation, stream lock, partial out, partial lse, counters (fused plans))
-        self.ws = (None, -1, None, 0, 0, 0)
+        self.split_go, self.merge_go = (split.go(False), split.go(True)), (merge.go(False), merge.go(True))
+        self.split_misaligned, self.merge_misaligned = split.misaligned, merge.misaligned
+        self.ws = (None, -1, None, 0, 0)  # (stream, workspace.generation, stream lock, partial out, partial lse)
 
     @staticmethod
     def make(plan: SplitMerge, args: tuple, tensors: tuple, scales: tuple, outputs: dict, inputs: dict):
@@ -264,26 +237,14 @@ class Eager(steady.Steady):
             ws = self._stream_workspace(stream)
             if ws is None:
                 return False
-        _, _, lock, po, pl, cp = ws
+        _, _, lock, po, pl = ws
         op, lsep, qp, kp, vp, tp, lp, rp, ksp, vsp, sp, ap = p
         if self.alibi:
             sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl, pl if ap is None else ap)
         else:
             sptrs = (qp, kp, vp, ksp, vsp, tp, rp, lp, po, pl)
-        packing = self.packing
-        if self.fused:
-            # the stream lock too: its partials must not land between another call's split and merge
-            sptrs += (pl if sp is None else sp, op, pl if lsep is None else lsep, cp)
-            lock.acquire()
-            packing.acquire()
-            try:
-                self.split_pack(self.split_buffer, 0, *sptrs)
-                self.split_go[not self.split_misaligned(sptrs)](stream)
-            finally:
-                packing.release()
-                lock.release()
-            return True
         mptrs = (po, pl, pl if sp is None else sp, op, pl if lsep is None else lsep)
+        packing = self.packing
         lock.acquire()
         packing.acquire()
         try:
@@ -303,13 +264,7 @@ class Eager(steady.Steady):
         if buf is None or buf.numel() < plan.n_o + plan.n_lse:
             return None
         po = buf.data_ptr()
-        cp = 0
-        if self.fused:
-            counters = workspace._counters.get((self.index, stream))
-            if counters is None or counters.numel() < plan.n_counters:
-                return None
-            cp = counters.data_ptr()
-        self.ws = ws = (stream, generation, workspace.stream_lock(self.index, stream), po, po + 4 * plan.n_o, cp)
+        self.ws = ws = (stream, generation, workspace.stream_lock(self.index, stream), po, po + 4 * plan.n_o)
         return ws
 
 
@@ -322,7 +277,7 @@ class Bound:
     scales (split) and out, lse (merge; lsep None for a plan without lse) and launches both: the
     one copy of a plan's launch, which DecodePlan.run and MLADecodePlan.run call."""
 
-    __slots__ = ("split", "merge", "index", "workspace", "counters", "dummy", "one", "lock", "run")
+    __slots__ = ("split", "merge", "index", "workspace", "dummy", "one", "lock", "run")
 
     def __init__(self, sm: SplitMerge, split, merge, table, seq_lens, req_idx, sinks, return_lse):
         dev = sm.device
@@ -334,21 +289,15 @@ class Bound:
                  9: part_lse}
         if sm.alibi:
             fixed[10] = part_lse  # ALiBi slopes, never read: a plan runs no score modifiers
-        self.counters = None
-        if sm.fused:  # sinks, lse (written per call with return_lse), the plan's own counters
-            self.counters = torch.zeros(max(1, sm.n_counters), dtype=torch.int32, device=dev)
-            fixed.update({10: part_lse if sinks is None else sinks.data_ptr(), 12: part_lse,
-                          13: self.counters.data_ptr()})
         split.fix(fixed)
         split.per_call(0, 5)
-        if merge is not None:
-            merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
-            merge.per_call(3, 2 if return_lse else 1)
+        merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})
+        merge.per_call(3, 2 if return_lse else 1)
         self.split, self.merge, self.index = split, merge, dev.index
         self.dummy = part_lse  # a scale pointer never read (fp16/bf16 caches)
         self.one = one(dev).data_ptr() if sm.fp8 else part_lse  # fp8 without scales reads 1.0
         self.lock = threading.Lock()
-        self.run = _bound_run(self.lock, split, merge) if merge is not None else _fused_run(self.lock, split)
+        self.run = _bound_run(self.lock, split, merge)
 
 
 def _bound_run(lock, split, merge):
@@ -369,25 +318,6 @@ def _bound_run(lock, split, merge):
                 merge_slots[4] = lsep
             split_go[not (qp | kp | vp) & 15](stream)
             merge_go[not op & 15](stream)
-        finally:
-            release()
-    return run
-
-
-def _fused_run(lock, split):
-    """A fused plan's Bound `run`: the split's five per-layer slots, then out (slot 11) and lse (12)."""
-    acquire, release, pack5, split_buffer = lock.acquire, lock.release, PACK5, split.buffer
-    slots = (ctypes.c_uint64 * 14).from_buffer(split.buffer)
-    split_go = (split.go(False), split.go(True))
-
-    def run(qp, kp, vp, ksp, vsp, op, lsep, stream) -> None:
-        acquire()
-        try:
-            pack5(split_buffer, 0, qp, kp, vp, ksp, vsp)
-            slots[11] = op
-            if lsep is not None:
-                slots[12] = lsep
-            split_go[not (qp | kp | vp | op) & 15](stream)
         finally:
             release()
     return run

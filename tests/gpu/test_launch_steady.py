@@ -73,23 +73,21 @@ def test_decode_steady_state_in_a_cuda_graph():
     assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("num_splits", [None, 8])  # the rule's (two kernels at batch 2), the fused split+merge
-def test_mla_decode_steady_state_and_plan_equal_the_checked_call(num_splits):
+def test_mla_decode_steady_state_and_plan_equal_the_checked_call():
     g = torch.Generator("cuda").manual_seed(8)
     q = torch.randn(2, 16, 576, device="cuda", dtype=torch.bfloat16, generator=g)
     kv = torch.randn(20, 16, 1, 576, device="cuda", dtype=torch.bfloat16, generator=g)
     table = torch.randperm(20, device="cuda", generator=g).to(torch.int32)[:16].view(2, 8)
     lens = torch.tensor([33, 128], device="cuda", dtype=torch.int32)
-    want = loader.mla_decode(q, kv, table, lens, v_head_dim=512, num_splits=num_splits)
+    want = loader.mla_decode(q, kv, table, lens, v_head_dim=512)
     out = torch.full_like(want, float("nan"))
     for _ in range(3):
-        loader.mla_decode(q, kv, table, lens, v_head_dim=512, out=out, validate=False,
-                          num_splits=num_splits)
+        loader.mla_decode(q, kv, table, lens, v_head_dim=512, out=out, validate=False)
     assert len(M._recent.entries) >= 1 and torch.equal(out, want)
     out.fill_(float("nan"))
-    loader.mla_decode(_strided(q), kv, table, lens, v_head_dim=512, out=out, validate=False, num_splits=num_splits)
+    loader.mla_decode(_strided(q), kv, table, lens, v_head_dim=512, out=out, validate=False)
     assert torch.equal(out, want)
-    plan = loader.MLADecodePlan(table, lens, q=q, kv_cache=kv, v_head_dim=512, num_splits=num_splits)
+    plan = loader.MLADecodePlan(table, lens, q=q, kv_cache=kv, v_head_dim=512)
     out.fill_(float("nan"))
     plan.run(q, kv, out)
     assert torch.equal(out, want)

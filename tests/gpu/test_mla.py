@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from aotc import loader
-from aotc.kernels.decode import mla_spec as S
-from aotc.loader import workspace
 from tests.cpu.kernels.mla.cases import assert_close, assert_lse_close, make_case
 from tests.gpu.aot_jit import aot, jit_only  # noqa: F401 (jit_only: a fixture)
 
@@ -79,50 +77,21 @@ def test_separate_caches_through_decode(d_qk, d_v, fmt, jit_only):
     against_reference_and_jit(case, call, jit_only, f"separate {d_qk}/{d_v} {fmt}")
 
 
-def _stream_counters_zero() -> bool:
-    """The current stream's fused split+merge counters (none yet: nothing fused ran) are all zero."""
-    t = workspace._counters.get((torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream))
-    return t is None or not t.any().item()
-
-
-@pytest.mark.parametrize("num_splits", [None, 1, 5, S.FUSED_MAX_SPLITS])
-@pytest.mark.parametrize("fmt", ["bf16", "fp8_e4m3"])
-def test_fused_merge_at_16_heads_against_reference_and_jit(fmt, num_splits, jit_only):
-    """Batch 32 at 16 heads (the rule's 8 splits on an H100: issue 39's shape): the split kernel's
-    last program of each request merges (mla_fused, one launch); the counters are zero after it."""
-    lens = LENS + [4096] * 22
-    case = make_case(lens, fmt=fmt, group=16, page_size=64, device="cuda", seed=31)
-    if fmt == "fp8_e4m3":
-        case.q = case.q.to(torch.bfloat16)
-
-    def call():
-        out, lse = _nan(len(lens), 16, 512, case.q.dtype)
-        got = loader.mla_decode(case.q, case.k_cache, case.table, case.seq_lens, out=out, lse=lse, return_lse=True,
-                                num_splits=num_splits, **case.kwargs)
-        torch.cuda.synchronize()
-        assert _stream_counters_zero()
-        return got
-
-    against_reference_and_jit(case, call, jit_only, f"fused {fmt}, {num_splits} splits")
-
-
-@pytest.mark.parametrize("num_splits", [None, 8])  # the rule's (two kernels at batch 3), fused
-def test_cuda_graph_replays_at_new_lengths(num_splits):
+def test_cuda_graph_replays_at_new_lengths():
     case = make_case([4099, 70, 1], group=16, page_size=64, device="cuda", seed=9)
     out = torch.empty(3, 16, 512, dtype=case.q.dtype, device="cuda")
     lens = case.seq_lens.clone()
-    aot(lambda: loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False,
-                                  num_splits=num_splits))
+    aot(lambda: loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False, num_splits=num_splits)
-    for new in ([10, 4099, 0], [1, 2, 3000], [1, 2, 3000]):  # the last twice: the counters reset themselves
+        loader.mla_decode(case.q, case.k_cache, case.table, lens, out=out, validate=False)
+    for new in ([10, 4099, 0], [1, 2, 3000]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         case.seq_lens = lens
-        assert_close(out, case.reference(), f"graph replay at {new}, {num_splits} splits")
+        assert_close(out, case.reference(), f"graph replay at {new}")
 
 
 def test_plan_runs_layers_bit_for_bit_as_mla_decode():

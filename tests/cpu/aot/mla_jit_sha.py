@@ -1,6 +1,6 @@
 """Run as a script (without TRITON_INTERPRET): the sha256 of the cubin Triton's JIT compiles for
 an aligned call of the MLA family's kernels (the latent split kernel at 16, 32 and 64 heads a program,
-fp8 at 16; the fused split+merge at 16 and 64, fp8 at 32; and the merge at d_v 512: one tile, the one 256-split tile over channel blocks and the looping
+fp8 at 16, and the merge at d_v 512: one tile, the one 256-split tile over channel blocks and the looping
 form past 256 splits), beside the AOT build's compile of the same keys. Prints
 pairs, one a line."""
 import hashlib
@@ -32,14 +32,6 @@ def split_args(kv_dtype):
             9216, 576, 36864, 576, 576, 36864, 576, 576]
 
 
-def fused_args(kv_dtype):
-    # the split's arguments with sinks, out, lse and the int32 counters after the partial lse, then
-    # use_sinks, write_lse, the output's aligned strides (batch, head) and lse's
-    args = split_args(kv_dtype)
-    sinks, out, lse = aligned(32, torch.float32), aligned(8192, torch.bfloat16), aligned(64, torch.float32)
-    return [*args[:10], sinks, out, lse, aligned(64, torch.int32), *args[10:], 0, 1, 8192, 512, 16]
-
-
 def merge_args():
     part_o, part_lse = aligned(8192, torch.float32), aligned(512, torch.float32)
     sinks, out, lse = aligned(32, torch.float32), aligned(8192, torch.bfloat16), aligned(64, torch.float32)
@@ -52,14 +44,11 @@ if __name__ == "__main__":
     calls = [(S.SPLIT, S.split_axes("bf16", "bf16", 576, 512, "latent", "h16"), split_args(torch.bfloat16)),
              (S.SPLIT, S.split_axes("bf16", "fp8_e4m3", 576, 512, "latent", "h16"), split_args(torch.int8)),
              (S.SPLIT, S.split_axes("bf16", "bf16", 576, 512, "latent", "h32"), split_args(torch.bfloat16)),
-             (S.FUSED, S.split_axes("bf16", "bf16", 576, 512, "latent", "h16"), fused_args(torch.bfloat16)),
-             (S.FUSED, S.split_axes("bf16", "fp8_e4m3", 576, 512, "latent", "h32"), fused_args(torch.int8)),
              (S.MERGE, S.merge_axes("bf16", 512, 3), merge_args()),
              (S.MERGE, S.merge_axes("bf16", 512, 200), merge_args()),
              (S.MERGE, S.merge_axes("bf16", 512, 300), merge_args())]
     if S.SPLIT.launch_config(S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), as_target_arch(arch)):
         calls.append((S.SPLIT, S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), split_args(torch.bfloat16)))
-        calls.append((S.FUSED, S.split_axes("bf16", "bf16", 576, 512, "latent", "h64"), fused_args(torch.bfloat16)))
     for spec, axes, args in calls:
         aot = compile_variant(spec, VariantKey.make(spec.name, axes, "aligned"), arch)
         print(hashlib.sha256(aot.cubin).hexdigest(), jit_sha(spec.name, axes, args, arch))

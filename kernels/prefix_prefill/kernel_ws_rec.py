@@ -42,6 +42,9 @@ STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster 
 # live in its registers
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
+# K's rows are 8-byte aligned in vLLM's record (V's only 4): 8 bytes a load, the same rows a thread
+LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
 # Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
 # prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
@@ -104,18 +107,22 @@ def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, 
 
 @gluon.jit
 def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
-              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
+              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr, L: gl.constexpr,
+              VEC: gl.constexpr):
     """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
     key's scale in fp32 (0 otherwise). Keys that do not count and channels past head_dim are 0
     (their scores are masked)."""
-    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
+    n_valid = gl.convert_layout(n_valid, gl.SliceLayout(1, L))
+    blk = gl.convert_layout(blk, gl.SliceLayout(1, L))
+    slot = gl.convert_layout(slot, gl.SliceLayout(1, L))
+    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, L))
     ptrs = Cb + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(c, 0)
-    ptrs = gl.multiple_of(ptrs, [1, 4])  # rows 4-byte aligned (the op checks addresses and strides)
+    ptrs = gl.multiple_of(ptrs, [1, VEC])  # rows VEC-byte aligned (the op checks addresses and strides)
     x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
     if SCALES == 1:
         sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind)
     else:
-        sc = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(1, LD))
+        sc = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(1, L))
     return x, sc
 
 
@@ -164,9 +171,9 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, ksc, kfull, kempty, vfull, vempty, bt_
         # both tiles' loads in flight before either is converted
         n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
         xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
+                           BLOCK_N, BLOCK_D, SCALES, LD8, 8)
         xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
+                           BLOCK_N, BLOCK_D, SCALES, LD, 4)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store_k(xk, sk, kb, ksc, st, KV_FORMAT, SCALES)
         fence_async_shared()

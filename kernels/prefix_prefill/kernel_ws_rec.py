@@ -5,23 +5,24 @@ and one query head) for the calls it does not take: the new tokens' keys and val
 cache after the context (the op's k = v = None), one causal loop over the cache, on
   int8 (KV_FORMAT 3) and fp8 e4m3 (1) codes with one scale a token and kv head (SCALES 1): vLLM's
       INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD record [K codes | K scale | V codes | V scale] a
-      (token, kv head), whose rows are only 4-byte aligned; value = code * scale rounded once to
+      (token, kv head), whose K rows are 8-byte and V rows only 4-byte aligned; value = code * scale rounded once to
       fp16, as quant.py's word tiles (the same PTX arithmetic);
   fp8 e4m3 with one scale a cache (SCALES 0, vLLM's FP8_PER_TENSOR): value * 2^-8 in the tiles
       (exact), the scales and the 2^8 on q's logit scale and on the output, as kernel.py does.
 
-  producer (8 warps): tiles of 128 keys, K and V rows read 4 bytes a load (a 128-byte row over 8
-      threads, 4 rows a thread), converted in registers by packed PTX (four codes a register),
-      stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a stage. (A ring
-      of 3, int32 words, and a producer loading tile t + 1 while storing tile t were not faster:
-      BENCHMARKS.md, session 34.)
+  producer (8 warps): tiles of 128 keys, K rows read 8 bytes a load and V rows 4 (a 128-byte row
+      over 8 threads, 4 rows a thread), converted in registers by packed PTX (four codes a
+      register), stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a
+      stage. (A ring of 3, int32 words, a producer loading tile t + 1 while storing tile t, and K's
+      scale on the score columns were not faster: BENCHMARKS.md, session 34.)
   two consumers (4 warps each): 64 query rows each, wgmma Q.K^T in fp16 (q scaled by a power of
       two a row), online softmax (base 2, sinks, window, causal on the tiles past the q block's
       first position), wgmma P.V.
 
 Shared memory: q once (fp16, 32 KiB) and the ring (128 KiB). Where it runs (the op decides,
 loader/ops/prefix_prefill.py, spec.rec_serves): sm90, k = v = None, head_dim 80..128 (multiples of
-16: q and out take 16-byte loads), cache addresses and byte strides multiples of 4, fp16/bf16 out.
+16: q and out take 16-byte loads), K's cache address and byte strides multiples of 8 and V's of 4,
+fp16/bf16 out.
 Its ALIGNED binary assumes only q's and out's alignment (spec.REC_ARGS); the caches' is the op's
 check. Everything else runs kernel.py.
 """
@@ -38,11 +39,11 @@ from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
-# the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
-# live in its registers
+# the producer's tiles: 4 rows a thread (8 threads a row), so that few row offsets live in its
+# registers; V's 4 bytes a load (its rows are 4 bytes past an 8-byte boundary in vLLM's record),
+# K's 8 (LD8: the same rows, half the loads and stores; BENCHMARKS.md, session 34 (s34-pp2))
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
-# K's rows are 8-byte aligned in vLLM's record (V's only 4): 8 bytes a load, the same rows a thread
 LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
@@ -60,27 +61,19 @@ I8X4_DEQUANT_PTX = gl.constexpr("""{
             mul.rn.f16x2 $0, e, $3;
             mul.rn.f16x2 $1, o, $4;
             }""")
-# Four int8 codes a register -> fp16 codes (exact; K's scale goes on the score columns).
-I8X4_CODES_PTX = gl.constexpr("""{
-            .reg .b32 t, e, o, m;
-            mov.b32 m, 0x64806480;
-            prmt.b32 t, $2, 0, 0x3120;
-            lop3.b32 e, t, 0x00FF00FF, 0x64806480, 0x6A;
-            shr.b32 o, t, 8;
-            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
-            sub.rn.f16x2 $0, e, m;
-            sub.rn.f16x2 $1, o, m;
-            }""")
 # Four fp8 e4m3 codes a register -> fp16 (c0, c1), (c2, c3) times the scales: dequant._e4m3x2_dequant's
-# bits (value * 2^-8 exact, times 256 * s, exact in fp16: code * s rounded once), bytes in channel order.
-E4M3X4_SDEQUANT_PTX = gl.constexpr("""{
-            .reg .b32 a, b;
+# arithmetic (value * 2^-8, times 256, times s, rounded once), bytes taken in channel order.
+E4M3X4_DEQUANT_PTX = gl.constexpr("""{
+            .reg .b32 a, b, m;
+            mov.b32 m, 0x5C005C00;
             prmt.b32 a, $2, 0, 0x9180;
             prmt.b32 b, $2, 0, 0xB3A2;
             shl.b32 a, a, 7;
             shl.b32 b, b, 7;
             and.b32 a, a, 0xBF80BF80;
             and.b32 b, b, 0xBF80BF80;
+            mul.rn.f16x2 a, a, m;
+            mul.rn.f16x2 b, b, m;
             mul.rn.f16x2 $0, a, $3;
             mul.rn.f16x2 $1, b, $4;
             }""")
@@ -109,9 +102,10 @@ def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, 
 def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
               BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr, L: gl.constexpr,
               VEC: gl.constexpr):
-    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
-    key's scale in fp32 (0 otherwise). Keys that do not count and channels past head_dim are 0
-    (their scores are masked)."""
+    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) in layout L, VEC bytes
+    a load, and, SCALES 1, each key's scale in fp16 (0 otherwise). Keys that do not count and
+    channels past head_dim are 0 (their scores are masked)."""
+    # LD8 and LD give a thread the same rows: no data moves
     n_valid = gl.convert_layout(n_valid, gl.SliceLayout(1, L))
     blk = gl.convert_layout(blk, gl.SliceLayout(1, L))
     slot = gl.convert_layout(slot, gl.SliceLayout(1, L))
@@ -120,40 +114,22 @@ def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_
     ptrs = gl.multiple_of(ptrs, [1, VEC])  # rows VEC-byte aligned (the op checks addresses and strides)
     x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
     if SCALES == 1:
-        sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind)
+        sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
     else:
-        sc = gl.zeros([BLOCK_N], gl.float32, layout=gl.SliceLayout(1, L))
+        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, L))
     return x, sc
 
 
 @gluon.jit
-def _rec_store_k(x, sc, buf, sbuf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
-    """K's codes as fp16 into buf[st] (int8: the code; e4m3: value * 2^-8, both exact) and, SCALES 1,
-    each key's factor (its scale; e4m3: 256 * scale) into sbuf[st] for the consumers' score columns."""
-    if (SCALES == 1) & (KV_FORMAT == 3):
-        y = gl.inline_asm_elementwise(I8X4_CODES_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
-    else:
-        y = gl.inline_asm_elementwise(E4M3X4_BITS_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
-    buf.index(st).store(y)
+def _rec_store(x, sc, buf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
+    """_rec_load's codes as fp16 values (SCALES 1: code * scale; 0: e4m3 value * 2^-8) into buf[st]."""
     if SCALES == 1:
+        s2 = gl.broadcast(gl.expand_dims(sc, 1), x)[0]
         if KV_FORMAT == 3:
-            sbuf.index(st).store(sc)
-        else:
-            sbuf.index(st).store(sc * 256.0)
-
-
-@gluon.jit
-def _rec_store_v(x, sc, buf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
-    """V's codes as fp16 values (SCALES 1: code * scale; 0: e4m3 value * 2^-8) into buf[st]."""
-    if SCALES == 1:
-        s16 = sc.to(gl.float16)
-        if KV_FORMAT == 3:
-            s2 = gl.broadcast(gl.expand_dims(s16, 1), x)[0]
             y = gl.inline_asm_elementwise(I8X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16, is_pure=True,
                                           pack=4)
         else:
-            s2 = gl.broadcast(gl.expand_dims(s16 * 256.0, 1), x)[0]
-            y = gl.inline_asm_elementwise(E4M3X4_SDEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16,
+            y = gl.inline_asm_elementwise(E4M3X4_DEQUANT_PTX, "=r,=r,r,r,r", [x, s2], dtype=gl.float16,
                                           is_pure=True, pack=4)
     else:
         y = gl.inline_asm_elementwise(E4M3X4_BITS_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
@@ -161,7 +137,7 @@ def _rec_store_v(x, sc, buf, st, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
 
 
 @gluon.jit
-def _rec_producer(Kb, Vb, KS, VS, kb, vb, ksc, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt, s_kh,
+def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size, kv_head, s_kb, s_kt, s_kh,
                   s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, key_lo, ctx_hi, first, n_ctx, head_dim,
                   BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, KV_FORMAT: gl.constexpr, SCALES: gl.constexpr):
     for t in range(n_ctx):
@@ -175,11 +151,11 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, ksc, kfull, kempty, vfull, vempty, bt_
         xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
                            BLOCK_N, BLOCK_D, SCALES, LD, 4)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _rec_store_k(xk, sk, kb, ksc, st, KV_FORMAT, SCALES)
+        _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(kfull.index(st))
         mbarrier.wait(vempty.index(st), ph ^ 1, pred=t >= STAGES)
-        _rec_store_v(xv, sv, vb, st, KV_FORMAT, SCALES)
+        _rec_store(xv, sv, vb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
 
@@ -202,10 +178,10 @@ def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, mma_o: gl.constexpr
 
 
 @gluon.jit
-def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, ksc, kfull, kempty, vfull, vempty, qblk, q_len,
+def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk, q_len,
                   q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win, stride_ot,
                   stride_oh, head_dim, ROW0: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, DTYPE: gl.constexpr, SCALES: gl.constexpr):
+                  BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, DTYPE: gl.constexpr):
     """Rows [ROW0, ROW0 + HALF) of the q block over keys [key_lo, ctx_hi), then the store."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
@@ -225,13 +201,9 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, ksc, kful
         st = t % STAGES
         ph = (t // STAGES) & 1
         mbarrier.wait(kfull.index(st), ph)
-        if SCALES == 1:  # K's scale a key, on the score columns (the tile holds codes)
-            ks = ksc.index(st).load(col_l)
         s = _qk(qc, kb, st, s_zero, ROW0, HALF)
         mbarrier.arrive(kempty.index(st))
         start = first + t * BLOCK_N
-        if SCALES == 1:
-            s = s * gl.expand_dims(ks, 0)
         s = s * gl.expand_dims(rsc, 1)
         # tiles below the q block's first position and inside every row's window need no mask
         if (start < inner_lo) | (start + BLOCK_N > inner_hi):
@@ -319,7 +291,6 @@ def prefix_prefill_ws_rec_kernel(
     r_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     qc = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_D], q_sl, qh)
     rs = gl.allocate_shared_memory(gl.float32, [BLOCK_M], r_sl, logit)
-    ksc = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], r_sl)
     kb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
     vb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
     kfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -337,13 +308,13 @@ def prefix_prefill_ws_rec_kernel(
     # the op passes per-token caches' strides in int16 words (quant.py's), per-tensor fp8's in bytes
     unit_b: gl.constexpr = 2 if SCALES == 1 else 1
     gl.warp_specialize([
-        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, ksc, kfull, kempty, vfull, vempty, qblk,
+        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
                          q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
-                         stride_ot, stride_oh, head_dim, 0, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE, SCALES)),
-        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, ksc, kfull, kempty, vfull, vempty, qblk,
+                         stride_ot, stride_oh, head_dim, 0, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE)),
+        (_rec_consumer, (Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, kempty, vfull, vempty, qblk,
                          q_len, q_start, active, ctx_len, key_lo, ctx_hi, inner_lo, inner_hi, first, n_ctx, win,
-                         stride_ot, stride_oh, head_dim, HALF, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE, SCALES)),
-        (_rec_producer, (K_cache, V_cache, K_scale, V_scale, kb, vb, ksc, kfull, kempty, vfull, vempty, bt_row, block_size,
+                         stride_ot, stride_oh, head_dim, HALF, HALF, BLOCK_M, BLOCK_N, BLOCK_D, DTYPE)),
+        (_rec_producer, (K_cache, V_cache, K_scale, V_scale, kb, vb, kfull, kempty, vfull, vempty, bt_row, block_size,
                          kv_head, stride_kcb * unit_b, stride_kct * unit_b, stride_kch * unit_b, stride_vcb * unit_b,
                          stride_vct * unit_b, stride_vch * unit_b, stride_ksb, stride_kst, stride_ksh, kind, key_lo,
                          ctx_hi, first, n_ctx, head_dim, BLOCK_N, BLOCK_D, KV_FORMAT, SCALES)),

@@ -10,8 +10,8 @@ cache after the context (the op's k = v = None), one causal loop over the cache,
   fp8 e4m3 with one scale a cache (SCALES 0, vLLM's FP8_PER_TENSOR): value * 2^-8 in the tiles
       (exact), the scales and the 2^8 on q's logit scale and on the output, as kernel.py does.
 
-  producer (8 warps): tiles of 128 keys, K rows read 8 bytes a load and V rows 4 (a 128-byte row
-      over 8 threads, 4 rows a thread), converted in registers by packed PTX (four codes a
+  producer (8 warps): tiles of 128 keys, record rows read 8 bytes a load (K) and 4 (V), per-cache
+      rows 16 (a 128-byte row over 8 threads, 4 rows a thread), converted in registers by packed PTX (four codes a
       register), stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a
       stage. (A ring of 3, int32 words, a producer loading tile t + 1 while storing tile t, and K's
       scale on the score columns were not faster: BENCHMARKS.md, session 34.)
@@ -21,8 +21,8 @@ cache after the context (the op's k = v = None), one causal loop over the cache,
 
 Shared memory: q once (fp16, 32 KiB) and the ring (128 KiB). Where it runs (the op decides,
 loader/ops/prefix_prefill.py, spec.rec_serves): sm90, k = v = None, head_dim 80..128 (multiples of
-16: q and out take 16-byte loads), K's cache address and byte strides multiples of 8 and V's of 4,
-fp16/bf16 out.
+16: q and out take 16-byte loads), cache addresses and byte strides multiples of 8 (K) and 4 (V)
+for the records, of 16 per cache, fp16/bf16 out.
 Its ALIGNED binary assumes only q's and out's alignment (spec.REC_ARGS); the caches' is the op's
 check. Everything else runs kernel.py.
 """
@@ -40,12 +40,15 @@ from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
 # the producer's tiles: 4 rows a thread (8 threads a row), so that few row offsets live in its
-# registers; V's 4 bytes a load (its rows are 4 bytes past an 8-byte boundary in vLLM's record),
-# K's 8 (LD8: the same rows, half the loads and stores; BENCHMARKS.md, session 34 (s34-pp2))
+# registers. vLLM's record: V's 4 bytes a load (its rows are 4 bytes past an 8-byte boundary), K's 8
+# (LD8); per-cache fp8 rows 16 (LD16). Fewer loads and stores, the same rows a thread (BENCHMARKS.md,
+# session 34, s34-pp2)
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
+LD16 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
+                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
 # Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
 # prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
@@ -105,7 +108,7 @@ def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_
     """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) in layout L, VEC bytes
     a load, and, SCALES 1, each key's scale in fp16 (0 otherwise). Keys that do not count and
     channels past head_dim are 0 (their scores are masked)."""
-    # LD8 and LD give a thread the same rows: no data moves
+    # LD, LD8 and LD16 give a thread the same rows: no data moves
     n_valid = gl.convert_layout(n_valid, gl.SliceLayout(1, L))
     blk = gl.convert_layout(blk, gl.SliceLayout(1, L))
     slot = gl.convert_layout(slot, gl.SliceLayout(1, L))
@@ -146,10 +149,16 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         start = first + t * BLOCK_N
         # both tiles' loads in flight before either is converted
         n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
-        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES, LD8, 8)
-        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES, LD, 4)
+        if SCALES == 1:  # vLLM's record: K's rows 8-byte aligned, V's 4
+            xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD8, 8)
+            xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD, 4)
+        else:
+            xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD16, 16)
+            xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD16, 16)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
         fence_async_shared()

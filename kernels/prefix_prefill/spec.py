@@ -302,8 +302,8 @@ def rec_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool, 
                rows: bool) -> bool:
     """Whether a call runs kernel_ws_rec.py: one of its variants on an sm90 GPU, every key read from
     the cache (from_cache), fp16/bf16 output, q and out meeting its ALIGNED binary's assumptions
-    (aligned), and K's cache address and byte strides multiples of 8, V's of 4 (rows: its 8-byte
-    loads of K, 4-byte loads of V; vLLM's record meets both)."""
+    (aligned), and cache addresses and byte strides fit its loads (rows: 8 bytes of K and 4 of V on
+    vLLM's records, 16 per cache)."""
     return (rec_variant(axes) and tuple(capability) == (9, 0) and from_cache and not out_fp8 and aligned
             and rows)
 

@@ -221,6 +221,8 @@ def _record_plan(fmt, head_dim=128, dtype=torch.bfloat16):
     ("int8", "odd row stride", "prefix_prefill"),
     ("int8", "K row stride 4 bytes off 8", "prefix_prefill"),
     ("int8", "V row stride 4 bytes off 8", "prefix_prefill_ws_rec"),  # V's rows need 4 bytes only
+    ("fp8_tensor", "V 8 bytes off", "prefix_prefill"),  # per cache: 16-byte loads of both
+    ("int8", "V 8 bytes off", "prefix_prefill_ws_rec"),
     ("int8", "head dim 64", "prefix_prefill"),  # 64-wide tiles: kernel.py's
     ("int8", "fp8 out", "prefix_prefill"),
     ("fp8_e4m3", "switched off", "prefix_prefill"),
@@ -234,7 +236,8 @@ def test_record_kernel_op_routing(fmt, change, want, monkeypatch):
     assert args[spec.PREFIX_PREFILL.arg_index["kv_from_cache"]] == 1
     args = [(_CudaPointer(4096 * (i + 1) + (2 if (change == "misaligned q" and i == 0)
                                             or (change == "cache 2 bytes off" and i == 4)
-                                            else 4 if (change == "K 4 bytes off" and i == 3) else 0)
+                                            else 4 if (change == "K 4 bytes off" and i == 3)
+                                            else 8 if (change == "V 8 bytes off" and i == 4) else 0)
                           + (132 if i == 4 and fmt != "fp8_tensor" else 0)))  # the record's V: 4 bytes past 16
             if a.kind == "ptr" else v for i, (a, v) in enumerate(zip(spec.KERNEL_ARGS, args))]
     if change == "odd row stride":

@@ -5,23 +5,24 @@ and one query head) for the calls it does not take: the new tokens' keys and val
 cache after the context (the op's k = v = None), one causal loop over the cache, on
   int8 (KV_FORMAT 3) and fp8 e4m3 (1) codes with one scale a token and kv head (SCALES 1): vLLM's
       INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD record [K codes | K scale | V codes | V scale] a
-      (token, kv head), whose rows are only 4-byte aligned; value = code * scale rounded once to
+      (token, kv head), whose K rows are 8-byte and V rows only 4-byte aligned; value = code * scale rounded once to
       fp16, as quant.py's word tiles (the same PTX arithmetic);
   fp8 e4m3 with one scale a cache (SCALES 0, vLLM's FP8_PER_TENSOR): value * 2^-8 in the tiles
       (exact), the scales and the 2^8 on q's logit scale and on the output, as kernel.py does.
 
-  producer (8 warps): tiles of 128 keys, K and V rows read 4 bytes a load (a 128-byte row over 8
-      threads, 4 rows a thread), converted in registers by packed PTX (four codes a register),
-      stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a stage. (A ring
-      of 3, int32 words, and a producer loading tile t + 1 while storing tile t were not faster:
-      BENCHMARKS.md, session 34.)
+  producer (8 warps): tiles of 128 keys, record rows read 8 bytes a load (K) and 4 (V), per-cache
+      rows 16 (a 128-byte row over 8 threads, 4 rows a thread), converted in registers by packed PTX (four codes a
+      register), stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a
+      stage. (A ring of 3, int32 words, a producer loading tile t + 1 while storing tile t, and K's
+      scale on the score columns were not faster: BENCHMARKS.md, session 34.)
   two consumers (4 warps each): 64 query rows each, wgmma Q.K^T in fp16 (q scaled by a power of
       two a row), online softmax (base 2, sinks, window, causal on the tiles past the q block's
       first position), wgmma P.V.
 
 Shared memory: q once (fp16, 32 KiB) and the ring (128 KiB). Where it runs (the op decides,
 loader/ops/prefix_prefill.py, spec.rec_serves): sm90, k = v = None, head_dim 80..128 (multiples of
-16: q and out take 16-byte loads), cache addresses and byte strides multiples of 4, fp16/bf16 out.
+16: q and out take 16-byte loads), cache addresses and byte strides multiples of 8 (K) and 4 (V)
+for the records, of 16 per cache, fp16/bf16 out.
 Its ALIGNED binary assumes only q's and out's alignment (spec.REC_ARGS); the caches' is the op's
 check. Everything else runs kernel.py.
 """
@@ -38,10 +39,16 @@ from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
 STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
-# the producer's tiles: 4 bytes a load, 4 rows a thread (8 threads a row), so that few row offsets
-# live in its registers
+# the producer's tiles: 4 rows a thread (8 threads a row), so that few row offsets live in its
+# registers. vLLM's record: V's 4 bytes a load (its rows are 4 bytes past an 8-byte boundary), K's 8
+# (LD8); per-cache fp8 rows 16 (LD16). Fewer loads and stores, the same rows a thread (BENCHMARKS.md,
+# session 34, s34-pp2)
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
+LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
+LD16 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
+                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 
 # Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
 # prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
@@ -96,18 +103,23 @@ def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, 
 
 @gluon.jit
 def _rec_load(Cb, CS, n_valid, blk, slot, kv_head, s_b, s_t, s_h, s_sb, s_st, s_sh, kind, head_dim,
-              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
-    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) and, SCALES 1, each
-    key's scale in fp16 (0 otherwise). Keys that do not count and channels past head_dim are 0
-    (their scores are masked)."""
-    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, LD))
+              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr, L: gl.constexpr,
+              VEC: gl.constexpr):
+    """The code bytes [BLOCK_N, BLOCK_D] of _rec_rows' keys (strides in bytes) in layout L, VEC bytes
+    a load, and, SCALES 1, each key's scale in fp16 (0 otherwise). Keys that do not count and
+    channels past head_dim are 0 (their scores are masked)."""
+    # LD, LD8 and LD16 give a thread the same rows: no data moves
+    n_valid = gl.convert_layout(n_valid, gl.SliceLayout(1, L))
+    blk = gl.convert_layout(blk, gl.SliceLayout(1, L))
+    slot = gl.convert_layout(slot, gl.SliceLayout(1, L))
+    c = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, L))
     ptrs = Cb + gl.expand_dims(blk * s_b + slot * s_t + kv_head * s_h, 1) + gl.expand_dims(c, 0)
-    ptrs = gl.multiple_of(ptrs, [1, 4])  # rows 4-byte aligned (the op checks addresses and strides)
+    ptrs = gl.multiple_of(ptrs, [1, VEC])  # rows VEC-byte aligned (the op checks addresses and strides)
     x = gl.load(ptrs, mask=gl.expand_dims(n_valid, 1) & gl.expand_dims(c < head_dim, 0), other=0)
     if SCALES == 1:
         sc = _load_scale(CS, blk * s_sb + slot * s_st + kv_head * s_sh, n_valid, kind).to(gl.float16)
     else:
-        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, LD))
+        sc = gl.zeros([BLOCK_N], gl.float16, layout=gl.SliceLayout(1, L))
     return x, sc
 
 
@@ -137,10 +149,16 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         start = first + t * BLOCK_N
         # both tiles' loads in flight before either is converted
         n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
-        xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
-        xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind, head_dim,
-                           BLOCK_N, BLOCK_D, SCALES)
+        if SCALES == 1:  # vLLM's record: K's rows 8-byte aligned, V's 4
+            xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD8, 8)
+            xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD, 4)
+        else:
+            xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD16, 16)
+            xv, sv = _rec_load(Vb, VS, n_valid, blk, slot, kv_head, s_vb, s_vt, s_vh, s_sb, s_st, s_sh, kind,
+                               head_dim, BLOCK_N, BLOCK_D, SCALES, LD16, 16)
         mbarrier.wait(kempty.index(st), ph ^ 1, pred=t >= STAGES)
         _rec_store(xk, sk, kb, st, KV_FORMAT, SCALES)
         fence_async_shared()

@@ -299,12 +299,13 @@ def rec_variant(axes) -> bool:
 
 
 def rec_serves(axes, capability: tuple[int, int], out_fp8: bool, aligned: bool, from_cache: bool,
-               rows4: bool) -> bool:
+               rows: bool) -> bool:
     """Whether a call runs kernel_ws_rec.py: one of its variants on an sm90 GPU, every key read from
     the cache (from_cache), fp16/bf16 output, q and out meeting its ALIGNED binary's assumptions
-    (aligned), and cache addresses and byte strides multiples of 4 (rows4: its 4-byte loads)."""
+    (aligned), and cache addresses and byte strides fit its loads (rows: 8 bytes of K and 4 of V on
+    vLLM's records, 16 per cache)."""
     return (rec_variant(axes) and tuple(capability) == (9, 0) and from_cache and not out_fp8 and aligned
-            and rows4)
+            and rows)
 
 
 def rec_variants():

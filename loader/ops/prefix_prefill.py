@@ -419,15 +419,16 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
 _FROM_CACHE = _spec.PREFIX_PREFILL.arg_index["kv_from_cache"]
-_CACHE_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n]
-                       for n in ("stride_kcb", "stride_kct", "stride_kch", "stride_vcb", "stride_vct", "stride_vch"))
+_K_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n] for n in ("stride_kcb", "stride_kct", "stride_kch"))
+_V_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n] for n in ("stride_vcb", "stride_vct", "stride_vch"))
 
 
 def kernel_for(axes, args):
     """The kernel spec a launch of launch_plan's (axes, args) runs: on sm90 a warp-specialized Gluon
     kernel where the spec's rules say so (spec.ws_serves: int8/int4 at 128-wide tiles, ALIGNED
     arguments, separate new k/v; spec.rec_serves: every key in the cache, vLLM's per-token-head
-    records or per-cache fp8, 4-byte-aligned rows), else the Triton kernel. Artifacts built or
+    records with K's rows 8-byte and V's 4-byte aligned, or per-cache fp8 with 16-byte-aligned rows),
+    else the Triton kernel. Artifacts built or
     published without the Gluon kernel's binaries (`aotc build --kernel prefix_prefill`, an older
     hub revision) keep the Triton kernel's built binary rather than a JIT fallback of the Gluon one."""
     q = args[0]
@@ -446,9 +447,12 @@ def kernel_for(axes, args):
     aligned = dispatch.check_assumptions(ws, ws.divisible_args(ALIGNED), values) is None  # its only binary's
     fp8_out = bool(args[_OUT_FP8])
     if from_cache:
-        unit = 2 if axes["scales"] == "token" else 1  # the op passes per-token caches' strides in int16 words
-        rows4 = (values[3] | values[4]) % 4 == 0 and all(values[i] * unit % 4 == 0 for i in _CACHE_STRIDES)
-        serves = _spec.rec_serves(axes, gpu.capability, fp8_out, aligned, True, rows4)
+        # its loads: 8 bytes of K and 4 of V on vLLM's records (strides passed in int16 words), 16 per cache
+        unit, k_vec, v_vec = (2, 8, 4) if axes["scales"] == "token" else (1, 16, 16)
+        rows = (values[3] % k_vec == 0 and values[4] % v_vec == 0
+                and all(values[i] * unit % k_vec == 0 for i in _K_STRIDES)
+                and all(values[i] * unit % v_vec == 0 for i in _V_STRIDES))
+        serves = _spec.rec_serves(axes, gpu.capability, fp8_out, aligned, True, rows)
     else:
         serves = _spec.ws_serves(axes, gpu.capability, fp8_out, aligned)
     if not (gpu.vendor == "nvidia" and serves):
@@ -624,7 +628,8 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
             past 65504 overflow. On sm90 (H100/H200), D 80..128 (multiples of 16, 16-byte
             aligned tensors) runs a warp-specialized kernel (kernel_ws.py) that overlaps the
             dequantization with the tensor cores; with k = v = None, int8 and fp8_e4m3 per token
-            (4-byte-aligned caches: vLLM's records) and fp8_e4m3 per cache run its sibling
+            (K 8-byte, V 4-byte aligned caches: vLLM's records) and fp8_e4m3 per cache (16-byte-aligned
+            rows) run its sibling
             kernel_ws_rec.py (16-byte-aligned q and out); AOTC_PREFIX_PREFILL_WS=0 turns both off.
       block_table `[B, max_blocks]` int32; query_start_loc `[B + 1]` int32 (request b's new tokens are
         rows query_start_loc[b]:query_start_loc[b+1]; rows past query_start_loc[B] are not touched);

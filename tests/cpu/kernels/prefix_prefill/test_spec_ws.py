@@ -195,11 +195,11 @@ def test_record_kernel_variants_keys_and_targets():
 ])
 def test_record_kernel_routing_rule(change, served):
     axes = dict(REC_INT8, **change)
-    assert spec.rec_serves(axes, (9, 0), out_fp8=False, aligned=True, from_cache=True, rows4=True) is served
-    for cap, fp8, aligned, from_cache, rows4 in (((8, 0), False, True, True, True), ((9, 0), True, True, True, True),
+    assert spec.rec_serves(axes, (9, 0), out_fp8=False, aligned=True, from_cache=True, rows=True) is served
+    for cap, fp8, aligned, from_cache, rows in (((8, 0), False, True, True, True), ((9, 0), True, True, True, True),
                                                  ((9, 0), False, False, True, True), ((9, 0), False, True, False, True),
                                                  ((9, 0), False, True, True, False)):
-        assert not spec.rec_serves(axes, cap, out_fp8=fp8, aligned=aligned, from_cache=from_cache, rows4=rows4)
+        assert not spec.rec_serves(axes, cap, out_fp8=fp8, aligned=aligned, from_cache=from_cache, rows=rows)
 
 
 def _record_plan(fmt, head_dim=128, dtype=torch.bfloat16):
@@ -215,8 +215,14 @@ def _record_plan(fmt, head_dim=128, dtype=torch.bfloat16):
     ("int8", None, "prefix_prefill_ws_rec"), ("fp8_e4m3", None, "prefix_prefill_ws_rec"),
     ("fp8_tensor", None, "prefix_prefill_ws_rec"),
     ("int8", "misaligned q", "prefix_prefill"),  # its ALIGNED binary's assumption
-    ("int8", "cache 2 bytes off", "prefix_prefill"),  # its 4-byte loads
+    ("int8", "cache 2 bytes off", "prefix_prefill"),  # its 4-byte loads of V
+    ("int8", "K 4 bytes off", "prefix_prefill"),  # its 8-byte loads of K
+    ("fp8_tensor", "K 4 bytes off", "prefix_prefill"),
     ("int8", "odd row stride", "prefix_prefill"),
+    ("int8", "K row stride 4 bytes off 8", "prefix_prefill"),
+    ("int8", "V row stride 4 bytes off 8", "prefix_prefill_ws_rec"),  # V's rows need 4 bytes only
+    ("fp8_tensor", "V 8 bytes off", "prefix_prefill"),  # per cache: 16-byte loads of both
+    ("int8", "V 8 bytes off", "prefix_prefill_ws_rec"),
     ("int8", "head dim 64", "prefix_prefill"),  # 64-wide tiles: kernel.py's
     ("int8", "fp8 out", "prefix_prefill"),
     ("fp8_e4m3", "switched off", "prefix_prefill"),
@@ -229,11 +235,15 @@ def test_record_kernel_op_routing(fmt, change, want, monkeypatch):
     axes, _grid, args = _record_plan(fmt, 64 if change == "head dim 64" else 128)
     assert args[spec.PREFIX_PREFILL.arg_index["kv_from_cache"]] == 1
     args = [(_CudaPointer(4096 * (i + 1) + (2 if (change == "misaligned q" and i == 0)
-                                            or (change == "cache 2 bytes off" and i == 4) else 0)
+                                            or (change == "cache 2 bytes off" and i == 4)
+                                            else 4 if (change == "K 4 bytes off" and i == 3)
+                                            else 8 if (change == "V 8 bytes off" and i == 4) else 0)
                           + (132 if i == 4 and fmt != "fp8_tensor" else 0)))  # the record's V: 4 bytes past 16
             if a.kind == "ptr" else v for i, (a, v) in enumerate(zip(spec.KERNEL_ARGS, args))]
     if change == "odd row stride":
         args[spec.PREFIX_PREFILL.arg_index["stride_kct"]] += 1  # int16 words: 2 bytes off a multiple of 4
+    if change and change.endswith("row stride 4 bytes off 8"):  # int16 words: 264-byte rows -> 268
+        args[spec.PREFIX_PREFILL.arg_index[f"stride_{change[0].lower()}ct"]] += 2
     if change == "fp8 out":
         args[spec.PREFIX_PREFILL.arg_index["out_fp8"]] = 1
     if change == "switched off":

@@ -201,6 +201,79 @@ def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, PDTYPE: gl.constexp
 
 
 @gluon.jit
+def _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M: gl.constexpr):
+    """(request, its first query row, its query length, the q block pid runs, whether it runs) of
+    program pid. A request's q blocks run last first: the causal part grows down the request, so
+    the longest programs start first and the short ones fill in behind them (one program an SM)."""
+    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
+    q_start = gl.load(Query_start_loc + req)
+    q_len = gl.load(Query_start_loc + req + 1) - q_start
+    rank = pid - (q_start // BLOCK_M + req)
+    n_blk = gl.cdiv(q_len, BLOCK_M)
+    qblk = gl.maximum(n_blk - 1 - rank, 0)
+    active = ((rank < n_blk) & ((skip_decode == 0) | (q_len != 1))).to(gl.int32)
+    return req, q_start, q_len, qblk, active
+
+
+@gluon.jit
+def _q_rows(Q, q_start, q_len, qblk, active, head, stride_qt, stride_qh, head_dim, BLOCK_M: gl.constexpr,
+            BLOCK_D: gl.constexpr):
+    """The q block [BLOCK_M, BLOCK_D] in its dtype (rows past the request and channels past the
+    head: 0) and its channel indices."""
+    ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_D, BLOCK_D // 8],
+                                         warps_per_cta=[CONSUMER_WARPS, 1], order=[1, 0])
+    offs_m = qblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ldq))
+    m_valid = (offs_m < q_len) & (active != 0)
+    q_row = (q_start + offs_m).to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
+    dq = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ldq))
+    q = gl.load(Q + gl.expand_dims(q_row, 1) + gl.expand_dims(dq, 0),
+                mask=gl.expand_dims(m_valid, 1) & gl.expand_dims(dq < head_dim, 0), other=0.0)
+    return q, dq
+
+
+@gluon.jit
+def _fp16_rows(qf):
+    """qf [rows, D] fp32 as fp16 over a power of two a row (so bf16 rows fit fp16), and that unit."""
+    amax = gl.max(gl.abs(qf), 1)
+    unit = gl.where(amax > 0.0, gl.exp2(gl.floor(gl.log2(gl.maximum(amax, 1e-30))) - 14.0), 1.0)
+    return (qf / gl.expand_dims(unit, 1)).to(gl.float16), unit
+
+
+@gluon.jit
+def _ring_barriers(STAGES: gl.constexpr):
+    """The ring's mbarriers, full (the producer arrives) and empty (both consumers arrive) for K
+    and V, initialized and fenced before the partitions start."""
+    kfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kfull.index(i), count=1)
+        mbarrier.init(kempty.index(i), count=2)  # both consumers release a stage
+        mbarrier.init(vfull.index(i), count=1)
+        mbarrier.init(vempty.index(i), count=2)
+    fence_async_shared()
+    gl.thread_barrier()
+    return kfull, kempty, vfull, vempty
+
+
+@gluon.jit
+def _store_rows(Out, o, l_i, v_unit, qblk, q_len, q_start, active, head, stride_ot, stride_oh, head_dim,
+                ROW0: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
+                DTYPE: gl.constexpr, mma_o: gl.constexpr):
+    """Out's rows [ROW0, ROW0 + HALF) of the q block in DTYPE: o * v_unit / l; a row with nothing
+    to attend (window, or no keys at all) keeps l == 0: written as 0."""
+    inv = gl.expand_dims(gl.convert_layout(v_unit / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
+    rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))
+    row_ok = (rows_o < q_len) & (active != 0)
+    rows_off = (q_start + rows_o).to(gl.int64) * stride_ot + head.to(gl.int64) * stride_oh
+    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, mma_o))
+    Od = Out.to(gl.pointer_type(DTYPE), bitcast=True)
+    gl.store(Od + gl.expand_dims(rows_off, 1) + gl.expand_dims(d, 0), (o * inv).to(DTYPE),
+             mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(d < head_dim, 0))
+
+
+@gluon.jit
 def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfull, kempty, vfull, vempty, qk_scale,
               qblk, q_len, q_start, active, ctx_len, key_lo, inner_lo, inner_hi, first_ctx, n_ctx, new_lo, first_new,
               new_inner_lo, n_new, win, stride_ot, stride_oh, head_dim, ROW0: gl.constexpr, HALF: gl.constexpr,
@@ -254,15 +327,8 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfu
                   & (gl.expand_dims(offs_m, 1) - gl.expand_dims(n, 0) < win))
             s = gl.where(ok, s, float("-inf"))
         m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vbd, vfull, vempty, st, ph, DTYPE, mma_o)
-    # a row with nothing to attend (window, or no keys at all) keeps l == 0: written as 0
-    inv = gl.expand_dims(gl.convert_layout(1.0 / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
-    rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))
-    row_ok = (rows_o < q_len) & (active != 0)
-    rows_off = (q_start + rows_o).to(gl.int64) * stride_ot + head.to(gl.int64) * stride_oh
-    Od = Out.to(gl.pointer_type(DTYPE), bitcast=True)
-    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, mma_o))
-    gl.store(Od + gl.expand_dims(rows_off, 1) + gl.expand_dims(d, 0), (o * inv).to(DTYPE),
-             mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(d < head_dim, 0))
+    _store_rows(Out, o, l_i, 1.0, qblk, q_len, q_start, active, head, stride_ot, stride_oh, head_dim, ROW0, HALF,
+                BLOCK_M, BLOCK_D, DTYPE, mma_o)
 
 
 @gluon.jit(do_not_specialize=DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=DO_NOT_SPECIALIZE_ON_ALIGNMENT)
@@ -282,15 +348,7 @@ def prefix_prefill_ws_kernel(
     DTYPE: gl.constexpr = Q.dtype.element_ty
     pid = gl.program_id(0)
     head = gl.program_id(1)
-    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
-    q_start = gl.load(Query_start_loc + req)
-    q_len = gl.load(Query_start_loc + req + 1) - q_start
-    # A request's q blocks run last first: the causal part grows down the request, so the longest
-    # programs start first and the short ones fill in behind them (one program an SM).
-    rank = pid - (q_start // BLOCK_M + req)
-    n_blk = gl.cdiv(q_len, BLOCK_M)
-    qblk = gl.maximum(n_blk - 1 - rank, 0)
-    active = ((rank < n_blk) & ((skip_decode == 0) | (q_len != 1))).to(gl.int32)
+    req, q_start, q_len, qblk, active = _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M)
     ctx_len = gl.load(Seq_lens + req) - q_len
     kv_head = (head // num_queries_per_kv).to(gl.int64)
     win = gl.where(window > 0, window, 2147483647)
@@ -310,22 +368,13 @@ def prefix_prefill_ws_kernel(
     n_new = gl.maximum(gl.cdiv(new_hi - first_new, BLOCK_N), 0) * active
 
     # q in its dtype (new tokens) and in fp16 over a power of two a row (context, fp16 tiles)
-    ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_D, BLOCK_D // 8],
-                                         warps_per_cta=[CONSUMER_WARPS, 1], order=[1, 0])
-    offs_m = qblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ldq))
-    m_valid = (offs_m < q_len) & (active != 0)
-    q_row = (q_start + offs_m).to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
-    dq = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ldq))
-    q = gl.load(Q + gl.expand_dims(q_row, 1) + gl.expand_dims(dq, 0),
-                mask=gl.expand_dims(m_valid, 1) & gl.expand_dims(dq < head_dim, 0), other=0.0)
+    q, dq = _q_rows(Q, q_start, q_len, qblk, active, head, stride_qt, stride_qh, head_dim, BLOCK_M, BLOCK_D)
     kind = scale_kind & 3  # the scales' dtype; per group, log2(group) above it
     quant_shift = scale_kind >> 2
     qf = q.to(gl.float32)
     if SCALES == 2:  # per channel: K's scales go on q (the context tiles hold the codes)
         qf = qf * gl.expand_dims(_load_scale(K_scale, kv_head * stride_ksh + dq, dq < head_dim, kind), 0)
-    amax = gl.max(gl.abs(qf), 1)
-    unit = gl.where(amax > 0.0, gl.exp2(gl.floor(gl.log2(gl.maximum(amax, 1e-30))) - 14.0), 1.0)
-    qh = (qf / gl.expand_dims(unit, 1)).to(gl.float16)
+    qh, unit = _fp16_rows(qf)
     q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], gl.float16)
     qd_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], DTYPE)
     kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float16)
@@ -343,17 +392,7 @@ def prefix_prefill_ws_kernel(
     vb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
     kbd = kb._reinterpret(DTYPE, [STAGES, BLOCK_N, BLOCK_D], kvd_sl)
     vbd = vb._reinterpret(DTYPE, [STAGES, BLOCK_N, BLOCK_D], kvd_sl)
-    kfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    vfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    vempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kfull.index(i), count=1)
-        mbarrier.init(kempty.index(i), count=2)  # both consumers release a stage
-        mbarrier.init(vfull.index(i), count=1)
-        mbarrier.init(vempty.index(i), count=2)
-    fence_async_shared()
-    gl.thread_barrier()
+    kfull, kempty, vfull, vempty = _ring_barriers(STAGES)
     Kw = K_cache.to(gl.pointer_type(gl.int16), bitcast=True)
     Vw = V_cache.to(gl.pointer_type(gl.int16), bitcast=True)
     bt_row = Block_table + req.to(gl.int64) * stride_bt

@@ -31,10 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from aotc.kernels.common.schedule import owner_of_block
-
 from .kernel import LOG2E, NEG_BIG
-from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _qk
+from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers, _store_rows
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
@@ -223,15 +221,8 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, ke
             ok = (dist >= 0) & (dist < win)
             s = gl.where(ok, s, float("-inf"))
         m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, mma_o)
-    # a row with nothing to attend (no keys at all) keeps l == 0: written as 0
-    inv = gl.expand_dims(gl.convert_layout(v_unit / gl.where(l_i > 0.0, l_i, 1.0), gl.SliceLayout(1, mma_o)), 1)
-    rows_o = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_o))
-    row_ok = (rows_o < q_len) & (active != 0)
-    rows_off = (q_start + rows_o).to(gl.int64) * stride_ot + head.to(gl.int64) * stride_oh
-    Od = Out.to(gl.pointer_type(DTYPE), bitcast=True)
-    d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, mma_o))
-    gl.store(Od + gl.expand_dims(rows_off, 1) + gl.expand_dims(d, 0), (o * inv).to(DTYPE),
-             mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(d < head_dim, 0))
+    _store_rows(Out, o, l_i, v_unit, qblk, q_len, q_start, active, head, stride_ot, stride_oh, head_dim, ROW0,
+                HALF, BLOCK_M, BLOCK_D, DTYPE, mma_o)
 
 
 @gluon.jit(do_not_specialize=REC_DO_NOT_SPECIALIZE, do_not_specialize_on_alignment=REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT)
@@ -255,14 +246,7 @@ def prefix_prefill_ws_rec_kernel(
     else:
         pid = gl.program_id(0)
         head = gl.program_id(1)
-    req = owner_of_block(Query_start_loc, pid, batch, BLOCK_M)  # the request owning q block pid
-    q_start = gl.load(Query_start_loc + req)
-    q_len = gl.load(Query_start_loc + req + 1) - q_start
-    # A request's q blocks run last first (kernel_ws.py): the longest programs start first.
-    rank = pid - (q_start // BLOCK_M + req)
-    n_blk = gl.cdiv(q_len, BLOCK_M)
-    qblk = gl.maximum(n_blk - 1 - rank, 0)
-    active = ((rank < n_blk) & ((skip_decode == 0) | (q_len != 1))).to(gl.int32)
+    req, q_start, q_len, qblk, active = _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M)
     ctx_len = gl.load(Seq_lens + req) - q_len
     kv_head = (head // num_queries_per_kv).to(gl.int64)
     win = gl.where(window > 0, window, 2147483647)
@@ -277,19 +261,9 @@ def prefix_prefill_ws_rec_kernel(
     inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
     n_ctx = gl.cdiv(ctx_hi - first, BLOCK_N) * active
 
-    ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // BLOCK_D, BLOCK_D // 8],
-                                         warps_per_cta=[CONSUMER_WARPS, 1], order=[1, 0])
-    offs_m = qblk * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ldq))
-    m_valid = (offs_m < q_len) & (active != 0)
-    q_row = (q_start + offs_m).to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
-    dq = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ldq))
-    q = gl.load(Q + gl.expand_dims(q_row, 1) + gl.expand_dims(dq, 0),
-                mask=gl.expand_dims(m_valid, 1) & gl.expand_dims(dq < head_dim, 0), other=0.0)
+    q, _ = _q_rows(Q, q_start, q_len, qblk, active, head, stride_qt, stride_qh, head_dim, BLOCK_M, BLOCK_D)
     kind = scale_kind & 3  # the per-token scales' dtype
-    qf = q.to(gl.float32)
-    amax = gl.max(gl.abs(qf), 1)
-    unit = gl.where(amax > 0.0, gl.exp2(gl.floor(gl.log2(gl.maximum(amax, 1e-30))) - 14.0), 1.0)
-    qh = (qf / gl.expand_dims(unit, 1)).to(gl.float16)
+    qh, unit = _fp16_rows(q.to(gl.float32))
     logit = unit * qk_scale
     v_unit = 1.0
     if SCALES == 0:  # one scale a cache: the tiles hold value * 2^-8
@@ -302,17 +276,7 @@ def prefix_prefill_ws_rec_kernel(
     rs = gl.allocate_shared_memory(gl.float32, [BLOCK_M], r_sl, logit)
     kb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
     vb = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_D], kv_sl)
-    kfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    vfull = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    vempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kfull.index(i), count=1)
-        mbarrier.init(kempty.index(i), count=2)  # both consumers release a stage
-        mbarrier.init(vfull.index(i), count=1)
-        mbarrier.init(vempty.index(i), count=2)
-    fence_async_shared()
-    gl.thread_barrier()
+    kfull, kempty, vfull, vempty = _ring_barriers(STAGES)
     bt_row = Block_table + req.to(gl.int64) * stride_bt
     # the op passes per-token caches' strides in int16 words (quant.py's), per-tensor fp8's in bytes
     unit_b: gl.constexpr = 2 if SCALES == 1 else 1

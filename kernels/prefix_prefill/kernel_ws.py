@@ -258,6 +258,20 @@ def _ring_barriers(STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _softmax_start(Sinks, has_sinks, head, HALF: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                   mma_s: gl.constexpr, mma_o: gl.constexpr):
+    """The online softmax's start for HALF rows (base 2): running max and sum from the head's sink
+    (without one: max NEG_BIG, sum 0), a zero accumulator, and the zero logits wgmma starts from."""
+    row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
+    sink = gl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
+    m_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.maximum(sink, NEG_BIG)
+    l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
+    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
+    return m_i, l_i, o, s_zero
+
+
+@gluon.jit
 def _store_rows(Out, o, l_i, v_unit, qblk, q_len, q_start, active, head, stride_ot, stride_oh, head_dim,
                 ROW0: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
                 DTYPE: gl.constexpr, mma_o: gl.constexpr):
@@ -289,11 +303,7 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfu
     rsc = rs.slice(ROW0, HALF).load(row_l)  # the context's logit scale a row (its q scaling undone)
     offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
     q_pos = ctx_len + offs_m
-    sink = gl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
-    m_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.maximum(sink, NEG_BIG)
-    l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
-    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
-    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
+    m_i, l_i, o, s_zero = _softmax_start(Sinks, has_sinks, head, HALF, BLOCK_N, BLOCK_D, mma_s, mma_o)
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1

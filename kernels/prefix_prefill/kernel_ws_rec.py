@@ -31,8 +31,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .kernel import LOG2E, NEG_BIG
-from .kernel_ws import CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers, _store_rows
+from .kernel import LOG2E
+from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers,
+                         _softmax_start, _store_rows)
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
@@ -199,11 +200,7 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, ke
     rsc = rs.slice(ROW0, HALF).load(row_l)  # the logit scale a row (its q scaling undone)
     offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
     q_pos = ctx_len + offs_m
-    sink = gl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
-    m_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.maximum(sink, NEG_BIG)
-    l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
-    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
-    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
+    m_i, l_i, o, s_zero = _softmax_start(Sinks, has_sinks, head, HALF, BLOCK_N, BLOCK_D, mma_s, mma_o)
     for t in range(n_ctx):
         st = t % STAGES
         ph = (t // STAGES) & 1

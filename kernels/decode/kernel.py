@@ -83,9 +83,8 @@ def _pages_nc(table_row, offs_t, hi, page_shift, PTX: tl.constexpr):
     # _pages through inline PTX (ld.global.nc), which Triton's pipeliner does not see: it then
     # pipelines only the K/V copies, and at 3 stages waits for one tile's copies while the next
     # tile's are in flight (its own pipelining of the table load made every iteration wait for
-    # all copies). H100, split kernel, int4 group 64 batch 32 / 64 x 4K: 44.2 -> 45.3% / 43.5 ->
-    # 48.5% of copy; group 8 30.9 -> 32.7% / 29.7 -> 33.5%. int8 and the per-token loops lost
-    # (int8 group 64 68.8 -> 59.6%, int4 per-token 57.9 -> 55.2%), so they keep _pages.
+    # all copies). Faster for int4 per group only; int8 and the per-token loops keep _pages
+    # (BENCHMARKS.md, Kernel choices: table load).
     ptr = table_row + (offs_t >> page_shift)
     inside = offs_t < hi
     if _INTERPRET or not PTX:
@@ -112,8 +111,7 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
         # Groups of 8-16 channels (and 32 at head dims 64, 96): each token's row of scales
         # (HEAD_DIM >> quant_shift of them) is read whole, at contiguous columns, so that one load instruction covers a few tokens'
         # rows, then spread over the runs in registers (tl.gather). Reading each run's scale in
-        # place made every load touch ~32 tokens' rows (ncu: 25 sectors a request): H100, split
-        # kernel, batch 32 x 4K, group 8: int8 48.0 -> 68.9%, int4 31.9 -> 59.7% of copy.
+        # place made every load touch ~32 tokens' rows (BENCHMARKS.md, Kernel choices: scale rows).
         groups = (VALID * RUN) >> quant_shift
         raw = tl.load(S + row[:, None] + sg[None, :], mask=t_mask[:, None] & (sg < groups)[None, :], other=0.0)
         s = tl.gather(raw, tl.broadcast_to(((sg * RUN) >> quant_shift)[None, :], raw.shape), 1)
@@ -121,11 +119,7 @@ def _scales(S, page, offs_t, hi, page_shift, head, sp, st, sh, sg, quant_shift, 
         # Groups of 32+ channels at head dims 128, 256: one scale a run of 32 read in place (4 a
         # token at head_dim 128), each once for groups of 32. Runs of 8 read each scale 8 times
         # (L1 served the repeats) at ~30 more loads and ~250 more address instructions a tile a
-        # thread (sm90: int4 group 64 2320 -> 1936 instructions). H100, split kernel, batch 32 / 64
-        # x 4K, % of copy: int4 group 64 46.9 -> 60.7 (62.3 with runs of 64) / 49.2 -> 65.4, int8
-        # group 64 72.0 -> 81.4 / 76.0 -> 85.0; group 32 (which read rows before) int4 47.4 -> 62.1
-        # / 49.9 -> 64.8, int8 66.8 -> 80.9 / 69.7 -> 83.1. (The row read lost to runs of 8 at
-        # group 64: int8 71.9 -> 65.8%; both reads behind a runtime branch lost at every size.)
+        # thread (BENCHMARKS.md, Kernel choices: scale runs).
         s = tl.load(S + row[:, None] + ((sg * RUN) >> quant_shift)[None, :],
                     mask=t_mask[:, None] & (sg < VALID)[None, :], other=0.0)
     return s.to(tl.float16)
@@ -148,8 +142,8 @@ def _tile_ptrs(base, row, cols, KV_ALIGN: tl.constexpr):
 def _words(W16, page, offs_t, hi, page_shift, head, sp, st, sh, offs_c, c_mask, KV_ALIGN: tl.constexpr = 16):
     # One [len(offs_t), len(offs_c)] tile of int16 words of an int8/int4 cache (byte offsets halved:
     # the op checks that those caches' strides are even). Loaded in the tile's own iteration, which
-    # Triton turns into cp.async; loading it a tile ahead into registers was slower (H100, batch 32
-    # x 4K, per-token: int8 73.9 -> 72.4%, int4 55.2 -> 44.6% of copy: ~60 more registers).
+    # Triton turns into cp.async; loading it a tile ahead into registers was slower (~60 more
+    # registers; BENCHMARKS.md, Kernel choices: word tiles).
     slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
     row = (page * sp + slot * st + head * sh) >> 1
     return tl.load(_tile_ptrs(W16, row, offs_c, KV_ALIGN),
@@ -229,10 +223,8 @@ def decode_split_kernel(
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
-    # completed and its writes are visible, and nothing is read before it. H100, a clean-L2 read
-    # kernel then decode with no event between (bench/pdl_gap.py, "chained"): int8 per-token batch
-    # 32 x 4K 105.5 -> 103.9 us, batch 1 x 32K 35.5 -> 33.5, bf16 batch 4 x 4K 32.8 -> 31.2. Also
-    # triggering the merge early (launch_dependents at the start) lost 0.3-1 point against this.
+    # completed and its writes are visible, and nothing is read before it; triggering the merge
+    # early (launch_dependents at the start) was slower (BENCHMARKS.md, Kernel choices: PDL).
     if PDL and not _INTERPRET:
         gdc_wait()
     b = tl.program_id(1)
@@ -409,7 +401,7 @@ def _attend_chunked(
     # subtraction costs ~2^-17 of the score's magnitude, against the f16x2 subtraction an element
     # it saves (int4: 11 -> 5 instructions a register of eight channels). A constexpr loop, not a
     # runtime branch beside the per-element one: with both loops in one binary the per-group loop
-    # lost 7 points of copy bandwidth (H100, int8 group 64, batch 32 x 4K: 66.0 -> 58.7%).
+    # lost 7 points of copy bandwidth (BENCHMARKS.md, Kernel choices: constexpr loops).
     # ZP (KV_KIND 5, int4_zp, PER_TOKEN): unsigned nibbles n and a zero point zp a token in the fp32
     # scale word (_zp_scales): value = (n - zp) * scale. The biased dots take offsets 1024 and 64
     # (no +7), and q's sum times each token's zp joins k_bias; V's dots read n exactly
@@ -674,8 +666,7 @@ def decode_merge_kernel(
 ):
     # PDL (sm90+): launched as a programmatic dependent launch, this grid may start while the
     # split kernel finishes; griddepcontrol.wait returns once the split grid has completed and its
-    # writes are visible. Nothing is read before it. (H100, batch 32 x 4K int8 per-token: 108.0 ->
-    # 106.3 us a call; batch 1 x 32K bf16 60.6 -> 58.5 us.)
+    # writes are visible. Nothing is read before it (BENCHMARKS.md, Kernel choices: PDL).
     # Program (b, h, c) merges channels [c * BLOCK_D, (c + 1) * BLOCK_D) of (request b, head h).
     # LOOP 0: all num_splits (<= BLOCK_S) in one [BLOCK_S, BLOCK_D] tile (from 17 splits, channels
     # spread over programs as the loop's are). LOOP 1: any count, BLOCK_S

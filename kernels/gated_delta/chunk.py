@@ -524,9 +524,8 @@ def gdn_chunk_prep(
         x = _inverse_doubling(a, TF, EXACT, BFM)
 
     # W = X (beta k exp(G)), U = X (beta v): X [64, 64], one [64, 64] x [64, K] dot
-    # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand; H100, JIT,
-    # H = 16, HV = 32, K = V = 128, maxnreg 168: 1 x 8192 0.494 -> 0.451 ms, 8 x 2048 0.964 -> 0.880;
-    # W and U move by 0.7% of their largest value, the size of their own bf16 rounding). fp16
+    # each with the chunk's right-hand side. bf16 inputs: bf16 operands (_wy_operand: faster; W and
+    # U move by their own bf16 rounding; BENCHMARKS.md, Kernel choices: bf16 W/U operands). fp16
     # inputs: fp32 operands (tf32 on tensor cores; fp16 X could overflow).
     xw = _wy_operand(x, W.dtype.element_ty)
     # In column blocks of WCOL (one [64, WCOL] fp32 operand and result live, not [64, K]).

@@ -176,10 +176,9 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     # range (the interpreter's bounds check, tests/cpu/kernels/gated_delta/test_chunk_bounds.py);
     # 2 stages need 280 KiB of shared memory (over 227). 4 warps at one stage computed KDA fp32
     # K = V = 256 to 9e-7 of the reference there (BENCHMARKS.md, "Gated delta: head sizes and fp32").
-    # BV == head_v (the wide tile, chosen by state_block_v at many sequence-heads): 8 warps, 2 stages.
-    # H100, JIT, bf16, HV = 32, K = V = 128, V-major, 8 x 2048: BV128 w8 s2 0.373 ms (255 registers,
-    # 106 B spilled, 176 KiB shared memory) vs w8 s1 0.452, w16 s2 0.640; BV 32 w4 s2 (below) 0.836.
-    # BV 64 at V = 64, and the wide tile on sm80 (its BV128 binary: 104 KiB), not measured.
+    # BV == head_v (the wide tile, chosen by state_block_v at many sequence-heads): 8 warps, 2 stages,
+    # the fastest launch measured (BENCHMARKS.md, Kernel choices: state pass launch). BV 64 at V = 64,
+    # and the wide tile on sm80 (its BV128 binary: 104 KiB), not measured.
     # AMD (64 KiB of LDS a workgroup): Triton 3.6's gfx942 / gfx90a BV128 binary takes 88 KiB at 2
     # stages (it would not load) and 64 KiB at one, as BV 32's does at 2: one stage there (not timed).
     # BV 32 at one stage at K = V = 128 (4 or 8 warps) hit an illegal memory access on the H100
@@ -199,10 +198,9 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     if bv == NARROW_BV:
         # 3 stages on CUDA: Triton issues a chunk's copies at the end of the iteration before the
         # one that reads them (the last dots done), so at 2 stages their latency sits in every
-        # iteration; at 3 a whole iteration covers it. H100, JIT, bf16, K = V = 128, 1 x 8192, at
-        # the commit that dropped Qg: w4 s2 0.305 ms, w4 s3 0.242 (188 KiB of shared memory, 234
-        # registers), w8 s3 0.280, BV 64 w4 s3 0.294; s4 needs 248 KiB (over 227). sm80: 128 KiB
-        # (inside 163), not timed. Other backends keep 2 (hip: 64 KiB of LDS at 2 already).
+        # iteration; at 3 a whole iteration covers it (BENCHMARKS.md, Kernel choices: state pass
+        # launch); s4 needs 248 KiB (over 227). sm80: 128 KiB (inside 163), not timed. Other
+        # backends keep 2 (hip: 64 KiB of LDS at 2 already).
         return LaunchConfig(num_warps=4, num_stages=3 if getattr(arch, "backend", "cuda") == "cuda" else 2)
     return LaunchConfig(num_warps=8, num_stages=1 if getattr(arch, "backend", "cuda") == "hip" else 2)
 

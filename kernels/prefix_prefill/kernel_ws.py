@@ -184,8 +184,10 @@ def _qk(q, kbuf, st, s_zero, ROW0: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, PDTYPE: gl.constexpr, mma_o: gl.constexpr):
-    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st."""
+def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, PDTYPE: gl.constexpr, mma_o: gl.constexpr,
+                FENCE: gl.constexpr = True):
+    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st (FENCE:
+    the async-proxy fence before wgmma reads the stage; off where the producer fenced its stores)."""
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     p = gl.exp2(s - gl.expand_dims(m_new, 1))
@@ -193,7 +195,8 @@ def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, PDTYPE: gl.constexp
     l_i = l_i * alpha + gl.sum(p, 1)
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
     mbarrier.wait(vfull.index(st), ph)
-    fence_async_shared()  # a new-token tile came by cp.async (generic proxy); wgmma reads it (async proxy)
+    if FENCE:
+        fence_async_shared()  # a new-token tile came by cp.async (generic proxy); wgmma reads it (async proxy)
     o = warpgroup_mma(gl.convert_layout(p.to(PDTYPE), p_l), vbuf.index(st), o, is_async=True)
     o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
     mbarrier.arrive(vempty.index(st))

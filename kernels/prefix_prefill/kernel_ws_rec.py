@@ -28,12 +28,11 @@ check. Everything else runs kernel.py.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .kernel import LOG2E
 from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers,
-                         _softmax_start, _store_rows)
+                         _softmax_pv, _softmax_start, _store_rows)
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
@@ -92,7 +91,7 @@ E4M3X4_BITS_PTX = gl.constexpr("""{
 
 
 @gluon.jit
-def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr):
     """(which keys [start, start + BLOCK_N) count, their block, their slot): K's and V's loads share them."""
     n = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
     n_valid = (n >= key_lo) & (n < ctx_hi)
@@ -147,7 +146,7 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         ph = (t // STAGES) & 1
         start = first + t * BLOCK_N
         # both tiles' loads in flight before either is converted
-        n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N, BLOCK_D)
+        n_valid, blk, slot = _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N)
         if SCALES == 1:  # vLLM's record: K's rows 8-byte aligned, V's 4
             xk, sk = _rec_load(Kb, KS, n_valid, blk, slot, kv_head, s_kb, s_kt, s_kh, s_sb, s_st, s_sh, kind,
                                head_dim, BLOCK_N, BLOCK_D, SCALES, LD8, 8)
@@ -166,23 +165,6 @@ def _rec_producer(Kb, Vb, KS, VS, kb, vb, kfull, kempty, vfull, vempty, bt_row, 
         _rec_store(xv, sv, vb, st, KV_FORMAT, SCALES)
         fence_async_shared()
         mbarrier.arrive(vfull.index(st))
-
-
-@gluon.jit
-def _softmax_pv(s, m_i, l_i, o, vbuf, vfull, vempty, st, ph, mma_o: gl.constexpr):
-    """One online-softmax step (base 2) on the masked logits s, then o += P.V of stage st (the
-    producer fenced its register stores before arriving: no fence here)."""
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    p = gl.exp2(s - gl.expand_dims(m_new, 1))
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, mma_o)), 1)
-    mbarrier.wait(vfull.index(st), ph)
-    o = warpgroup_mma(gl.convert_layout(p.to(gl.float16), p_l), vbuf.index(st), o, is_async=True)
-    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
-    mbarrier.arrive(vempty.index(st))
-    return m_new, l_i, o
 
 
 @gluon.jit
@@ -217,7 +199,8 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, ke
             dist = gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0)
             ok = (dist >= 0) & (dist < win)
             s = gl.where(ok, s, float("-inf"))
-        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, mma_o)
+        # the producer fenced its register stores before arriving: no fence here
+        m_i, l_i, o = _softmax_pv(s, m_i, l_i, o, vb, vfull, vempty, st, ph, gl.float16, mma_o, False)
     _store_rows(Out, o, l_i, v_unit, qblk, q_len, q_start, active, head, stride_ot, stride_oh, head_dim, ROW0,
                 HALF, BLOCK_M, BLOCK_D, DTYPE, mma_o)
 

@@ -284,8 +284,6 @@ PREFIX_PREFILL_WS = KernelSpec(
     kind="gluon",
 )
 
-
-
 # PREFIX_PREFILL_WS_REC, kernel_ws_rec.py: the same program for calls whose new tokens' keys are in
 # the cache (vLLM's unified_attention): int8 and fp8 e4m3 per token (vLLM's per-token-head records)
 # and fp8 e4m3 per cache, at block_d 128, fp16/bf16: 6 variants, ALIGNED only (REC_ARGS: q and out).

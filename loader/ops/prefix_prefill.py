@@ -419,6 +419,7 @@ def launch_plan(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_len
 ENV_WS = "AOTC_PREFIX_PREFILL_WS"
 _OUT_FP8 = _spec.PREFIX_PREFILL.arg_index["out_fp8"]
 _FROM_CACHE = _spec.PREFIX_PREFILL.arg_index["kv_from_cache"]
+_K_CACHE, _V_CACHE = (_spec.PREFIX_PREFILL.arg_index[n] for n in ("K_cache", "V_cache"))
 _K_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n] for n in ("stride_kcb", "stride_kct", "stride_kch"))
 _V_STRIDES = tuple(_spec.PREFIX_PREFILL.arg_index[n] for n in ("stride_vcb", "stride_vct", "stride_vch"))
 
@@ -449,7 +450,7 @@ def kernel_for(axes, args):
     if from_cache:
         # its loads: 8 bytes of K and 4 of V on vLLM's records (strides passed in int16 words), 16 per cache
         unit, k_vec, v_vec = (2, 8, 4) if axes["scales"] == "token" else (1, 16, 16)
-        rows = (values[3] % k_vec == 0 and values[4] % v_vec == 0
+        rows = (values[_K_CACHE] % k_vec == 0 and values[_V_CACHE] % v_vec == 0
                 and all(values[i] * unit % k_vec == 0 for i in _K_STRIDES)
                 and all(values[i] * unit % v_vec == 0 for i in _V_STRIDES))
         serves = _spec.rec_serves(axes, gpu.capability, fp8_out, aligned, True, rows)

@@ -1,7 +1,7 @@
 """The gated-delta decode kernel under register caps (Triton's `maxnreg`), JIT, % of the copy
 bandwidth of the same run: B 256 x T 1, 256 x 4 and 64 x 1, H 16, HV 32, K = V = 128, bf16 q/k/v,
 both pool layouts (fused gate at T = 1). V-major at its 8 x 1-warp tile; K-major at 32 x 4, 8 x 1
-and 16 x 2. For BENCHMARKS.md's "Gated delta decode" section: why T = 4 trails fla.
+and 16 x 2. For BENCHMARKS.md's Tried and not kept, "Gated delta decode": why T = 4 trails fla.
 
     python3 gated_delta_decode_regcap.py     (from bench/, on the GPU machine)
 """

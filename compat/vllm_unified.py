@@ -179,8 +179,8 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     chunk_lookback or mm_prefix_range (prefix_prefill's). Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
     validate (keyword only, not vLLM's): the value checks of lengths, offsets and page ids (and of
-    int64 indices fitting int32): one device sync and host work a call (BENCHMARKS.md, "Session 32
-    merged check": NONE, aotc's default checks). None (the
+    int64 indices fitting int32): one device sync and host work a call (BENCHMARKS.md, "Prefix
+    prefill through vLLM's `unified_attention`": NONE, aotc's default checks). None (the
     default): on in eager calls, off under CUDA-graph capture and torch.compile, as the loader's
     ops; an engine's hot loop whose metadata its scheduler built passes False (vLLM's kernel reads
     them unchecked).

@@ -173,8 +173,8 @@ def jit_kernel(spec: KernelSpec, level: str = ALIGNED):
     declares aligned, all of which such a call meets). GENERIC: a copy that specializes nothing, as
     the build compiles GENERIC keys; the kernel's own would specialize whatever of the call happens
     to be aligned (a 16-byte-aligned pointer beside a head size of 100), another binary, whose
-    outputs differed from the built one in the last bits on the H100 (BENCHMARKS.md, "Gated delta:
-    head sizes and fp32")."""
+    outputs differed from the built one in the last bits on the H100 (BENCHMARKS.md, Kernel
+    choices: head sizes and fp32)."""
     fn = jit_function(spec)
     if level != GENERIC or spec.kind != "triton" or type(fn).__name__ == "InterpretedFunction":
         return fn

@@ -104,8 +104,8 @@ def head_blocks(group: int, tile: str) -> int:
 # batch 1 x 32K at 16 heads, 264 splits beat 396 and 512).
 RULE_MAX_SPLITS = 256
 # The double-buffered tiles (page_ahead) stop earlier: their programs read a 32-token tile's
-# successor during its dots, and at batch 1 128 splits beat 256 (BENCHMARKS.md, "MLA decode: tiles
-# double-buffered").
+# successor during its dots, and at batch 1 128 splits beat 256 (BENCHMARKS.md, "MLA decode",
+# Configuration).
 PAGE_AHEAD_MAX_SPLITS = 128
 
 

@@ -58,7 +58,7 @@ BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tenso
 # their counts near a wave of programs (num_splits; mla_spec.num_splits), an explicit count may
 # take up to MAX_SPLITS.
 MAX_SPLITS = 512
-RULE_MAX_SPLITS = 64  # decode's rule: more splits were slower at batch 1 (BENCHMARKS.md, "Batch-1 decode")
+RULE_MAX_SPLITS = 64  # decode's rule: more splits lost at batch 1 (BENCHMARKS.md, Kernel choices: batch-1 splits)
 MAX_BATCH = 65535  # the split grid's second dimension (CUDA's limit)
 PROGRAMS_PER_SM = 4  # splits are added until the grid fills this many programs per SM
 
@@ -358,7 +358,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     stages = 3 if grouped or axes["scales"] == "chunk" else 2  # chunk: 146 registers, no cap (CHUNK_CHANNELS)
     if axes.get("kv_align") == 8 and axes["kv"] != "int8":
         # vLLM's fp8 record (8- and 4-byte reads): capped at 168 registers, three programs an SM; the
-        # int8 loop lost with the cap (BENCHMARKS.md, Decode on vLLM's per-token-head caches: V read 4 bytes at a time)
+        # int8 loop lost with the cap (BENCHMARKS.md, "Decode on vLLM's per-token-head caches")
         cap = 168
     if grouped and int(axes["head_dim"]) > 128:
         # Head dim 256: "small_group" 2 stages, int4 "group" capped at 168, int8 "group" 2 stages capped

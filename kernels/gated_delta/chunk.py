@@ -190,7 +190,7 @@ def _mm(a, b, TF32: tl.constexpr, EXACT: tl.constexpr, BF16: tl.constexpr = Fals
     # coarser. BF16 (gdn_chunk_prep, bf16 inputs on CUDA): the inverse's products on bf16 operands,
     # twice tf32's tensor rate at half its shared-memory bytes, fp32's range (fp16's would overflow
     # where X grows past 65504); X is rounded to bf16 for the W/U dots anyway (BENCHMARKS.md,
-    # "Gated delta prefill precompute: bf16 inverse"). Exact fp32 FMAs ("ieee")
+    # Kernel choices: bf16 inverse). Exact fp32 FMAs ("ieee")
     # elsewhere; EXACT (fp32 inputs): _dot's fp32 precision instead.
     if EXACT:
         return _dot(a, b, TF32)
@@ -248,7 +248,7 @@ def _wy_dots(W, U, xw, Kr, s_kr, k_off, rs, V, s_vt, v_off, Beta, s_bt, s_bh, t,
     blocks; xw: X as the dots' operand, k's rows at Kr + t * s_kr + k_off, v's at V + t * s_vt + v_off.
     16-bit inputs with at most two blocks a side: every block issued before the first dot, one
     exposed load latency instead of one a block, as a store between them kept each next load behind
-    it (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse"); not at fp32 (spills more at
+    it (BENCHMARKS.md, Kernel choices: bf16 inverse); not at fp32 (spills more at
     the 128 tile) nor past two blocks a side (registers)."""
     DTW: tl.constexpr = W.dtype.element_ty
     if HEAD_K <= 2 * WCOL and HEAD_V <= 2 * WCOL and not EXACT:
@@ -392,7 +392,7 @@ def gdn_chunk_prep(
     writes Qg = scale q exp(G) and Fq = 1 instead. Grid (chunk slots x HV,): program i is chunk slot i // HV, value head i % HV."""
     # Value heads vary fastest: the programs of one chunk run side by side, so q and k rows shared by
     # a GVA group come from L2 and the workspace rows they write are contiguous
-    # (BENCHMARKS.md, "Gated delta prefill precompute, session 29").
+    # (BENCHMARKS.md, Kernel choices: precompute grid and loads).
     pid = tl.program_id(0) // HV
     hv = tl.program_id(0) % HV
     n = owner_of_block(Cu_seqlens, pid, num_seqs, CHUNK)  # the sequence owning chunk slot pid
@@ -507,11 +507,11 @@ def gdn_chunk_prep(
     else:
         # GDN: A and Aqk of the whole chunk as two [64, K] x [K, 64] dots (64 rows: the four
         # warps share the rows instead of each repeating a 16-row tile), X by [64, 64] products
-        # (_inverse_doubling: no 16 x 16 tiles cut out and put back; BENCHMARKS.md, "Gated delta
-        # prefill speed, session 26").
+        # (_inverse_doubling: no 16 x 16 tiles cut out and put back; BENCHMARKS.md, Kernel
+        # choices: inverse by products).
         # q, k, gates and beta issued before the first store and dot, so their latencies overlap (v
-        # stays below the inverse: live across it, it spills; BENCHMARKS.md, "Gated delta prefill
-        # precompute, session 29").
+        # stays below the inverse: live across it, it spills; BENCHMARKS.md, Kernel choices:
+        # precompute grid and loads).
         km = m[:, None] & (offs_k < K_DIM)[None, :]
         g = tl.load(G + t * s_gt + hv64 * s_gh, mask=m, other=0.0)
         beta = tl.load(Beta + t * s_bt + hv64 * s_bh, mask=m, other=0.0)

@@ -156,7 +156,7 @@ def prep_launch(axes, arch: int) -> LaunchConfig:
     # memory 48 KiB (gdn; kda at 8 warps: 48 KiB) at K = 128, 96 KiB (gdn) at 256. Other warp counts:
     # bench_gated_delta_prefill.py --sweep.
     # GDN at K, V <= 128: maxnreg 168, faster than no cap or 128 (4 programs an SM) on the H100
-    # (BENCHMARKS.md, "Gated delta prefill precompute: bf16 inverse"; K = V = 64 and sm80 not measured).
+    # (BENCHMARKS.md, Kernel choices: bf16 inverse; K = V = 64 and sm80 not measured).
     big = int(axes["head_k"]) > 128 or int(axes["head_v"]) > 128
     cap = 168 if not big and axes.get("dtype") != "fp32" else 0  # fp32: not measured
     return LaunchConfig(num_warps=8 if big else 4, num_stages=1, maxnreg=cap)
@@ -175,7 +175,7 @@ def state_launch(axes, arch: int) -> LaunchConfig:
     # generic one, and Triton's JIT of it, on the H100) though every address the kernel forms is in
     # range (the interpreter's bounds check, tests/cpu/kernels/gated_delta/test_chunk_bounds.py);
     # 2 stages need 280 KiB of shared memory (over 227). 4 warps at one stage computed KDA fp32
-    # K = V = 256 to 9e-7 of the reference there (BENCHMARKS.md, "Gated delta: head sizes and fp32").
+    # K = V = 256 to 9e-7 of the reference there (BENCHMARKS.md, Kernel choices: head sizes and fp32).
     # BV == head_v (the wide tile, chosen by state_block_v at many sequence-heads): 8 warps, 2 stages,
     # the fastest launch measured (BENCHMARKS.md, Kernel choices: state pass launch). BV 64 at V = 64,
     # and the wide tile on sm80 (its BV128 binary: 104 KiB), not measured.
@@ -215,7 +215,7 @@ def state_launch_generic(axes, arch: int) -> LaunchConfig:
     # access. So the 16-bit generic binaries take 16 warps at one stage, the config found correct at
     # 256, 128 (KDA fp16 K = 100) and 64: there state_launch's 4 warps (3 stages, and 2) computed KDA
     # and GDN at K = 60 wrong from a sequence's second chunk on (relative error 0.8), 8 warps at 2
-    # stages and 16 at one right (BENCHMARKS.md, "Gated delta: head sizes and fp32").
+    # stages and 16 at one right (BENCHMARKS.md, Kernel choices: head sizes and fp32).
     # fp32 keeps state_launch's: 4-byte elements still take async copies (152 KiB of shared memory
     # at 128, pipelined); its generic 64 and 128 tiles computed K = 60 and 100 right on the H100.
     if axes["dtype"] != "fp32":
@@ -336,14 +336,14 @@ def kda_wy_constexprs(axes) -> dict:
 
 def kda_intra_launch(axes, arch: int) -> LaunchConfig:
     # One warp a chunk (a lane two rows, kda_chunk.py), one stage. 255 registers, no spills: capping
-    # them at 168 or 128 (spills), or 2 warps, was slower (BENCHMARKS.md, "KDA's in-block kernel").
+    # them at 168 or 128 (spills), or 2 warps, was slower (BENCHMARKS.md, Kernel choices: kda_chunk_intra launch).
     return LaunchConfig(num_warps=1, num_stages=1)
 
 
 def kda_inter_launch(axes, arch: int) -> LaunchConfig:
     # Twelve [16, 16] accumulators, [16, 32] operands. CUDA: 4 warps, 2 stages (the next channel
     # step's q, k, g tiles copied ahead; at 4 warps no spills), faster than 2 warps at 1, 2 or 3
-    # stages on the H100 (BENCHMARKS.md, "KDA precompute, session 33"). Other backends keep 2 warps,
+    # stages on the H100 (BENCHMARKS.md, Kernel choices: kda_chunk_inter launch). Other backends keep 2 warps,
     # one stage (not measured there).
     if getattr(arch, "backend", "cuda") == "cuda":
         return LaunchConfig(num_warps=4, num_stages=2)
@@ -352,7 +352,7 @@ def kda_inter_launch(axes, arch: int) -> LaunchConfig:
 
 def kda_wy_launch(axes, arch: int) -> LaunchConfig:
     # X [64, 64] and the chunk's W-operand and v column blocks (16-bit, loaded together) live: 4 warps
-    # (8 and 2 were slower with one block live: BENCHMARKS.md, "KDA precompute as three kernels";
+    # (8 and 2 were slower with one block live: BENCHMARKS.md, Kernel choices: kda_chunk_wy launch;
     # not re-swept since), one stage.
     return LaunchConfig(num_warps=4, num_stages=1)
 

@@ -15,8 +15,8 @@ gdn_chunk_state, for 16-bit inputs at K, V tiles <= 128:
 The state update is chunk.py's products in the same dtypes (final states bit-identical to it on the
 H100); the output too: Aqk V' accumulated onto q h fq, the order Triton's dot-plus-add takes.
 Served where the op asks for it (state_ws_spec.ws_serves: sm90, fp16/bf16, ALIGNED arguments, as
-cp.async copies 16 bytes); everything else runs chunk.py's kernel. Speed: BENCHMARKS.md, "Gated
-delta prefill: Gluon state pass".
+cp.async copies 16 bytes); everything else runs chunk.py's kernel. Speed: BENCHMARKS.md, Kernel
+choices: Gluon state pass.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -101,7 +101,7 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     form's dt_bias too). Its 128-byte K rows keep the L2 under the one-warp tile's 32-byte rows'
     load (ncu, H100: L2 60% against 91%), and with token 0 read before the state tile it runs
     at ~88% of copy against the one-warp tile's ~64% at T = 1; at T = 4 the one-warp tile leads
-    (~67 against ~54). BENCHMARKS.md, session 31."""
+    (~67 against ~54). BENCHMARKS.md, Kernel choices: one-token K-major tile."""
     return "kda" if (kind, layout, tokens) == ("gdn", "kmajor", 1) else kind
 
 

@@ -5,7 +5,7 @@ one for the other by the GPU alone: the same axes (dtype, head_k, head_v, bv; bv
 chunk_spec.state_block_v picks it), built for sm90 only (wgmma, setmaxnreg), 16-bit dtypes at K = V
 tiles of 64 and 128, ALIGNED only (cp.async copies 16 bytes). `nc`, the consumer warpgroups that
 split a program's BV columns, follows bv: 2 at BV 128 (one 64-column consumer a half, the ring
-read once for the whole head), else 1 (BENCHMARKS.md, "Gated delta prefill: Gluon state pass").
+read once for the whole head), else 1 (BENCHMARKS.md, Kernel choices: Gluon state pass).
 """
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def _context_tile(acc, m_i, l_i, q, q_pos, start, key_lo, ctx_len, lo_row, Mm, n
         if n_mm > 0:  # vLLM's order: (causal and window) or a bidirectional range
             mask |= _mm_pairs(q_pos, n, Mm, n_mm, mm_clamp, win)
         mask &= n_valid[None, :]
-    else:  # the per-row bound and the range branch cost plain binaries ~5% (BENCHMARKS.md, session 27)
+    else:  # the row bound and range branch cost plain binaries ~5% (BENCHMARKS.md, Kernel choices: masks in "mod" binaries)
         mask = n_valid[None, :] & (q_pos[:, None] - n[None, :] < win) & (n[None, :] <= q_pos[:, None])
     return _attend(acc, m_i, l_i, q, k, v, mask, qk_scale, q_pos - ctx0, n - ctx0, softcap, slope, alibi_mode,
                    MASKED, SCORE_MOD)

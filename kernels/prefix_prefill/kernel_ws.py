@@ -25,7 +25,7 @@ and calls that meet the ALIGNED specialization (16-byte aligned q/k/v/caches/out
 head_dim divisible by 16): cp.async moves 16 bytes at a time, so there is no GENERIC binary.
 Everything else (and the CPU interpreter: Gluon has none) runs kernel.py, as do calls whose
 artifacts hold kernel.py's binary but not this kernel's.
-It runs at about SDPA's speed where kernel.py takes 1.3-1.8x (BENCHMARKS.md, prefix-prefill session 23).
+It runs at about SDPA's speed where kernel.py takes 1.3-1.8x (BENCHMARKS.md, "Prefix prefill: aotc's caches").
 
 Arguments the Triton kernel takes and this one ignores (the op never routes those cases here):
 Out_scale / out_fp8, kv_xg (vLLM layout), the last-dim cache strides.

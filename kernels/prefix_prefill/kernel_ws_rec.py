@@ -14,7 +14,7 @@ cache after the context (the op's k = v = None), one causal loop over the cache,
       rows 16 (a 128-byte row over 8 threads, 4 rows a thread), converted in registers by packed PTX (four codes a
       register), stored in a 2-stage ring of fp16 shared-memory tiles; mbarriers full/empty a
       stage. (A ring of 3, int32 words, a producer loading tile t + 1 while storing tile t, and K's
-      scale on the score columns were not faster: BENCHMARKS.md, session 34.)
+      scale on the score columns were not faster: BENCHMARKS.md, Tried and not kept.)
   two consumers (4 warps each): 64 query rows each, wgmma Q.K^T in fp16 (q scaled by a power of
       two a row), online softmax (base 2, sinks, window, causal on the tiles past the q block's
       first position), wgmma P.V.
@@ -36,11 +36,11 @@ from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
-STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, and was not faster (BENCHMARKS.md, session 34)
+STAGES = gl.constexpr(2)  # ring depth: 3 fits beside one q, not faster (BENCHMARKS.md, Kernel choices: ring depth)
 # the producer's tiles: 4 rows a thread (8 threads a row), so that few row offsets live in its
 # registers. vLLM's record: V's 4 bytes a load (its rows are 4 bytes past an 8-byte boundary), K's 8
 # (LD8); per-cache fp8 rows 16 (LD16). Fewer loads and stores, the same rows a thread (BENCHMARKS.md,
-# session 34, s34-pp2)
+# Kernel choices: producer loads)
 LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[4, 8],
                                    warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],

@@ -96,7 +96,7 @@ def test_head_dims(head_dim, kda):
 def test_fp32_and_head_sizes_off_the_tiles(K, V, kda, dtype):
     # Built binaries at every pair here (K, V in one tile: 64, 128, 256), aligned and generic. The
     # V-major pool at odd K, the K-major at fp32 128. fp32 at the 256 tile faulted on the H100 at
-    # 16 warps (BENCHMARKS.md, "Gated delta: head sizes and fp32").
+    # 16 warps (BENCHMARKS.md, Kernel choices: head sizes and fp32).
     layout = "kmajor" if K == 128 else "vmajor"
     case = make_case([1, 63, 64, 65, 1000, 0, 300], H=2, HV=4, K=K, V=V, dtype=dtype, kda=kda, strong_gates=kda,
                      padded=(5,), state_layout=layout, device=DEV, seed=K + kda)
@@ -111,7 +111,7 @@ def test_fp32_and_head_sizes_off_the_tiles(K, V, kda, dtype):
                                          (100, True, torch.bfloat16), (60, False, torch.bfloat16)])
 def test_16_bit_head_sizes_off_16_over_many_chunks(K, kda, dtype):
     # The generic state pass at 4 warps computed these wrong from a sequence's second chunk on
-    # (BENCHMARKS.md, "Gated delta: head sizes and fp32"); its 16-warp binary runs them.
+    # (BENCHMARKS.md, Kernel choices: head sizes and fp32); its 16-warp binary runs them.
     case = make_case([1, 65, 700], H=2, HV=4, K=K, V=K, dtype=dtype, kda=kda, strong_gates=kda, device=DEV, seed=K)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AotcJitFallbackWarning)  # built: no JIT here

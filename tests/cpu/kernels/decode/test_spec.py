@@ -227,7 +227,7 @@ def test_split_count_with_occupancy_fills_whole_waves_or_keeps_the_base(batch, k
 
 
 def test_split_count_on_an_h100_at_three_programs_an_sm():
-    # The counts the H100 sweep timed (bench/results/2026-11-22-h100-session5-notes.txt).
+    # The counts the H100 sweep timed (git show 56b4b83:bench/results/2026-11-22-h100-session5-notes.txt).
     assert [S.num_splits(b, 8, 4, 132, 3) for b in (1, 32, 64)] == [49, 3, 3]
     assert [S.num_splits(b, 8, 4, 132, 2) for b in (1, 32, 64)] == [64, 3, 2]
     assert S.num_splits(1, 8, 4, 132, None) == 64

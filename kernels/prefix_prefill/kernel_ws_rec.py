@@ -30,6 +30,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from aotc.kernels.common.dequant import E4M3X4_BITS_PTX, E4M3X4_DEQUANT_PTX, I8X4_DEQUANT_PTX
+
 from .kernel import LOG2E
 from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers,
                          _softmax_pv, _softmax_start, _store_rows)
@@ -47,48 +49,6 @@ LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4,
                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 LD16 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
                                      warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
-
-# Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
-# prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
-I8X4_DEQUANT_PTX = gl.constexpr("""{
-            .reg .b32 t, e, o, m;
-            mov.b32 m, 0x64806480;
-            prmt.b32 t, $2, 0, 0x3120;
-            lop3.b32 e, t, 0x00FF00FF, 0x64806480, 0x6A;
-            shr.b32 o, t, 8;
-            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
-            sub.rn.f16x2 e, e, m;
-            sub.rn.f16x2 o, o, m;
-            mul.rn.f16x2 $0, e, $3;
-            mul.rn.f16x2 $1, o, $4;
-            }""")
-# Four fp8 e4m3 codes a register -> fp16 (c0, c1), (c2, c3) times the scales: dequant._e4m3x2_dequant's
-# arithmetic (value * 2^-8, times 256, times s, rounded once), bytes taken in channel order.
-E4M3X4_DEQUANT_PTX = gl.constexpr("""{
-            .reg .b32 a, b, m;
-            mov.b32 m, 0x5C005C00;
-            prmt.b32 a, $2, 0, 0x9180;
-            prmt.b32 b, $2, 0, 0xB3A2;
-            shl.b32 a, a, 7;
-            shl.b32 b, b, 7;
-            and.b32 a, a, 0xBF80BF80;
-            and.b32 b, b, 0xBF80BF80;
-            mul.rn.f16x2 a, a, m;
-            mul.rn.f16x2 b, b, m;
-            mul.rn.f16x2 $0, a, $3;
-            mul.rn.f16x2 $1, b, $4;
-            }""")
-# Four fp8 e4m3 codes a register -> fp16 value * 2^-8 (exact; the scale and 2^8 go elsewhere).
-E4M3X4_BITS_PTX = gl.constexpr("""{
-            .reg .b32 a, b;
-            prmt.b32 a, $2, 0, 0x9180;
-            prmt.b32 b, $2, 0, 0xB3A2;
-            shl.b32 a, a, 7;
-            shl.b32 b, b, 7;
-            and.b32 $0, a, 0xBF80BF80;
-            and.b32 $1, b, 0xBF80BF80;
-            }""")
-
 
 @gluon.jit
 def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr):

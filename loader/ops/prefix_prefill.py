@@ -676,9 +676,9 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
                                   sinks=sinks, out_scale=out_scale, skip_decode=skip_decode, out=out, validate=validate,
                                   v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,
                                   chunk_lookback=chunk_lookback, mm_prefix_range=mm_prefix_range, mm_clamp=mm_clamp)
-    return call(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale, v_scale,
-                sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes, alibi_sqrt, softcap,
-                chunk_lookback, mm_prefix_range, mm_clamp, checked=False)
+    return call(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
+                v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes,
+                alibi_sqrt, softcap, chunk_lookback, mm_prefix_range, mm_clamp, checked=False)
 
 
 def call(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale, v_scale,

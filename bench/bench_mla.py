@@ -12,6 +12,10 @@ vllm/v1/attention/ops/_vllm_triton_decode_attention.py beside stub vllm.platform
 vllm.triton_utils modules; without it the vLLM rows are left out.
 `--sweep`: also time the split kernel at other tiles (heads a program, tokens a tile, warps,
 stages) through Triton's JIT, for choosing kernels/decode/mla_spec.py's table.
+`--kernels`: also the 16-head 32 x 4K, 1 x 32K and 1 x 4K calls with their split and merge kernels
+timed one by one (torch.profiler, L2 warm) and 32-head calls (the h32 tile): rows "aot-pass2".
+`--split-sweep`: also 16-head calls at other `num_splits=`: rows "aot-S<splits>". Both were
+bench/mla_double_buffer.py's (bench/results/2026-11-27-h100-43f4b3f-mla-double-buffer.jsonl).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import triton
 
 from aotc import loader
 from aotc.loader.ops import mla as mla_ops
-from harness import Rows, copy_bandwidth, device_time, kernel_time
+from harness import Rows, copy_bandwidth, device_time, kernel_time, kernel_times
 
 D_QK, D_V, PAGE = 576, 512, 64
 SHAPES = [(h, b, ctx) for h in (16, 128) for b in (1, 32, 128) for ctx in (4096, 32768)]
@@ -32,6 +36,11 @@ SHAPES = [(h, b, ctx) for h in (16, 128) for b in (1, 32, 128) for ctx in (4096,
 CONFIGS = ((16, 32, 4, 2), (16, 32, 4, 3), (16, 32, 4, 4), (16, 16, 4, 4), (16, 32, 8, 3), (16, 32, 2, 3),
            (32, 32, 4, 2), (32, 32, 4, 3), (32, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2))
 SWEEP_SHAPES = ((16, 32, 32768), (16, 128, 4096), (32, 32, 32768), (32, 128, 4096), (128, 32, 4096))
+# --kernels: (heads, batch, context) timed kernel by kernel, then the 32-head calls;
+# --split-sweep: (batch, context, num_splits counts) at 16 heads
+KERNEL_SHAPES = ((16, 32, 4096), (16, 1, 32768), (16, 1, 4096))
+H32_SHAPES = ((32, 32, 4096), (32, 32, 32768), (32, 128, 4096))
+SPLIT_SWEEP = ((32, 4096, (4, 6, 12, 16)), (1, 32768, (128, 192)), (1, 4096, (64, 128)))
 
 
 def problem(batch, heads, ctx, seed=0):
@@ -43,6 +52,39 @@ def problem(batch, heads, ctx, seed=0):
     q = torch.randn(batch, heads, D_QK, generator=g, device="cuda").to(torch.bfloat16)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     return q, kv, table, lens
+
+
+def aot_call(q, kv, table, lens, out, splits=None):
+    """(the loader call, its split count): loader.mla_decode into out, num_splits=splits (None: the op's)."""
+    def fn():
+        return loader.mla_decode(q, kv, table, lens, v_head_dim=D_V, out=out, num_splits=splits, validate=False)
+    mla_ops._plans.clear()
+    fn()
+    (plan,) = mla_ops._plans.values()
+    return fn, plan.split_grid[2]
+
+
+def aot_pass(rows, copy_bw, heads, batch, ctx, splits=None, kernels=False):
+    """One call's device time as rows "aot-pass2" (num_splits=splits: "aot-S<splits>"); kernels: also
+    each kernel's time (kernel_us_split, kernel_us_merge)."""
+    q, kv, table, lens = problem(batch, heads, ctx)
+    out = torch.empty(batch, heads, D_V, dtype=q.dtype, device="cuda")
+    fn, used = aot_call(q, kv, table, lens, out, splits)
+    t = device_time(fn)
+    nbytes = batch * ctx * D_QK * 2
+    shape = f"B{batch}xH{heads}x{ctx}"
+    prov = "aot-pass2" if splits is None else f"aot-S{splits}"
+    for metric, value in (("us", t * 1e6), ("pct_copy", nbytes / t / copy_bw * 100), ("splits", used)):
+        rows.add("mla_decode", "latent-bf16-p64", prov, shape, metric, value)
+    msg = f"{shape:>18} {prov:>9} splits {used:4d} {t * 1e6:8.1f} us {nbytes / t / copy_bw * 100:6.1f}% copy"
+    if kernels:
+        for name, sec in kernel_times(fn).items():
+            short = "split" if "split" in name else ("merge" if "merge" in name else name[:20])
+            rows.add("mla_decode", "latent-bf16-p64", prov, shape, f"kernel_us_{short}", sec * 1e6)
+            msg += f"  {short} {sec * 1e6:.1f}"
+    print(msg, flush=True)
+    del q, kv, table, lens
+    torch.cuda.empty_cache()
 
 
 def vllm_call(vllm_fwd, q, kv, table, lens, sms):
@@ -120,6 +162,8 @@ def main():
     ap.add_argument("--vllm-shim", default=None, help="folder with the shimmed vllm package (see the docstring)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--heads", type=int, default=0, help="only the rows of this many query heads")
+    ap.add_argument("--kernels", action="store_true", help="also the per-kernel and 32-head passes (aot-pass2)")
+    ap.add_argument("--split-sweep", action="store_true", help="also 16-head calls at other num_splits (aot-S<n>)")
     args = ap.parse_args()
     rows = Rows(args.out)
     copy_bw = copy_bandwidth()
@@ -139,12 +183,10 @@ def main():
         nbytes = batch * ctx * D_QK * 2
         flops = 2 * batch * heads * ctx * (D_QK + D_V)
         out = torch.empty(batch, heads, D_V, dtype=q.dtype, device="cuda")
-        calls = [("aot", lambda: loader.mla_decode(q, kv, table, lens, v_head_dim=D_V, out=out, validate=False))]
-        mla_ops._plans.clear()
-        calls[0][1]()
-        (plan,) = mla_ops._plans.values()
-        print(f"{shape:>18} aotc splits {plan.split_grid[2]}")
-        rows.add("mla_decode", "latent-bf16-p64", "aot", shape, "splits", plan.split_grid[2])
+        fn, used = aot_call(q, kv, table, lens, out)
+        calls = [("aot", fn)]
+        print(f"{shape:>18} aotc splits {used}")
+        rows.add("mla_decode", "latent-bf16-p64", "aot", shape, "splits", used)
         if vllm_fwd is not None:
             run, o_vllm, splits = vllm_call(vllm_fwd, q, kv, table, lens, sms)
             calls.append((f"vllm", run))
@@ -161,6 +203,15 @@ def main():
             print(f"{shape:>18} max |aot - vllm| {err:.3g} (vllm splits {splits})")
         del q, kv, table, lens
         torch.cuda.empty_cache()
+    if args.kernels:
+        for shape in KERNEL_SHAPES:
+            aot_pass(rows, copy_bw, *shape, kernels=True)
+        for shape in H32_SHAPES:
+            aot_pass(rows, copy_bw, *shape)
+    if args.split_sweep:
+        for batch, ctx, counts in SPLIT_SWEEP:
+            for splits in counts:
+                aot_pass(rows, copy_bw, 16, batch, ctx, splits=splits)
     if args.sweep:
         sweep(rows, copy_bw, SWEEP_SHAPES)
 

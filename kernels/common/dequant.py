@@ -17,20 +17,53 @@ import triton.language as tl
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 
-# The packed dequantizers' PTX (also the Gluon prefix-prefill kernel's, kernels/prefix_prefill/
-# kernel_ws.py): int16 elements, two a 32-bit register (pack=2), and fp16 scales.
-# Two int8 channels an element (even low byte, odd high byte) -> fp16 (even, odd) * s.
-I8X2_DEQUANT_PTX = tl.constexpr("""{
-            .reg .b32 e, o, m;
-            mov.b32 m, 0x64806480;
-            lop3.b32 e, $2, 0x00FF00FF, 0x64806480, 0x6A;
-            shr.b32 o, $2, 8;
-            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
-            sub.rn.f16x2 e, e, m;
-            sub.rn.f16x2 o, o, m;
-            mul.rn.f16x2 $0, e, $3;
-            mul.rn.f16x2 $1, o, $3;
-            }""")
+def _ptx(*lines: str) -> str:
+    # One inline-asm block, a statement a line.
+    return "{\n" + "".join(f"            {line}\n" for line in lines) + "            }"
+
+
+def _i8_ptx(prmt=None, scales=None) -> str:
+    """int8 codes -> fp16x2 $0 (bytes 0, 2 of $2) and $1 (bytes 1, 3): lop3 puts (byte ^ 0x80) under
+    a 0x64 high byte (the fp16 1152 + code), minus 1152: the codes (exact), times the scale operands
+    `scales` when given. prmt: a selector that first moves $2's bytes into that order."""
+    src = "t" if prmt else "$2"
+    lines = [".reg .b32 t, e, o, m;" if prmt else ".reg .b32 e, o, m;", "mov.b32 m, 0x64806480;",
+             *([f"prmt.b32 t, $2, 0, {prmt};"] if prmt else []),
+             f"lop3.b32 e, {src}, 0x00FF00FF, 0x64806480, 0x6A;", f"shr.b32 o, {src}, 8;",
+             "lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;"]
+    if not scales:
+        return _ptx(*lines, "sub.rn.f16x2 $0, e, m;", "sub.rn.f16x2 $1, o, m;")
+    return _ptx(*lines, "sub.rn.f16x2 e, e, m;", "sub.rn.f16x2 o, o, m;", f"mul.rn.f16x2 $0, e, {scales[0]};",
+                f"mul.rn.f16x2 $1, o, {scales[1]};")
+
+
+def _e4m3_ptx(lo: str, hi: str, scales=None) -> str:
+    """fp8 e4m3 bytes of $2 -> fp16x2 $0 (the bytes prmt selector lo picks) and $1 (hi), shifted
+    under fp16's exponent: the value * 2^-8 (exact), or with the scale operands `scales`, times 256
+    and the scale, rounded once."""
+    a, b = ("e", "o") if scales else ("a", "b")
+    widen = [f"prmt.b32 {a}, $2, 0, {lo};", f"prmt.b32 {b}, $2, 0, {hi};", f"shl.b32 {a}, {a}, 7;",
+             f"shl.b32 {b}, {b}, 7;"]
+    if not scales:
+        return _ptx(".reg .b32 a, b;", *widen, "and.b32 $0, a, 0xBF80BF80;", "and.b32 $1, b, 0xBF80BF80;")
+    return _ptx(".reg .b32 e, o, m;", "mov.b32 m, 0x5C005C00;", *widen, "and.b32 e, e, 0xBF80BF80;",
+                "and.b32 o, o, 0xBF80BF80;", "mul.rn.f16x2 e, e, m;", "mul.rn.f16x2 o, o, m;",
+                f"mul.rn.f16x2 $0, e, {scales[0]};", f"mul.rn.f16x2 $1, o, {scales[1]};")
+
+
+# The packed dequantizers' PTX, Triton's helpers below and the Gluon prefix-prefill kernels'
+# (kernels/prefix_prefill/kernel_ws.py, kernel_ws_rec.py) alike.
+# int16 elements, two a 32-bit register (pack=2), fp16 scales: two int8 channels an element (even
+# low byte, odd high byte) -> fp16 (even, odd) * s; without the scale, the codes (exact).
+I8X2_DEQUANT_PTX = tl.constexpr(_i8_ptx(scales=("$3", "$3")))
+I8X2_CODES_PTX = tl.constexpr(_i8_ptx())
+# The same for two fp8 e4m3 channels an element: value * 2^-8, times 256 (exact), times s.
+E4M3X2_DEQUANT_PTX = tl.constexpr(_e4m3_ptx("0xA280", "0xB391", scales=("$3", "$3")))
+# Four bytes a register (pack=4), channel order: (c0, c1), (c2, c3). int8 codes times their scales
+# (prmt puts bytes 0, 2 / 1, 3 in the halves); e4m3 codes times theirs; e4m3 value * 2^-8 (exact).
+I8X4_DEQUANT_PTX = tl.constexpr(_i8_ptx(prmt="0x3120", scales=("$3", "$4")))
+E4M3X4_DEQUANT_PTX = tl.constexpr(_e4m3_ptx("0x9180", "0xB3A2", scales=("$3", "$4")))
+E4M3X4_BITS_PTX = tl.constexpr(_e4m3_ptx("0x9180", "0xB3A2"))
 # Four int4 channels an element (nibble i = channel 4j + i, stored as code + 7) -> four fp16 * s.
 I4X4_DEQUANT_PTX = tl.constexpr("""{
             .reg .b32 a, b, c, d, t, m;
@@ -97,20 +130,7 @@ def _e4m3x2_dequant(x, s, PTX: tl.constexpr):
         return (ev * sf).to(tl.float16), (od * sf).to(tl.float16)
     else:
         return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 e, o, m;
-            mov.b32 m, 0x5C005C00;
-            prmt.b32 e, $2, 0, 0xA280;
-            prmt.b32 o, $2, 0, 0xB391;
-            shl.b32 e, e, 7;
-            shl.b32 o, o, 7;
-            and.b32 e, e, 0xBF80BF80;
-            and.b32 o, o, 0xBF80BF80;
-            mul.rn.f16x2 e, e, m;
-            mul.rn.f16x2 o, o, m;
-            mul.rn.f16x2 $0, e, $3;
-            mul.rn.f16x2 $1, o, $3;
-            }""",
+            E4M3X2_DEQUANT_PTX,
             "=r,=r,r,r", [x, s], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
 
 
@@ -121,15 +141,7 @@ def _i8x2_codes(x, PTX: tl.constexpr):
         return ((x << 8) >> 8).to(tl.float16), (x >> 8).to(tl.float16)
     else:
         return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 e, o, m;
-            mov.b32 m, 0x64806480;
-            lop3.b32 e, $2, 0x00FF00FF, 0x64806480, 0x6A;
-            shr.b32 o, $2, 8;
-            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
-            sub.rn.f16x2 $0, e, m;
-            sub.rn.f16x2 $1, o, m;
-            }""",
+            I8X2_CODES_PTX,
             "=r,=r,r", [x], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
 
 
@@ -236,15 +248,7 @@ def _fp8_bits_to_fp16(x, KV_KIND: tl.constexpr, PTX: tl.constexpr):
         return w.to(tl.float16, bitcast=True)
     elif KV_KIND == 3:
         return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 a, b;
-            prmt.b32 a, $2, 0, 0x9180;
-            prmt.b32 b, $2, 0, 0xB3A2;
-            shl.b32 a, a, 7;
-            shl.b32 b, b, 7;
-            and.b32 $0, a, 0xBF80BF80;
-            and.b32 $1, b, 0xBF80BF80;
-            }""",
+            E4M3X4_BITS_PTX,
             "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
     else:
         return tl.inline_asm_elementwise(

@@ -1,7 +1,8 @@
 """Schedules shared by kernels whose grid covers variable-length sequences without the host
 reading their lengths. `owner_of_block`: a flattened block schedule, sequence b's blocks start at
 grid index starts[b] // BLOCK + b, so a grid of total // BLOCK + count indices covers them all.
-`split_tokens`: the tokens one split of a split-K decode grid takes (decode's and MLA's)."""
+`split_tokens`: the tokens one split of a split-K decode grid takes; `split_program`: what a program
+of decode's and MLA's split grids works on (heads, tokens, table row)."""
 import triton
 import triton.language as tl
 
@@ -36,3 +37,28 @@ def split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, B
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
     return lo, hi, seq_len
+
+
+@triton.jit
+def split_program(SeqLens, Table, ReqIdx, window, use_req_idx, max_pages, page_shift, stride_table, group,
+                  BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (g, b, s) of a split grid (kv_heads * cdiv(group, BLOCK_H), batch, num_splits):
+    (b, s, num_splits, its KV head, mask and ids of its BLOCK_H query heads, its tokens [lo, hi),
+    the request's clamped length, the request's page-table row (ReqIdx[b] where use_req_idx))."""
+    b = tl.program_id(1)
+    pid_h = tl.program_id(0)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    h_blocks = tl.cdiv(group, BLOCK_H)
+    kvh = pid_h // h_blocks
+    offs_g = (pid_h % h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_g < group
+    heads = kvh * group + offs_g
+
+    lo, hi, seq_len = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
+
+    row = b
+    if use_req_idx != 0:
+        row = tl.load(ReqIdx + b)
+    table_row = Table + row.to(tl.int64) * stride_table
+    return b, split, num_splits, kvh, h_mask, heads, lo, hi, seq_len, table_row

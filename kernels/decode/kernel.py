@@ -61,7 +61,7 @@ from aotc.kernels.common.dequant import (
     _INTERPRET, _expand, _fp8_bits_to_fp16, _i4x4_biased, _i4x4_codes16, _i4x4_dequant, _i8x2_biased, _i8x2_codes,
     _i8x2_dequant, _u4x4_codes16,
 )
-from aotc.kernels.common.schedule import split_tokens
+from aotc.kernels.common.schedule import split_program
 from aotc.kernels.common.score_mod import _score_mod
 from aotc.kernels.decode.spec import GROUP_RUN, MIN_QUANT_GROUP
 
@@ -227,22 +227,8 @@ def decode_split_kernel(
     # early (launch_dependents at the start) was slower (BENCHMARKS.md, Kernel choices: PDL).
     if PDL and not _INTERPRET:
         gdc_wait()
-    b = tl.program_id(1)
-    pid_h = tl.program_id(0)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    h_blocks = tl.cdiv(group, BLOCK_H)
-    kvh = pid_h // h_blocks
-    offs_g = (pid_h % h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_g < group
-    heads = kvh * group + offs_g
-
-    lo, hi, seq_len = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
-
-    row = b
-    if use_req_idx != 0:
-        row = tl.load(ReqIdx + b)
-    table_row = Table + row.to(tl.int64) * stride_table
+    b, split, num_splits, kvh, h_mask, heads, lo, hi, seq_len, table_row = split_program(
+        SeqLens, Table, ReqIdx, window, use_req_idx, max_pages, page_shift, stride_table, group, BLOCK_N, BLOCK_H)
 
     qk_scale = sm_scale * LOG2E
     kvh64 = kvh.to(tl.int64)

@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from aotc.kernels.common.dequant import _INTERPRET, _fp8_bits_to_fp16
-from aotc.kernels.common.schedule import split_tokens
+from aotc.kernels.common.schedule import split_program
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -63,22 +63,8 @@ def mla_split_kernel(
     # before griddepcontrol.wait returns (decode's split kernel does the same).
     if PDL and not _INTERPRET:
         gdc_wait()
-    pid_h = tl.program_id(0)
-    b = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    h_blocks = tl.cdiv(group, BLOCK_H)
-    kvh = pid_h // h_blocks
-    offs_g = (pid_h % h_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_g < group
-    heads = kvh * group + offs_g
-
-    lo, hi, _ = split_tokens(SeqLens, b, window, max_pages, page_shift, split, num_splits, BLOCK_N)
-
-    row = b
-    if use_req_idx != 0:
-        row = tl.load(ReqIdx + b)
-    table_row = Table + row.to(tl.int64) * stride_table
+    b, split, num_splits, kvh, h_mask, heads, lo, hi, _, table_row = split_program(
+        SeqLens, Table, ReqIdx, window, use_req_idx, max_pages, page_shift, stride_table, group, BLOCK_N, BLOCK_H)
 
     DT: tl.constexpr = Q.dtype.element_ty if KV_KIND == 0 else tl.float16
     qk_scale = sm_scale * LOG2E

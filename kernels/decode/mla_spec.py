@@ -66,12 +66,7 @@ def block_n(axes) -> int:
 
 def split_axes(q: str, kv: str, d_qk: int, d_v: int, layout: str, tile: str = "h16") -> dict:
     """The split kernel's axes for a call; ValueError naming what no variant can serve."""
-    if q not in Q_DTYPES:
-        raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
-    if kv not in KV_FORMATS:
-        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv}")
-    if kv in ("fp16", "bf16") and kv != q:
-        raise ValueError(f"an {kv} cache needs an {kv} query, got {q}")
+    D.check_dtypes(q, kv, KV_FORMATS)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not (D_STEP <= d_qk <= MAX_D_QK and d_qk % D_STEP == 0):
@@ -139,21 +134,10 @@ def split_grid(batch: int, kv_heads: int, group: int, tile: str, splits: int) ->
 
 _I32 = "i32"
 SPLIT_ARGS = (
-    Arg("Q", "ptr", aligned=True, dtype="q"),
-    Arg("K", "ptr", aligned=True, dtype="cache"),
-    Arg("V", "ptr", aligned=True, dtype="cache"),
-    Arg("KS", "ptr", dtype="=fp32"),
-    Arg("VS", "ptr", dtype="=fp32"),
-    Arg("Table", "ptr", dtype="=i32"),
-    Arg("ReqIdx", "ptr", dtype="=i32"),
-    Arg("SeqLens", "ptr", dtype="=i32"),
-    Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
-    Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    *D.split_pointers("=fp32"),
     Arg("sm_scale", "fp32"),
-    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads",
-                             "group")),
-    *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_kp", "stride_kt", "stride_kh",
-                                           "stride_vp", "stride_vt", "stride_vh")),
+    *(Arg(n, _I32) for n in D.SPLIT_INTS),
+    *(Arg(n, _I32, aligned=True) for n in D.SPLIT_STRIDES),
 )
 
 

@@ -105,6 +105,16 @@ KV_ALIGNS = (16, 4, 8)
 FP8_PER_TOKEN_FORMATS = ("fp8_e4m3",)
 
 
+def check_dtypes(q: str, kv: str, kv_formats: tuple[str, ...]) -> None:
+    """ValueError unless q is a query dtype, kv one of kv_formats, and a 16-bit cache the query's dtype."""
+    if q not in Q_DTYPES:
+        raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
+    if kv not in kv_formats:
+        raise ValueError(f"kv_format must be one of {kv_formats}, got {kv}")
+    if kv in ("fp16", "bf16") and kv != q:
+        raise ValueError(f"an {kv} cache needs an {kv} query, got {q}")
+
+
 def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = False, quant_group: int = 0,
                tile: str | None = None, channel: bool = False, score: str = "plain", kv_align: int = 16) -> dict:
     """The split kernel's axes for a call; ValueError if no variant can serve it. per_token: an
@@ -116,12 +126,7 @@ def split_axes(q: str, kv: str, scale: str, head_dim: int, per_token: bool = Fal
     serves fp8 e4m3 (fp32 scales). score "mod" (softcap, ALiBi) and kv_align 4 exist for the
     vllm_variants only: float and fp8 caches without per-token scales take "mod" at kv_align 16;
     per-token int8/fp8 caches take kv_align 4 with either score."""
-    if q not in Q_DTYPES:
-        raise ValueError(f"query dtype must be one of {Q_DTYPES}, got {q}")
-    if kv not in KV_FORMATS:
-        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv}")
-    if kv in ("fp16", "bf16") and kv != q:
-        raise ValueError(f"an {kv} cache needs an {kv} query, got {q}")
+    check_dtypes(q, kv, KV_FORMATS)
     if kv in INT_FORMATS:
         if scale not in SCALE_DTYPES:
             raise ValueError(f"{kv} scales must be one of {SCALE_DTYPES}, got {scale}")
@@ -260,25 +265,36 @@ def workspace_elements(batch: int, q_heads: int, splits: int, head_dim: int) -> 
 # --- split kernel ---------------------------------------------------------------------------
 
 _I32 = "i32"
+
+
+def split_pointers(scale_dtype: str) -> tuple[Arg, ...]:
+    """The leading pointers of decode's and MLA's split kernels (KS and VS of scale_dtype)."""
+    return (
+        Arg("Q", "ptr", aligned=True, dtype="q"),
+        Arg("K", "ptr", aligned=True, dtype="cache"),
+        Arg("V", "ptr", aligned=True, dtype="cache"),
+        Arg("KS", "ptr", dtype=scale_dtype),
+        Arg("VS", "ptr", dtype=scale_dtype),
+        Arg("Table", "ptr", dtype="=i32"),
+        Arg("ReqIdx", "ptr", dtype="=i32"),
+        Arg("SeqLens", "ptr", dtype="=i32"),
+        Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
+        Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    )
+
+
+# The runtime ints and the q/K/V strides both split kernels take after sm_scale, in this order.
+SPLIT_INTS = ("window", "use_req_idx", "page_shift", "max_pages", "stride_table", "q_heads", "group")
+SPLIT_STRIDES = ("stride_qb", "stride_qh", "stride_kp", "stride_kt", "stride_kh", "stride_vp", "stride_vt",
+                 "stride_vh")
 SPLIT_ARGS = (
-    Arg("Q", "ptr", aligned=True, dtype="q"),
-    Arg("K", "ptr", aligned=True, dtype="cache"),
-    Arg("V", "ptr", aligned=True, dtype="cache"),
-    Arg("KS", "ptr", dtype="scale"),
-    Arg("VS", "ptr", dtype="scale"),
-    Arg("Table", "ptr", dtype="=i32"),
-    Arg("ReqIdx", "ptr", dtype="=i32"),
-    Arg("SeqLens", "ptr", dtype="=i32"),
-    Arg("PartO", "ptr", aligned=True, dtype="=fp32"),
-    Arg("PartLse", "ptr", aligned=True, dtype="=fp32"),
+    *split_pointers("scale"),
     # ALiBi slopes [q_heads] fp32, read by "mod" binaries only (alibi_mode below); among the leading
     # pointers, which a prepared launch repacks every call.
     Arg("Alibi", "ptr", dtype="=fp32"),
     Arg("sm_scale", "fp32"),
-    *(Arg(n, _I32) for n in ("window", "use_req_idx", "page_shift", "max_pages", "stride_table",
-                             "q_heads", "group", "quant_shift")),
-    *(Arg(n, _I32, aligned=True) for n in ("stride_qb", "stride_qh", "stride_kp", "stride_kt",
-                                           "stride_kh", "stride_vp", "stride_vt", "stride_vh")),
+    *(Arg(n, _I32) for n in (*SPLIT_INTS, "quant_shift")),
+    *(Arg(n, _I32, aligned=True) for n in SPLIT_STRIDES),
     *(Arg(n, _I32) for n in ("stride_ksp", "stride_kst", "stride_ksh",
                              "stride_vsp", "stride_vst", "stride_vsh")),
     # Score options, read by "mod" binaries only: softcap (0: off); alibi_mode 0 off, 1 linear

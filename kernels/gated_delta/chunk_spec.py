@@ -247,8 +247,7 @@ GDN_CHUNK_PREP = KernelSpec(
 
 # One kernel, two specs: the ALIGNED binaries (state_launch) and the GENERIC ones
 # (state_launch_generic); the op routes a call by its alignment (gated_delta_prefill.launch_plan).
-GDN_CHUNK_STATE = KernelSpec(
-    name="gdn_chunk_state",
+_STATE_KERNEL = dict(
     module="aotc.kernels.gated_delta.chunk",
     function="gdn_chunk_state",
     args=STATE_ARGS,
@@ -256,24 +255,11 @@ GDN_CHUNK_STATE = KernelSpec(
     constexprs=state_constexprs,
     target_constexprs=state_target_constexprs,
     variants=state_variants,
-    launch=state_launch,
     sources=("chunk.py",),
-    levels=(ALIGNED,),
 )
-
-GDN_CHUNK_STATE_GENERIC = KernelSpec(
-    name="gdn_chunk_state_generic",
-    module="aotc.kernels.gated_delta.chunk",
-    function="gdn_chunk_state",
-    args=STATE_ARGS,
-    constexpr_names=("HEAD_K", "HEAD_V", "BV", "TF32"),
-    constexprs=state_constexprs,
-    target_constexprs=state_target_constexprs,
-    variants=state_variants,
-    launch=state_launch_generic,
-    sources=("chunk.py",),
-    levels=(GENERIC,),
-)
+GDN_CHUNK_STATE = KernelSpec(name="gdn_chunk_state", launch=state_launch, levels=(ALIGNED,), **_STATE_KERNEL)
+GDN_CHUNK_STATE_GENERIC = KernelSpec(name="gdn_chunk_state_generic", launch=state_launch_generic, levels=(GENERIC,),
+                                     **_STATE_KERNEL)
 
 
 # KDA's precompute (kda_chunk.py): A / Aqk's diagonal blocks, the blocks below them, then the

@@ -177,10 +177,27 @@ def _producer(K, V, Kw, Vw, KS, VS, kb, vb, kbd, vbd, kfull, kempty, vfull, vemp
         mbarrier.arrive(vfull.index(st))
 
 
+@gluon.constexpr_function
+def _wgmma(n):
+    """A consumer warpgroup's wgmma layout for [rows, n] results."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS.value, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
-def _qk(q, kbuf, st, s_zero, ROW0: gl.constexpr, HALF: gl.constexpr):
+def _qk(q, kbuf, kfull, kempty, t, s_zero, ROW0: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
+        FENCE: gl.constexpr = False):
+    """Ring tile t's (stage, phase) and q's rows [ROW0, ROW0 + HALF) times its K (wgmma) once the
+    producer filled it, the stage's K released after (FENCE: the async-proxy fence first, for a
+    tile that came by cp.async)."""
+    st = t % STAGES
+    ph = (t // STAGES) & 1
+    mbarrier.wait(kfull.index(st), ph)
+    if FENCE:
+        fence_async_shared()
     s = warpgroup_mma(q.slice(ROW0, HALF), kbuf.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(kempty.index(st))
+    return st, ph, s
 
 
 @gluon.jit
@@ -216,6 +233,24 @@ def _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M: gl.constexpr):
     qblk = gl.maximum(n_blk - 1 - rank, 0)
     active = ((rank < n_blk) & ((skip_decode == 0) | (q_len != 1))).to(gl.int32)
     return req, q_start, q_len, qblk, active
+
+
+@gluon.jit
+def _block_keys(Query_start_loc, Seq_lens, pid, head, batch, skip_decode, num_queries_per_kv, window,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Program pid's q block (_q_block's five), its request's context length, the head's kv head,
+    the window (none: 2^31 - 1), the first context key any row's window reaches (key_lo), the
+    block's last row, key_lo's tile (first), and the first tile that every row's window holds whole
+    (inner_lo)."""
+    req, q_start, q_len, qblk, active = _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M)
+    ctx_len = gl.load(Seq_lens + req) - q_len
+    kv_head = (head // num_queries_per_kv).to(gl.int64)
+    win = gl.where(window > 0, window, 2147483647)
+    key_lo = gl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
+    last_row = gl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
+    first = key_lo // BLOCK_N * BLOCK_N
+    inner_lo = gl.maximum(gl.cdiv(gl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
+    return req, q_start, q_len, qblk, active, ctx_len, kv_head, win, key_lo, last_row, first, inner_lo
 
 
 @gluon.jit
@@ -261,17 +296,22 @@ def _ring_barriers(STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_start(Sinks, has_sinks, head, HALF: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   mma_s: gl.constexpr, mma_o: gl.constexpr):
-    """The online softmax's start for HALF rows (base 2): running max and sum from the head's sink
-    (without one: max NEG_BIG, sum 0), a zero accumulator, and the zero logits wgmma starts from."""
-    row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
+def _consumer_start(Sinks, has_sinks, head, rs, qblk, ctx_len, ROW0: gl.constexpr, HALF: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+    """A consumer's rows [ROW0, ROW0 + HALF) of q block qblk: their logit scales (rs), their rows in
+    the request and positions in its sequence, and the online softmax's start (base 2): running
+    max and sum from the head's sink (without one: max NEG_BIG, sum 0), a zero accumulator, and the
+    zero logits wgmma starts from."""
+    row_l: gl.constexpr = gl.SliceLayout(1, _wgmma(BLOCK_N))
+    rsc = rs.slice(ROW0, HALF).load(row_l)
+    offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
+    q_pos = ctx_len + offs_m
     sink = gl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")) * LOG2E
     m_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.maximum(sink, NEG_BIG)
     l_i = gl.zeros([HALF], gl.float32, layout=row_l) + gl.exp2(sink - gl.maximum(sink, NEG_BIG))
-    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=mma_o)
-    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
-    return m_i, l_i, o, s_zero
+    o = gl.zeros([HALF, BLOCK_D], gl.float32, layout=_wgmma(BLOCK_D))
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, layout=_wgmma(BLOCK_N))
+    return rsc, offs_m, q_pos, m_i, l_i, o, s_zero
 
 
 @gluon.jit
@@ -297,22 +337,13 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfu
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, SCALES: gl.constexpr):
     """Rows [ROW0, ROW0 + HALF) of the q block: context tiles, then new-token tiles, then the store."""
     DTYPE: gl.constexpr = qr.dtype
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                                    instr_shape=[16, BLOCK_N, 16])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                                    instr_shape=[16, BLOCK_D, 16])
-    row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
-    col_l: gl.constexpr = gl.SliceLayout(0, mma_s)
-    rsc = rs.slice(ROW0, HALF).load(row_l)  # the context's logit scale a row (its q scaling undone)
-    offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
-    q_pos = ctx_len + offs_m
-    m_i, l_i, o, s_zero = _softmax_start(Sinks, has_sinks, head, HALF, BLOCK_N, BLOCK_D, mma_s, mma_o)
+    mma_o: gl.constexpr = _wgmma(BLOCK_D)
+    col_l: gl.constexpr = gl.SliceLayout(0, _wgmma(BLOCK_N))
+    # rsc: the context's logit scale a row (its q scaling undone)
+    rsc, offs_m, q_pos, m_i, l_i, o, s_zero = _consumer_start(Sinks, has_sinks, head, rs, qblk, ctx_len, ROW0, HALF,
+                                                               BLOCK_M, BLOCK_N, BLOCK_D)
     for t in range(n_ctx):
-        st = t % STAGES
-        ph = (t // STAGES) & 1
-        mbarrier.wait(kfull.index(st), ph)
-        s = _qk(qc, kb, st, s_zero, ROW0, HALF)
-        mbarrier.arrive(kempty.index(st))
+        st, ph, s = _qk(qc, kb, kfull, kempty, t, s_zero, ROW0, HALF, STAGES)
         start = first_ctx + t * BLOCK_N
         nc = start + gl.arange(0, BLOCK_N, layout=col_l)
         s = s * gl.expand_dims(rsc, 1)
@@ -325,12 +356,7 @@ def _consumer(Out, Sinks, has_sinks, head, qc, qr, rs, vs, kb, vb, kbd, vbd, kfu
     if SCALES == 2:  # per channel: the context's values were codes (later softmax rescaling is linear)
         o = o * gl.expand_dims(vs.load(gl.SliceLayout(0, mma_o)), 0)
     for t in range(n_ctx, n_ctx + n_new):
-        st = t % STAGES
-        ph = (t // STAGES) & 1
-        mbarrier.wait(kfull.index(st), ph)
-        fence_async_shared()
-        s = _qk(qr, kbd, st, s_zero, ROW0, HALF)
-        mbarrier.arrive(kempty.index(st))
+        st, ph, s = _qk(qr, kbd, kfull, kempty, t, s_zero, ROW0, HALF, STAGES, True)  # (fenced: a cp.async tile)
         nstart = first_new + (t - n_ctx) * BLOCK_N
         n = nstart + gl.arange(0, BLOCK_N, layout=col_l)
         s = s * qk_scale
@@ -361,16 +387,10 @@ def prefix_prefill_ws_kernel(
     DTYPE: gl.constexpr = Q.dtype.element_ty
     pid = gl.program_id(0)
     head = gl.program_id(1)
-    req, q_start, q_len, qblk, active = _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M)
-    ctx_len = gl.load(Seq_lens + req) - q_len
-    kv_head = (head // num_queries_per_kv).to(gl.int64)
-    win = gl.where(window > 0, window, 2147483647)
-    qk_scale = sm_scale * LOG2E
     # context keys [key_lo, ctx_len) in tiles from first_ctx; those in [inner_lo, inner_hi) need no mask
-    key_lo = gl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
-    last_row = gl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
-    first_ctx = key_lo // BLOCK_N * BLOCK_N
-    inner_lo = gl.maximum(gl.cdiv(gl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first_ctx)
+    req, q_start, q_len, qblk, active, ctx_len, kv_head, win, key_lo, last_row, first_ctx, inner_lo = _block_keys(
+        Query_start_loc, Seq_lens, pid, head, batch, skip_decode, num_queries_per_kv, window, BLOCK_M, BLOCK_N)
+    qk_scale = sm_scale * LOG2E
     inner_hi = ctx_len // BLOCK_N * BLOCK_N
     n_ctx = gl.where(first_ctx < ctx_len, gl.cdiv(ctx_len - first_ctx, BLOCK_N), 0) * active
     # new keys [new_lo, new_hi) in tiles from first_new; below new_inner_lo a tile needs the window mask

@@ -30,9 +30,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from aotc.kernels.common.dequant import E4M3X4_BITS_PTX, E4M3X4_DEQUANT_PTX, I8X4_DEQUANT_PTX
+
 from .kernel import LOG2E
-from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _fp16_rows, _q_block, _q_rows, _qk, _ring_barriers,
-                         _softmax_pv, _softmax_start, _store_rows)
+from .kernel_ws import (CONSUMER_WARPS, PRODUCER_WARPS, _block_keys, _consumer_start, _fp16_rows, _q_rows, _qk,
+                         _ring_barriers, _softmax_pv, _store_rows, _wgmma)
 from .quant import _load_scale
 from .spec import REC_DO_NOT_SPECIALIZE, REC_DO_NOT_SPECIALIZE_ON_ALIGNMENT
 
@@ -47,48 +49,6 @@ LD8 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4,
                                     warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
 LD16 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
                                      warps_per_cta=[PRODUCER_WARPS, 1], order=[1, 0]))
-
-# Four int8 codes a register (byte i = channel 4j + i) -> fp16 (c0, c1), (c2, c3) times the scales:
-# prmt puts bytes 0, 2 / 1, 3 in the halves, then quant.py's I8X2 arithmetic (the same bits).
-I8X4_DEQUANT_PTX = gl.constexpr("""{
-            .reg .b32 t, e, o, m;
-            mov.b32 m, 0x64806480;
-            prmt.b32 t, $2, 0, 0x3120;
-            lop3.b32 e, t, 0x00FF00FF, 0x64806480, 0x6A;
-            shr.b32 o, t, 8;
-            lop3.b32 o, o, 0x00FF00FF, 0x64806480, 0x6A;
-            sub.rn.f16x2 e, e, m;
-            sub.rn.f16x2 o, o, m;
-            mul.rn.f16x2 $0, e, $3;
-            mul.rn.f16x2 $1, o, $4;
-            }""")
-# Four fp8 e4m3 codes a register -> fp16 (c0, c1), (c2, c3) times the scales: dequant._e4m3x2_dequant's
-# arithmetic (value * 2^-8, times 256, times s, rounded once), bytes taken in channel order.
-E4M3X4_DEQUANT_PTX = gl.constexpr("""{
-            .reg .b32 a, b, m;
-            mov.b32 m, 0x5C005C00;
-            prmt.b32 a, $2, 0, 0x9180;
-            prmt.b32 b, $2, 0, 0xB3A2;
-            shl.b32 a, a, 7;
-            shl.b32 b, b, 7;
-            and.b32 a, a, 0xBF80BF80;
-            and.b32 b, b, 0xBF80BF80;
-            mul.rn.f16x2 a, a, m;
-            mul.rn.f16x2 b, b, m;
-            mul.rn.f16x2 $0, a, $3;
-            mul.rn.f16x2 $1, b, $4;
-            }""")
-# Four fp8 e4m3 codes a register -> fp16 value * 2^-8 (exact; the scale and 2^8 go elsewhere).
-E4M3X4_BITS_PTX = gl.constexpr("""{
-            .reg .b32 a, b;
-            prmt.b32 a, $2, 0, 0x9180;
-            prmt.b32 b, $2, 0, 0xB3A2;
-            shl.b32 a, a, 7;
-            shl.b32 b, b, 7;
-            and.b32 $0, a, 0xBF80BF80;
-            and.b32 $1, b, 0xBF80BF80;
-            }""")
-
 
 @gluon.jit
 def _rec_rows(start, key_lo, ctx_hi, bt_row, block_size, BLOCK_N: gl.constexpr):
@@ -173,29 +133,19 @@ def _rec_consumer(Out, Sinks, has_sinks, head, qc, rs, v_unit, kb, vb, kfull, ke
                   stride_oh, head_dim, ROW0: gl.constexpr, HALF: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, DTYPE: gl.constexpr):
     """Rows [ROW0, ROW0 + HALF) of the q block over keys [key_lo, ctx_hi), then the store."""
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                                    instr_shape=[16, BLOCK_N, 16])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                                                    instr_shape=[16, BLOCK_D, 16])
-    row_l: gl.constexpr = gl.SliceLayout(1, mma_s)
-    col_l: gl.constexpr = gl.SliceLayout(0, mma_s)
-    rsc = rs.slice(ROW0, HALF).load(row_l)  # the logit scale a row (its q scaling undone)
-    offs_m = qblk * BLOCK_M + ROW0 + gl.arange(0, HALF, layout=row_l)
-    q_pos = ctx_len + offs_m
-    m_i, l_i, o, s_zero = _softmax_start(Sinks, has_sinks, head, HALF, BLOCK_N, BLOCK_D, mma_s, mma_o)
+    mma_o: gl.constexpr = _wgmma(BLOCK_D)
+    # rsc: the logit scale a row (its q scaling undone)
+    rsc, _, q_pos, m_i, l_i, o, s_zero = _consumer_start(Sinks, has_sinks, head, rs, qblk, ctx_len, ROW0, HALF, BLOCK_M,
+                                                          BLOCK_N, BLOCK_D)
     for t in range(n_ctx):
-        st = t % STAGES
-        ph = (t // STAGES) & 1
-        mbarrier.wait(kfull.index(st), ph)
-        s = _qk(qc, kb, st, s_zero, ROW0, HALF)
-        mbarrier.arrive(kempty.index(st))
+        st, ph, s = _qk(qc, kb, kfull, kempty, t, s_zero, ROW0, HALF, STAGES)
         start = first + t * BLOCK_N
         s = s * gl.expand_dims(rsc, 1)
         # tiles below the q block's first position and inside every row's window need no mask
         if (start < inner_lo) | (start + BLOCK_N > inner_hi):
             # causal and window: keys below key_lo are past the window of every row, and keys
             # from ctx_hi on lie past every valid row's own position
-            nc = start + gl.arange(0, BLOCK_N, layout=col_l)
+            nc = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, _wgmma(BLOCK_N)))
             dist = gl.expand_dims(q_pos, 1) - gl.expand_dims(nc, 0)
             ok = (dist >= 0) & (dist < win)
             s = gl.where(ok, s, float("-inf"))
@@ -226,18 +176,12 @@ def prefix_prefill_ws_rec_kernel(
     else:
         pid = gl.program_id(0)
         head = gl.program_id(1)
-    req, q_start, q_len, qblk, active = _q_block(Query_start_loc, pid, batch, skip_decode, BLOCK_M)
-    ctx_len = gl.load(Seq_lens + req) - q_len
-    kv_head = (head // num_queries_per_kv).to(gl.int64)
-    win = gl.where(window > 0, window, 2147483647)
-    qk_scale = sm_scale * LOG2E
     # keys [key_lo, ctx_hi) in tiles from first: the context, then the new tokens up to the block's
     # last row; tiles in [inner_lo, inner_hi) lie below its first row and inside every row's window
-    last_row = gl.minimum((qblk + 1) * BLOCK_M, q_len) - 1
-    key_lo = gl.maximum(ctx_len + qblk * BLOCK_M - win + 1, 0)
+    req, q_start, q_len, qblk, active, ctx_len, kv_head, win, key_lo, last_row, first, inner_lo = _block_keys(
+        Query_start_loc, Seq_lens, pid, head, batch, skip_decode, num_queries_per_kv, window, BLOCK_M, BLOCK_N)
+    qk_scale = sm_scale * LOG2E
     ctx_hi = ctx_len + last_row + 1
-    first = key_lo // BLOCK_N * BLOCK_N
-    inner_lo = gl.maximum(gl.cdiv(gl.maximum(ctx_len + last_row - win + 1, 0), BLOCK_N) * BLOCK_N, first)
     inner_hi = (ctx_len + qblk * BLOCK_M) // BLOCK_N * BLOCK_N
     n_ctx = gl.cdiv(ctx_hi - first, BLOCK_N) * active
 

@@ -79,7 +79,7 @@ def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
                        alibi_sqrt, softcap, chunk_lookback=-1, mm_prefix_range=None, mm_clamp=False):
     """prefix_prefill's int4_rht: every key read from the cache (k = v = None), rotated as decode_rht;
     the int4_zp call's checks name what that format lacks."""
-    from .prefix_prefill import _validate, prefix_prefill
+    from .prefix_prefill import _validate, call
 
     if k is not None or v is not None:
         raise NotImplementedError("prefix_prefill: kv_format='int4_rht' with the new tokens' k/v passed apart is not "
@@ -95,9 +95,9 @@ def prefix_prefill_rht(q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) / gain
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    prefix_prefill(q @ r_q, None, None, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout=kv_layout,
-                   kv_format=ZP, k_scale=k_scale, v_scale=v_scale, sm_scale=scale, window=window, sinks=sinks,
-                   out=out, validate=validate, v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
-                   softcap=softcap, chunk_lookback=chunk_lookback, mm_prefix_range=mm_prefix_range, mm_clamp=mm_clamp)
+    # the checks above were the call's: q's rotation changes none of what they read (shape, dtype, strides)
+    call(q @ r_q, None, None, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, ZP, k_scale, v_scale,
+         scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes, alibi_sqrt, softcap,
+         chunk_lookback, mm_prefix_range, mm_clamp, checked=True)
     out.copy_(out @ r_o)
     return out

@@ -676,6 +676,16 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
                                   sinks=sinks, out_scale=out_scale, skip_decode=skip_decode, out=out, validate=validate,
                                   v_pack=v_pack, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, softcap=softcap,
                                   chunk_lookback=chunk_lookback, mm_prefix_range=mm_prefix_range, mm_clamp=mm_clamp)
+    return call(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
+                v_scale, sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes,
+                alibi_sqrt, softcap, chunk_lookback, mm_prefix_range, mm_clamp, checked=False)
+
+
+def call(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale, v_scale,
+         sm_scale, window, sinks, out_scale, skip_decode, out, validate, v_pack, alibi_slopes, alibi_sqrt, softcap,
+         chunk_lookback, mm_prefix_range, mm_clamp, *, checked: bool) -> torch.Tensor:
+    """prefix_prefill for a kv_format other than int4_rht; checked: the arguments passed _validate
+    already (int4_rht's, on q before its rotation), so only the steady-state match runs before the op."""
     matched = False
     if validate is False and not _compiling() and mm_prefix_range is None and chunk_lookback == -1:
         for e in _recent.entries:  # one C call matches every argument; pointers read once
@@ -687,9 +697,10 @@ def prefix_prefill(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_
                     return out
                 matched = True  # the full path decides this call (and names any error)
                 break
-    _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
-              v_scale, sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap, chunk_lookback,
-              mm_prefix_range, mm_clamp)
+    if not checked:
+        _validate(q, k, v, k_cache, v_cache, block_table, query_start_loc, seq_lens, kv_layout, kv_format, k_scale,
+                  v_scale, sm_scale, window, sinks, out_scale, out, v_pack, alibi_slopes, alibi_sqrt, softcap,
+                  chunk_lookback, mm_prefix_range, mm_clamp)
     out_given = out
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if out_scale is not None else q.dtype,

@@ -128,3 +128,18 @@ def test_refusals():
     with pytest.raises(ValueError, match="k_scale_cache must be"):
         vllm.unified_attention(**{**args, "k_scale_cache": args["k_scale_cache"][:1]})
     assert torch.isnan(args["out"]).all()  # nothing was launched
+
+
+def test_prefill_rows_checked_once(monkeypatch):
+    # int4_rht checks the call on q before rotating it; the rotated int4_zp call is not checked again
+    from aotc.loader.ops import prefix_prefill as P
+
+    calls = []
+    checks = P._validate
+    monkeypatch.setattr(P, "_validate", lambda *a, **kw: calls.append(a[0]) or checks(*a, **kw))
+    args, k_real, v_real = _problem([4, 1], [6, 17], seed=5)
+    vllm.unified_attention(**args)
+    assert len(calls) == 1 and calls[0] is args["q"]
+    want = prefix_prefill_ref(args["q"], None, None, k_real, v_real, args["block_table"], args["cu_seqlens_q"],
+                              args["seqused_k"], sm_scale=64 ** -0.5)
+    torch.testing.assert_close(args["out"].float(), want.float(), atol=2e-2, rtol=2e-2)

@@ -1,30 +1,19 @@
 """The decode variant table: decorators agree with the Arg lists, launch geometry is length-free."""
 import pytest
 
+from aotc.aot.triton_compat import check_consistency
 from aotc.kernels.decode import kernel, spec as S
 from aotc.kernels.variants import VariantKey
-
-
-def jit_params(fn):
-    from triton.runtime.jit import JITFunction
-
-    if not isinstance(fn, JITFunction):  # under TRITON_INTERPRET the decorator kept its kwargs
-        fn = JITFunction(fn.fn, **fn.kwargs)
-    return fn.params
+from tests.cpu.kernels.decorators import as_jit
 
 
 @pytest.mark.parametrize("spec", S.KERNELS, ids=lambda s: s.name)
 def test_decorator_matches_spec(spec):
-    params = jit_params(getattr(kernel, spec.function))
-    names = [p.name for p in params]
-    assert names == [a.name for a in spec.args] + list(spec.constexpr_names)
-    for a, p in zip(spec.args, params):
-        if a.kind == "i32":
-            assert p.do_not_specialize == (not a.aligned), f"{a.name}: do_not_specialize must be {not a.aligned}"
-        if a.kind == "ptr":
-            assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
-    for p in params[len(spec.args):]:
-        assert p.is_constexpr, p.name
+    fn = as_jit(getattr(kernel, spec.function))
+    check_consistency(spec, fn)  # the build's own check: names, order, specialization switches
+    # and the constexprs after every runtime argument, in the spec's order
+    assert [p.name for p in fn.params] == [a.name for a in spec.args] + list(spec.constexpr_names)
+    assert all(p.is_constexpr for p in fn.params[len(spec.args):])
 
 
 def test_variant_count_and_keys():

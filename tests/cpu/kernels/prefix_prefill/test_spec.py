@@ -17,6 +17,7 @@ from aotc.kernels.prefix_prefill import spec
 from aotc.kernels.prefix_prefill.kernel import _fp32_to_e4m3_bits, prefix_prefill_kernel
 from aotc.kernels.registry import get_spec
 from aotc.kernels.variants import VariantKey
+from tests.cpu.kernels.decorators import as_jit
 
 
 def test_variant_count_and_keys():
@@ -71,26 +72,11 @@ def test_fp8_per_token_runs_the_int8_word_tiles():
     assert not spec.ws_variant(axes)
 
 
-def _as_jit(fn):
-    """The JITFunction the decorator makes without TRITON_INTERPRET (same arguments)."""
-    if hasattr(fn, "params"):
-        return fn
-    from triton.runtime.jit import JITFunction
-
-    return JITFunction(fn.fn, **fn.kwargs)
-
-
 def test_decorator_matches_declared_alignment():
-    kernel = _as_jit(prefix_prefill_kernel)
-    check_consistency(spec.PREFIX_PREFILL, kernel)  # the build's own check
-    params = {p.name: p for p in kernel.params}
-    assert [p.name for p in kernel.params if not p.is_constexpr] == [a.name for a in spec.KERNEL_ARGS]
-    for a in spec.KERNEL_ARGS:
-        p = params[a.name]
-        if a.kind == "i32":  # lengths never specialize; aligned strides keep divisibility-by-16
-            assert p.do_not_specialize == (not a.aligned), a.name
-        elif a.kind == "ptr":
-            assert p.do_not_specialize_on_alignment == (not a.aligned), a.name
+    # the build's own check: argument names and order, each one's specialization switch (lengths
+    # never specialize; aligned strides keep divisibility by 16)
+    check_consistency(spec.PREFIX_PREFILL, as_jit(prefix_prefill_kernel))
+    assert spec.PREFIX_PREFILL.args == spec.KERNEL_ARGS
 
 
 @pytest.mark.parametrize("axes", list(spec.variants())[::7])

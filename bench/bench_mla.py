@@ -189,7 +189,7 @@ def main():
         rows.add("mla_decode", "latent-bf16-p64", "aot", shape, "splits", used)
         if vllm_fwd is not None:
             run, o_vllm, splits = vllm_call(vllm_fwd, q, kv, table, lens, sms)
-            calls.append((f"vllm", run))
+            calls.append(("vllm", run))
         for provider, fn in calls:
             t = device_time(fn)
             tk = kernel_time(fn)

@@ -38,13 +38,14 @@ DTYPES = ("fp16", "bf16", "fp32")
 K_DIMS = (64, 128, 256)  # the K tiles built; K itself is any size up to MAX_K
 LAYOUTS = ("vmajor", "kmajor")
 GATES = ("gdn", "kda")
+ROWS = ("strided", "packed")
+TOKENS = ("any", "one")
 MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
 MAX_K, MAX_V = 256, 512
 GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
 
-_ALIGNED_PTRS = ("Q", "K", "V", "Out", "State")
 _GATE_PTRS = ("G", "Beta", "A_log", "Dt_bias")
-_COUNTS = ("T", "HV", "group", "num_slots")
+_COUNTS = ("T", "group", "group_shift", "num_slots", "dense")
 # Sizes and strides of rows that hold whole 16-byte vectors (K, V multiples of 16): the ALIGNED
 # binary assumes them divisible by 16, which lets q/k/v/out and the state tile load as 16-byte
 # vectors; other head sizes (60, 100) take the GENERIC binary.
@@ -56,7 +57,7 @@ _GATE_INTS = ("stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "
 
 ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V", "Out"))
-    + (Arg("State", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("State", "State_out"))
     + tuple(Arg(n, "ptr", dtype="=u8") for n in _GATE_PTRS)
     + (Arg("Idx", "ptr", dtype="=i32"),)
     + (Arg("scale", "fp32"),)
@@ -65,7 +66,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "DENSE_MODE", "ONE")
 
 
 def block_k(k: int) -> int:
@@ -87,11 +88,40 @@ MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 96, 
 _CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 
 
-def max_registers(k_dim: int, layout: str, gate: str) -> int:
-    """The cap of a variant: MAXNREG's, or _CAP_256's for a 256-column tile."""
+# Packed V-major tiles (rows == "packed"), by (k_dim, gate, tokens): their addresses are immediates
+# off one base, and the one-token binary holds no loop; the caps keep each spill-free.
+_CAP_PACKED = {(64, "gdn", "one"): 72, (64, "gdn", "any"): 80, (64, "kda", "one"): 80, (64, "kda", "any"): 96,
+               (128, "gdn", "one"): 64, (128, "gdn", "any"): 72, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
+               (256, "gdn", "one"): 80, (256, "gdn", "any"): 96, (256, "kda", "one"): 96, (256, "kda", "any"): 0}
+
+
+def max_registers(k_dim: int, layout: str, gate: str, rows: str = "strided", tokens: str = "any") -> int:
+    """The cap of a variant: _CAP_PACKED's for a packed tile, else MAXNREG's, or _CAP_256's for a
+    256-column tile."""
+    if rows == "packed" and (k_dim, gate, tokens) in _CAP_PACKED:
+        return _CAP_PACKED[k_dim, gate, tokens]
     if k_dim == 256 and (layout, gate) in _CAP_256:
         return _CAP_256[layout, gate]
     return MAXNREG[layout, gate]
+
+
+def rows_form(layout: str, k: int, v: int, row_stride: int, gate: str) -> str:
+    """The `rows` axis of a call: "packed" where the V-major state's rows are whole tiles (K a
+    built tile, rows K apart, V a multiple of the rows a program: no mask and no runtime stride
+    in the tile's addresses), else "strided"."""
+    bk = block_k(k)
+    packed = layout == "vmajor" and k == bk and row_stride == k and v % block_v(bk, layout, gate) == 0
+    return "packed" if packed else "strided"
+
+
+def tokens_form(rows: str, tokens: int) -> str:
+    """The `tokens` axis: "one" for a packed tile's one-token step (no token loop), else "any"."""
+    return "one" if rows == "packed" and tokens == 1 else "any"
+
+
+def group_shift(group: int) -> int:
+    """log2 of the GVA group where it is a power of two (the kernel shifts), else -1 (it divides)."""
+    return group.bit_length() - 1 if group & (group - 1) == 0 else -1
 
 
 def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
@@ -108,7 +138,8 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
-            "PER_K": int(axes["gate"] == "kda")}
+            "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
+            "ONE": int(axes["tokens"] == "one"), "DENSE_MODE": 2}
 
 
 def variants():
@@ -116,17 +147,20 @@ def variants():
         for k in K_DIMS:
             for layout in LAYOUTS:
                 for gate in GATES:
-                    yield {"dtype": dtype, "k_dim": k, "layout": layout, "gate": gate}
+                    yield axes_for(dtype, k, layout, gate)
+                    if layout == "vmajor":
+                        yield axes_for(dtype, k, layout, gate, "packed")
+                        yield axes_for(dtype, k, layout, gate, "packed", "one")
 
 
 def launch(axes, arch: int) -> LaunchConfig:
     k, layout, gate = int(axes["k_dim"]), axes["layout"], axes["gate"]
     return LaunchConfig(num_warps=block_v(k, layout, gate) * k // 1024, num_stages=1,  # 32 floats a thread
-                        maxnreg=max_registers(k, layout, gate))
+                        maxnreg=max_registers(k, layout, gate, axes["rows"], axes["tokens"]))
 
 
-def axes_for(dtype: str, k_dim: int, layout: str, gate: str) -> dict:
-    return {"dtype": dtype, "k_dim": k_dim, "layout": layout, "gate": gate}
+def axes_for(dtype: str, k_dim: int, layout: str, gate: str, rows: str = "strided", tokens: str = "any") -> dict:
+    return {"dtype": dtype, "k_dim": k_dim, "layout": layout, "gate": gate, "rows": rows, "tokens": tokens}
 
 
 def grid(batch: int, hv: int, v_dim: int, bv: int) -> tuple[int, int, int]:

@@ -179,13 +179,16 @@ _MEMCHECK = """
 import torch
 from aotc import loader
 from tests.cpu.kernels.gated_delta.cases import make_case
-for layout, V in (("vmajor", 128), ("kmajor", 80)):
-    args, kw = make_case(B=16, T=3, H=1, HV=2, K=128, V=V, layout=layout, slots=20, device="cuda", kda=True,
+order = ("q", "k", "v", "g", "beta", "state", "state_indices")
+for layout, V, T in (("vmajor", 128, 3), ("vmajor", 128, 1), ("kmajor", 80, 3)):
+    args, kw = make_case(B=16, T=T, H=1, HV=2, K=128, V=V, layout=layout, slots=20, device="cuda", kda=True,
                          fused=True)
     # Padded rows, and indices past the pool that validate=False lets through: no state access.
     args["state_indices"][:4] = torch.tensor([-1, 20, 1 << 30, -(1 << 30)], dtype=torch.int32)
-    loader.gated_delta_decode(*[args[n] for n in ("q", "k", "v", "g", "beta", "state", "state_indices")], **kw,
-                              validate=False)
+    loader.gated_delta_decode(*[args[n] for n in order], **kw, validate=False)
+    # the dense form with final_state: exactly B states read and written
+    h0 = args["state"][:16].clone()
+    loader.gated_delta_decode(*[args[n] for n in order[:5]], h0, None, **kw, final_state=torch.empty_like(h0))
     torch.cuda.synchronize()
 """
 

@@ -97,7 +97,7 @@ def gated_delta_decode_kernel(
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
     BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, PACKED: tl.constexpr,
-    DENSE_MODE: tl.constexpr = 2, ONE: tl.constexpr = 0,
+    ONE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -122,12 +122,12 @@ def gated_delta_decode_kernel(
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
     # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
-    slot = _slot(Idx, b, dense, DENSE_MODE)
+    slot = _slot(Idx, b, dense)
     g, a_log, dt_h, beta, q, k, v = _token_inputs(
         Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
         offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
         stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-    valid = _valid(slot, num_slots, dense, DENSE_MODE)
+    valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK),
                 mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
@@ -151,32 +151,20 @@ def gated_delta_decode_kernel(
         tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
     # The store's addresses come from a second read of the slot, so the compiler cannot keep the
     # load's (a register a row) live across the token loop.
-    slot = _slot(Idx, b, dense, DENSE_MODE)
-    valid = _valid(slot, num_slots, dense, DENSE_MODE)
+    slot = _slot(Idx, b, dense)
+    valid = (slot >= 0) & (slot < num_slots)
     head = State_out + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK), h,
              mask=valid & v_mask[:, None] & k_mask[None, :])
 
 
 @triton.jit
-def _slot(Idx, b, dense, DENSE_MODE: tl.constexpr):
-    if DENSE_MODE == 1:
-        slot = b
-    elif DENSE_MODE == 0:
+def _slot(Idx, b, dense):
+    """Row b's state slot: b itself in the dense form (no read), else state_indices[b]."""
+    slot = b
+    if dense == 0:
         slot = tl.load(Idx + b)
-    else:
-        slot = b
-        if dense == 0:
-            slot = tl.load(Idx + b)
     return slot
-
-
-@triton.jit
-def _valid(slot, num_slots, dense, DENSE_MODE: tl.constexpr):
-    if DENSE_MODE == 1:
-        return tl.full([], 1, tl.int1)
-    else:
-        return (slot >= 0) & (slot < num_slots)
 
 
 @triton.jit

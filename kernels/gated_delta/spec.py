@@ -66,7 +66,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "DENSE_MODE", "ONE")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE")
 
 
 def block_k(k: int) -> int:
@@ -91,7 +91,7 @@ _CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 # Packed V-major tiles (rows == "packed"), by (k_dim, gate, tokens): their addresses are immediates
 # off one base, and the one-token binary holds no loop; the caps keep each spill-free.
 _CAP_PACKED = {(64, "gdn", "one"): 72, (64, "gdn", "any"): 80, (64, "kda", "one"): 80, (64, "kda", "any"): 96,
-               (128, "gdn", "one"): 64, (128, "gdn", "any"): 72, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
+               (128, "gdn", "one"): 64, (128, "gdn", "any"): 64, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
                (256, "gdn", "one"): 80, (256, "gdn", "any"): 96, (256, "kda", "one"): 96, (256, "kda", "any"): 0}
 
 
@@ -139,7 +139,7 @@ def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
             "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
-            "ONE": int(axes["tokens"] == "one"), "DENSE_MODE": 2}
+            "ONE": int(axes["tokens"] == "one")}
 
 
 def variants():

@@ -19,7 +19,15 @@ a few hundred bytes of q/k/v), so the layout of the tile is what matters:
   KMAJOR = 1: K-major pool [slots, HV, K, V], V contiguous: the tile is read as BV contiguous
               floats per K row. A constexpr, not a runtime stride: a runtime unit stride would
               leave Triton unable to prove contiguity, and every state access would be a scalar.
-The other state strides (slot, head, the non-unit row stride) are runtime ints.
+The other state strides (slot, head, the non-unit row stride) are runtime ints, except in the
+packed V-major tile (PACKED): K is the tile, rows are K apart and V a multiple of BV, so the
+tile's offsets are constants off one base and nothing along K or V is masked (fewer registers:
+the one-token GDN step at K = 128 fits 64, 32 programs an SM). ONE: a packed binary for one
+token, without the token loop (T is not read).
+
+The state is read from State and written to State_out (the same tensor in place, or the op's
+final_state). Row b's state is slot state_indices[b] of the pool, or with `dense` set state[b]
+itself: no index to read before the tile's addresses (flash-linear-attention's h0 -> ht).
 
 The gate's shape is a constexpr (PER_K): GDN's one log-gate a head is a scalar, KDA's one a
 head and K channel a [BK] vector with a runtime K stride. The fused-gate form (`fused` != 0)
@@ -39,12 +47,14 @@ their round trip and layout changes (the 4-warp K-major tile's shared-memory exc
 the slot's, so when the tile arrives only the update is left.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
-of two, a constexpr) and every load and store along K or V is masked, so K = 60 or 100 runs in
-the 64- or 128-column binary and the padded columns of the tile stay zero. q/k/v/out in fp32
+of two, a constexpr) and every load and store along K or V is masked (but in the packed tile),
+so K = 60 or 100 runs in the 64- or 128-column binary and the padded columns of the tile stay
+zero. q/k/v/out in fp32
 (the `dtype` axis) are read and written as they are: the update runs in fp32 in every case.
 
 A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
-state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
+state access is masked by it) and its outputs are zeros. Offsets into the pool are int64. The
+GVA group's division is a shift where the group is a power of two (group_shift >= 0).
 """
 import triton
 import triton.language as tl
@@ -109,7 +119,7 @@ def gated_delta_decode_kernel(
 
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
-    if PACKED:
+    if PACKED:  # constant masks: Triton drops them from every load and store
         k_mask = tl.full([BK], 1, tl.int1)
         v_mask = tl.full([BV], 1, tl.int1)
     else:
@@ -170,7 +180,7 @@ def _slot(Idx, b, dense):
 @triton.jit
 def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr, PACKED: tl.constexpr, BK: tl.constexpr):
     """[BV, BK] int32 element offsets of the state tile inside its head (the loader checks that
-    a head's rows fit int32)."""
+    a head's rows fit int32); the packed tile's rows are BK apart."""
     if PACKED:
         return offs_v[:, None] * BK + offs_k[None, :]
     elif KMAJOR:

@@ -7,9 +7,16 @@ Axes (constexpr in the kernel):
   layout  the state pool: vmajor [slots, HV, V, K] (K contiguous) or kmajor [slots, HV, K, V]
   gate    gdn (one log-gate a head: a scalar, PER_K 0) or kda (one a head and K channel: a
           [BK] vector, PER_K 1). Apart because the scalar path holds fewer registers.
-3 * 3 * 2 * 2 = 36 variants, each built at two specialization levels per arch. Everything else is
-runtime: K, V (any size up to 512; the grid tiles it), T, heads and GVA group, the fused-gate
-form, q/k L2 norm, and the dtypes of the gate tensors (a code each: fp32, fp16, bf16).
+  rows    strided (runtime row stride, K and V masked) or packed (V-major only: K the tile, rows
+          K apart, V a multiple of BV; the tile's offsets are immediates off one base, no mask:
+          PACKED 1; rows_form picks it)
+  tokens  any (the token loop) or one (packed only: a one-token step without the loop, ONE 1;
+          the loop's registers cost a one-token step 1-2 points at the cap a longer one wants)
+K-major 3 * 3 * 2 = 18 variants, V-major 18 strided + 18 packed + 18 packed one-token: 72, each
+built at two specialization levels per arch. Everything else is runtime: K, V (any size up to
+512; the grid tiles it), T, heads and GVA group (a shift where a power of two), the fused-gate
+form, q/k L2 norm, the dtypes of the gate tensors (a code each: fp32, fp16, bf16), and the dense
+form (no state indices: row b's state is state[b]).
 
 The tile: BV value rows x K, fp32, held in registers across the T tokens, 32 floats a thread,
 BV = 1024 // K (16, 8, 4) and one warp, in both layouts except KDA K-major. This is the shape
@@ -25,8 +32,13 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   K = 256, where 96 spills); KDA K-major: none.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
     K-major GDN steps of one token (binary_gate).
-num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
-against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
+  Packed tiles hold fewer registers (no row offsets, masks or token loop): _CAP_PACKED gives
+  each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
+  SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
+  (BENCHMARKS.md, session 35), so it keeps 72.
+num_stages 1: q/k/v are a few hundred bytes a token against the state tile (at T = 8 fla's
+3-stage loop leads: not tried here). bench/bench_gated_delta.py --sweep times forms x caps
+through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.
 """
@@ -88,10 +100,10 @@ MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 96, 
 _CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 
 
-# Packed V-major tiles (rows == "packed"), by (k_dim, gate, tokens): their addresses are immediates
-# off one base, and the one-token binary holds no loop; the caps keep each spill-free.
+# Packed V-major tiles (rows == "packed"), by (k_dim, gate, tokens): the smallest cap each compiles
+# spill-free at (sm90, every dtype).
 _CAP_PACKED = {(64, "gdn", "one"): 72, (64, "gdn", "any"): 80, (64, "kda", "one"): 80, (64, "kda", "any"): 96,
-               (128, "gdn", "one"): 64, (128, "gdn", "any"): 64, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
+               (128, "gdn", "one"): 64, (128, "gdn", "any"): 72, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
                (256, "gdn", "one"): 80, (256, "gdn", "any"): 96, (256, "kda", "one"): 96, (256, "kda", "any"): 0}
 
 

@@ -41,6 +41,8 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 1, 16, 32, 128, 128),
     (64, 1, 16, 32, 128, 128),
     (256, 4, 16, 32, 128, 128),
+    (256, 2, 16, 32, 128, 128),
+    (256, 8, 16, 32, 128, 128),
 ]
 # --sweep, GDN gate, per layout: (constexpr overrides of the call's own binary, num_warps, maxnreg; 0: none),
 # at B 256 x T 1 and 4. V-major: the strided tile (PACKED 0) and the packed one at caps; K-major: tiles,
@@ -175,7 +177,7 @@ def bench_decode(rows, copy_bw, a):
 def sweep_decode(rows, copy_bw):
     """The decode kernel (GDN gate) at other tiles, forms and register caps, through the JIT, at
     B 256 x T 1 and 4 (the public op's pool call, its own binary's constexprs overridden)."""
-    for B, T, H, HV, K, V in (DECODE_SHAPES[0], DECODE_SHAPES[2]):
+    for B, T, H, HV, K, V in DECODE_SHAPES[:3:2]:
         nbytes = 2 * B * HV * V * K * 4
         print(f"\n-- sweep: B{B} T{T} H{H} HV{HV} K{K} V{V}, GDN, JIT, % of copy --")
         for layout in gd_spec.LAYOUTS:

@@ -2,23 +2,30 @@
 
 decode: state bytes moved (each request's fp32 [HV, V, K] state read and written once) over
 kernel time, next to the device-to-device copy bandwidth measured in the same run (bytes read +
-written, harness.copy_bandwidth): aotc's public op (AOT binary, or its JIT fallback when not
-built), the same kernel through Triton's JIT, and flash-linear-attention's
-fused_recurrent_gated_delta_rule when `import fla` works (its own [N, HV, K, V] initial/final
-state, no pool: the same state bytes). Both pool layouts; the pool holds more slots than rows and
-rows name a random subset of them, as a serving engine's pool does. q/k/v/g/beta bytes (under
-0.5% of the state's here) are not counted.
+written, harness.copy_bandwidth). Providers, each on the same q/k/v/g/beta:
+  aot / jit      aotc's public op on a pool in random slot order, in place (a serving engine's
+                 pool: more slots than rows); the AOT binary (or its JIT fallback when not built),
+                 and the same binary through Triton's JIT
+  aot_dense      the public op with state_indices=None and final_state: row b's state read from
+                 h0[b] and written to a new tensor (flash-linear-attention's work: h0 -> ht)
+  aotc_compat_fla  aotc.compat.fla's fused_recurrent_gated_delta_rule on that h0 (what a caller of
+                 fla's signature gets; with a copy of h0 where the op has no final_state)
+  fla_fused_recurrent  flash-linear-attention's own, when `import fla` works (h0 [N, HV, K, V], or
+                 [N, HV, V, K] with state_v_first=True for V-major)
+q/k/v/g/beta bytes (under 0.5% of the state's here) are not counted.
 
---sweep: the decode kernel's tile (BV value rows x num_warps) over a small grid, JIT-compiled from
-the same source and timed the same way, for choosing spec.block_v / spec.launch.
+--sweep: the decode kernel at other tiles, forms and register caps, JIT-compiled from the same
+source and timed the same way, for choosing spec.block_v / spec.launch / spec.max_registers.
 
-Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call.
+Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call;
+beside it the call's kernels summed by torch.profiler (harness.kernel_time, L2 warm).
 Rows: JSON lines at --out, one per (op, variant, provider, shape, metric).
 A later section (e.g. prefill) is a function `section(rows, copy_bw, args)` added to SECTIONS.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import tempfile
 import warnings
 
@@ -34,10 +41,18 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 1, 16, 32, 128, 128),
     (64, 1, 16, 32, 128, 128),
     (256, 4, 16, 32, 128, 128),
+    (256, 2, 16, 32, 128, 128),
+    (256, 8, 16, 32, 128, 128),
 ]
-# (BV, num_warps, maxnreg; 0: none) tried by --sweep for the GDN gate, per layout, at B 256 x T 1 and 4.
-SWEEP = {"vmajor": [(8, 1, 0), (8, 1, 64), (8, 1, 72), (16, 2, 0)],
-         "kmajor": [(8, 1, 0), (8, 1, 72), (8, 1, 80), (32, 4, 0)]}
+# --sweep, GDN gate, per layout: (constexpr overrides of the call's own binary, num_warps, maxnreg; 0: none),
+# at B 256 x T 1 and 4. V-major: the strided tile (PACKED 0) and the packed one at caps; K-major: tiles,
+# with GDN's scalar gate (PER_K 0) or read as a K-stride-0 vector (1: the kda binary's path).
+SWEEP = {"vmajor": [({"PACKED": 0, "ONE": 0}, 1, 72), ({}, 1, 64), ({}, 1, 72), ({}, 1, 80),
+                    ({"BV": 16}, 2, 0)],
+         "kmajor": [({"BV": 8, "PER_K": 0}, 1, 0), ({"BV": 8, "PER_K": 0}, 1, 80), ({"BV": 32, "PER_K": 0}, 4, 0),
+                    ({"BV": 32, "PER_K": 1}, 4, 0)]}
+# the op's dense form and final_state (older trees: none; their rows are left out)
+DENSE = "final_state" in inspect.signature(loader.gated_delta_decode).parameters
 
 
 def decode_inputs(B, T, H, HV, K, V, layout, fused=False):
@@ -58,19 +73,23 @@ def decode_inputs(B, T, H, HV, K, V, layout, fused=False):
     return (q, k, v, g, torch.sigmoid(b.float()), state, idx), dict(state_layout=layout)
 
 
-def fla_decode(args, layout):
-    """A call of fla's fused_recurrent_gated_delta_rule on the same inputs and a state of its own in the
-    pool's layout (state_v_first=True for V-major), or (None, why)."""
+def fla_decode(args, layout, module=None):
+    """A call of fla's fused_recurrent_gated_delta_rule (or `module`'s, same signature) on the same
+    inputs and a dense state of its own in the pool's layout (state_v_first=True for V-major), or
+    (None, why)."""
     try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        if module is None:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as entry
+        else:
+            entry = module.fused_recurrent_gated_delta_rule
     except Exception as e:  # noqa: BLE001 - any import failure means: not measurable here
         return None, f"fla not importable ({type(e).__name__}: {str(e)[:80]})"
     q, k, v, g, beta, state, idx = args
     h0 = state[idx.long()]  # fla 0.6 reads [N, HV, K, V], or [N, HV, V, K] with state_v_first: the pool's layout
 
     def fn():
-        return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
-                                                state_v_first=layout == "vmajor")
+        return entry(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                     state_v_first=layout == "vmajor")
     try:
         fn()
         return fn, ""
@@ -78,11 +97,24 @@ def fla_decode(args, layout):
         return None, f"fla call failed ({type(e).__name__}: {str(e)[:100]})"
 
 
+def dense_decode(args, kw, out):
+    """The public op in fla's form: h0 = the pool's rows in request order, state_indices=None,
+    the updated states to final_state."""
+    q, k, v, g, beta, state, idx = args
+    h0 = state[idx.long()]
+    ht = torch.empty_like(h0)
+    return lambda: loader.gated_delta_decode(q, k, v, g, beta, h0, None, **kw, out=out, final_state=ht,
+                                             validate=False)
+
+
 def bench_decode(rows, copy_bw, a):
-    print("\n== gated_delta_decode (bf16 q/k/v, fp32 state, GDN gate; state GB/s = 2 x state bytes / time) ==")
-    print(f"{'layout':7s} {'gate':6s} {'B':>4s} {'T':>2s} {'HV':>3s} {'K':>4s} {'aot us':>8s} {'aot GB/s':>9s} "
-          f"{'% copy':>7s} {'jit us':>8s} {'jit % copy':>10s} {'fla us':>8s} {'fla % copy':>10s} {'aot kern':>8s} "
-          f"{'fla kern':>8s}")
+    from aotc.compat import fla as compat_fla
+
+    print("\n== gated_delta_decode (bf16 q/k/v, fp32 state, GDN gate; % of copy = 2 x state bytes / time / copy; "
+          "kernel us: summed, L2 warm) ==")
+    cols = ("aot", "jit", "aot_dense", "compat", "fla")
+    print(f"{'layout':7s} {'gate':6s} {'B':>4s} {'T':>2s} " + " ".join(f"{c + ' %':>9s}" for c in cols)
+          + " " + " ".join(f"{c + ' us':>9s}" for c in ("aot", "aot_dense", "compat", "fla")))
     empty = tempfile.mkdtemp()
     notes = set()
     for B, T, H, HV, K, V in DECODE_SHAPES:
@@ -97,47 +129,55 @@ def bench_decode(rows, copy_bw, a):
                     warnings.simplefilter("always")
                     loader.gated_delta_decode(*args, **kw, out=out, validate=False)
                 provider = "aot_jit_fallback" if any("not built" in str(w.message) for w in caught) else "aot"
-                t_aot = device_time(lambda: loader.gated_delta_decode(*args, **kw, out=out, validate=False))
+                aot = lambda: loader.gated_delta_decode(*args, **kw, out=out, validate=False)  # noqa: E731
+                calls = {provider: aot}
+                times = {provider: device_time(aot)}
                 loader.set_artifacts(empty)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    t_jit = device_time(lambda: loader.gated_delta_decode(*args, **kw, out=out, validate=False))
+                    times["jit"] = device_time(aot)
                 loader.set_artifacts(None)
-                fn, why = fla_decode(args, layout) if not fused else (None, "")
-                if why:
-                    notes.add(why)
-                t_fla = device_time(fn) if fn else float("nan")
-                # summed kernel durations too (fla's events can hold its host time)
-                k_aot = kernel_time(lambda: loader.gated_delta_decode(*args, **kw, out=out, validate=False))
-                k_fla = kernel_time(fn) if fn else float("nan")
+                if DENSE:
+                    calls["aot_dense"] = dense_decode(args, kw, out)
+                if not fused:
+                    for prov, module in (("aotc_compat_fla", compat_fla), ("fla_fused_recurrent", None)):
+                        fn, why = fla_decode(args, layout, module)
+                        if why:
+                            notes.add(why)
+                        if fn:
+                            calls[prov] = fn
+                for prov, fn in calls.items():
+                    if prov not in times:
+                        times[prov] = device_time(fn)
+                ktimes = {prov: kernel_time(fn) for prov, fn in calls.items()}  # fla's events can hold its host time
                 gate = "fused" if fused else "gdn"
                 variant = f"bf16,k{K},{layout},{gate}"
                 shape = f"B{B} T{T} H{H} HV{HV} K{K} V{V}"
-                for prov, t in ((provider, t_aot), ("jit", t_jit), ("fla_fused_recurrent", t_fla)):
-                    if t == t:
-                        rows.add("gated_delta_decode", variant, prov, shape, "us", t * 1e6)
-                        rows.add("gated_delta_decode", variant, prov, shape, "GBps", nbytes / t / 1e9)
-                        rows.add("gated_delta_decode", variant, prov, shape, "pct_of_copy", 100 * nbytes / t / copy_bw)
-                for prov, t in ((provider, k_aot), ("fla_fused_recurrent", k_fla)):
-                    if t == t:
-                        rows.add("gated_delta_decode", variant, prov, shape, "kernel_us", t * 1e6)
-                pct = lambda t: 100 * nbytes / t / copy_bw  # noqa: E731
-                print(f"{layout:7s} {gate:6s} {B:4d} {T:2d} {HV:3d} {K:4d} {t_aot * 1e6:8.1f} "
-                      f"{nbytes / t_aot / 1e9:9.0f} "
-                      f"{pct(t_aot):6.1f}% {t_jit * 1e6:8.1f} {pct(t_jit):9.1f}% {t_fla * 1e6:8.1f} {pct(t_fla):9.1f}%"
-                      f" {k_aot * 1e6:8.1f} {k_fla * 1e6:8.1f}"
+                for prov, t in times.items():
+                    rows.add("gated_delta_decode", variant, prov, shape, "us", t * 1e6)
+                    rows.add("gated_delta_decode", variant, prov, shape, "GBps", nbytes / t / 1e9)
+                    rows.add("gated_delta_decode", variant, prov, shape, "pct_of_copy", 100 * nbytes / t / copy_bw)
+                for prov, t in ktimes.items():
+                    rows.add("gated_delta_decode", variant, prov, shape, "kernel_us", t * 1e6)
+                pct = {c: 100 * nbytes / t / copy_bw for c, t in times.items()}
+                names = {"aot": provider, "compat": "aotc_compat_fla", "fla": "fla_fused_recurrent"}
+                print(f"{layout:7s} {gate:6s} {B:4d} {T:2d} "
+                      + " ".join(f"{pct.get(names.get(c, c), float('nan')):8.1f}%" for c in cols) + " "
+                      + " ".join(f"{ktimes.get(names.get(c, c), float('nan')) * 1e6:9.1f}"
+                                 for c in ("aot", "aot_dense", "compat", "fla"))
                       + (f"  [{provider}]" if provider != "aot" else ""))
-                del args, kw, out
+                del args, kw, out, calls
                 torch.cuda.empty_cache()
     for why in sorted(notes):
-        print(f"note: {why}; fla columns are NaN (issue 19's H100 figures for fla 0.6.0: 97.7% V-first, 81% K-first)")
+        print(f"note: {why}; its columns are NaN (issue 19's H100 figures for fla 0.6.0: 97.7% V-first, 81% K-first)")
     if a.sweep:
         sweep_decode(rows, copy_bw)
 
 
 def sweep_decode(rows, copy_bw):
-    """The decode kernel (GDN gate) at other tiles and register caps, through the JIT, at B 256 x T 1 and 4."""
-    for B, T, H, HV, K, V in (DECODE_SHAPES[0], DECODE_SHAPES[2]):
+    """The decode kernel (GDN gate) at other tiles, forms and register caps, through the JIT, at
+    B 256 x T 1 and 4 (the public op's pool call, its own binary's constexprs overridden)."""
+    for B, T, H, HV, K, V in DECODE_SHAPES[:3:2]:
         nbytes = 2 * B * HV * V * K * 4
         print(f"\n-- sweep: B{B} T{T} H{H} HV{HV} K{K} V{V}, GDN, JIT, % of copy --")
         for layout in gd_spec.LAYOUTS:
@@ -145,24 +185,24 @@ def sweep_decode(rows, copy_bw):
             out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
             axes, _grid, kargs = gd_op.launch_plan(*args, out, **kw)
             cfg = gd_spec.launch(axes, 90)
-            default = (gd_spec.constexprs(axes)["BV"], cfg.num_warps, cfg.maxnreg) if axes["gate"] == "gdn" else None
-            for bv, warps, cap in SWEEP[layout]:
-                grid = gd_spec.grid(B, HV, V, bv)
+            own = gd_spec.constexprs(axes)
+            for over, warps, cap in SWEEP[layout]:
+                cx = dict(own, **over)
+                grid = gd_spec.grid(B, HV, V, cx["BV"])
 
                 def fn():
-                    gated_delta_decode_kernel[grid](*kargs, BK=gd_spec.block_k(K), BV=bv,
-                                                    KMAJOR=int(layout == "kmajor"), PER_K=0, num_warps=warps,
-                                                    num_stages=1,
+                    gated_delta_decode_kernel[grid](*kargs, **cx, num_warps=warps, num_stages=1,
                                                     **({"maxnreg": cap} if cap else {}))
                 try:
                     t = device_time(fn)
                 except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
-                    print(f"{layout:7s} BV {bv:3d} warps {warps} cap {cap}: failed ({type(e).__name__}: {str(e)[:80]})")
+                    print(f"{layout:7s} {over} warps {warps} cap {cap}: failed ({type(e).__name__}: {str(e)[:80]})")
                     continue
-                mark = "  (spec default)" if (bv, warps, cap) == default else ""
-                print(f"{layout:7s} BV {bv:3d} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
-                      f"{100 * nbytes / t / copy_bw:6.1f}%{mark}")
-                rows.add("gated_delta_decode_sweep", f"bf16,k{K},{layout},gdn,BV{bv},w{warps},r{cap}", "jit",
+                mine = cx == own and (warps, cap) == (cfg.num_warps, cfg.maxnreg) and axes["gate"] == "gdn"
+                form = ",".join(f"{n}{cx[n]}" for n in ("BV", "PACKED", "ONE", "PER_K") if n in cx)
+                print(f"{layout:7s} {form:18s} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
+                      f"{100 * nbytes / t / copy_bw:6.1f}%" + ("  (spec default)" if mine else ""))
+                rows.add("gated_delta_decode_sweep", f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}", "jit",
                          f"B{B} T{T} H{H} HV{HV} K{K} V{V}", "pct_of_copy", 100 * nbytes / t / copy_bw)
             del args, kw, out, kargs
             torch.cuda.empty_cache()

@@ -94,8 +94,9 @@ def check_qkv(who, q, k, v, beta):
                                   f"beta must be [B, T, HV]")
 
 
-def _initial_pool(who, initial_state, n, hv, k_dim, v_dim, v_first, device):
-    """A float32 copy of initial_state (zeros when None): the pool the ops update in place."""
+def _initial_pool(who, initial_state, n, hv, k_dim, v_dim, v_first, device, copy=True):
+    """A float32 copy of initial_state (zeros when None): the pool the ops update in place
+    (copy=False: initial_state itself, checked)."""
     inner = (v_dim, k_dim) if v_first else (k_dim, v_dim)
     want = (n, hv) + inner
     if initial_state is None:
@@ -108,7 +109,22 @@ def _initial_pool(who, initial_state, n, hv, k_dim, v_dim, v_first, device):
                          f"{'len(cu_seqlens) - 1' if n else 'B'}), got {tuple(initial_state.shape)}")
     if initial_state.device != device:
         raise ValueError(f"{who}: initial_state must be on {device} (like q), got {initial_state.device}")
-    return initial_state.detach().to(torch.float32, copy=True)
+    if not copy:
+        return initial_state.detach()
+    # contiguous whatever initial_state's strides (the ops read rows with a unit last stride)
+    return torch.empty(want, dtype=torch.float32, device=device).copy_(initial_state.detach())
+
+
+def _decode_states(who, initial_state, n, hv, k_dim, v_dim, v_first, device):
+    """(the state the decode reads, the tensor it writes or None for in place): a contiguous
+    float32 initial_state is read as it is and the final state goes to a new tensor (fla's
+    h0 -> ht, no copy); otherwise a float32 copy (_initial_pool) is updated in place."""
+    t = initial_state
+    if (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device == device and t.dim() == 4
+            and t.shape[0] == n and t.is_contiguous()):
+        pool = _initial_pool(who, t, n, hv, k_dim, v_dim, v_first, device, copy=False)  # the shape check
+        return pool, torch.empty_like(pool)
+    return _initial_pool(who, initial_state, n, hv, k_dim, v_dim, v_first, device), None
 
 
 def _common_dtype(q, k, v):
@@ -170,27 +186,31 @@ def run(who, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     out_dtype = q.dtype if chunk_states else v.dtype
     h_dtype = k.dtype  # fla's h: k.new_empty(...)
     q, k, v = _common_dtype(q, k, v)
-    pool = _initial_pool(who, initial_state, n, HV, K, V, v_first, dev)
     layout = "vmajor" if v_first else "kmajor"
-    slots = torch.arange(n, dtype=torch.int32, device=dev)
     if cu_seqlens is None and allow_decode and T <= DECODE_MAX_T and B <= DECODE_MAX_SEQS:
-        o = loader.gated_delta_decode(q, k, v, g, beta, pool, slots, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
-                                      state_layout=layout, **(fused or {}))
-    else:
-        rows = B if cu_seqlens is None else 1  # h's batch dim: fla's B, or 1 with cu_seqlens
-        if cu_seqlens is None:  # B equal-length sequences, packed
-            cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=dev)
-            q, k, v, g, beta = (t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta))
-        if chunk_states:
-            from ._fla_chunk_states import run_by_chunk
+        # fla's own traffic: initial_state read where it lies, the final state written to a new tensor
+        h0, final = _decode_states(who, initial_state, n, HV, K, V, v_first, dev)
+        o = loader.gated_delta_decode(q, k, v, g, beta, h0, None, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
+                                      state_layout=layout, final_state=final, **(fused or {}))
+        if o.dtype != out_dtype:
+            o = o.to(out_dtype)
+        return o, ((h0 if final is None else final) if output_final_state else None)
+    pool = _initial_pool(who, initial_state, n, HV, K, V, v_first, dev)
+    slots = torch.arange(n, dtype=torch.int32, device=dev)
+    rows = B if cu_seqlens is None else 1  # h's batch dim: fla's B, or 1 with cu_seqlens
+    if cu_seqlens is None:  # B equal-length sequences, packed
+        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=dev)
+        q, k, v, g, beta = (t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g, beta))
+    if chunk_states:
+        from ._fla_chunk_states import run_by_chunk
 
-            o, h = run_by_chunk(q, k, v, g, beta, pool, cu_seqlens, chunk_states, h_dtype, scale=scale,
-                                qk_l2norm=use_qk_l2norm_in_kernel, layout=layout)
-            return o.view(B, T, HV, V).to(out_dtype), (pool if output_final_state else None), \
-                h.view(rows, -1, *h.shape[1:])
-        o = loader.gated_delta_prefill(q, k, v, g, beta, pool, slots, cu_seqlens, scale=scale,
-                                       qk_l2norm=use_qk_l2norm_in_kernel, state_layout=layout)
-        o = o.view(B, T, HV, V)
+        o, h = run_by_chunk(q, k, v, g, beta, pool, cu_seqlens, chunk_states, h_dtype, scale=scale,
+                            qk_l2norm=use_qk_l2norm_in_kernel, layout=layout)
+        return o.view(B, T, HV, V).to(out_dtype), (pool if output_final_state else None), \
+            h.view(rows, -1, *h.shape[1:])
+    o = loader.gated_delta_prefill(q, k, v, g, beta, pool, slots, cu_seqlens, scale=scale,
+                                   qk_l2norm=use_qk_l2norm_in_kernel, state_layout=layout)
+    o = o.view(B, T, HV, V)
     if o.dtype != out_dtype:
         o = o.to(out_dtype)
     return o, (pool if output_final_state else None)

@@ -13,9 +13,10 @@ of them); g [B, T, HV] (GDN) or [B, T, HV, K] (KDA: one decay a K channel), log 
 HV]; scale default K ** -0.5; initial_state [N, HV, K, V] ([N, HV, V, K] with state_v_first=True),
 N = B, or with cu_seqlens (B must be 1) N = len(cu_seqlens) - 1. Returns (o [B, T, HV, V] in v's
 dtype, final_state float32 or None when output_final_state is False). fla does not modify
-initial_state, so neither does this: the state is copied into a float32 pool (one copy of N
-states), the ops update that pool in place with state_indices = arange(N), and the pool is the
-final state. fused_recurrent's gk [B, T, HV, K] and g add in log space (KDA gates).
+initial_state, so neither does this: the decode (below) reads a contiguous float32 initial_state
+where it lies and writes the final state to a new tensor (fla's own traffic); otherwise the state
+is copied into a float32 pool (one copy of N states), the ops update that pool in place with
+state_indices = arange(N), and the pool is the final state. fused_recurrent's gk [B, T, HV, K] and g add in log space (KDA gates).
 use_qk_l2norm_in_kernel: x / sqrt(sum(x^2) + 1e-6), fla's l2norm. fla's gate and beta activations
 (use_gate_in_kernel with A_log, dt_bias and for KDA lower_bound; use_beta_sigmoid_in_kernel,
 allow_neg_eigval) run inside the decode kernel where fused_recurrent takes that path with both on,

@@ -19,7 +19,15 @@ a few hundred bytes of q/k/v), so the layout of the tile is what matters:
   KMAJOR = 1: K-major pool [slots, HV, K, V], V contiguous: the tile is read as BV contiguous
               floats per K row. A constexpr, not a runtime stride: a runtime unit stride would
               leave Triton unable to prove contiguity, and every state access would be a scalar.
-The other state strides (slot, head, the non-unit row stride) are runtime ints.
+The other state strides (slot, head, the non-unit row stride) are runtime ints, except in the
+packed V-major tile (PACKED): K is the tile, rows are K apart and V a multiple of BV, so the
+tile's offsets are constants off one base and nothing along K or V is masked (fewer registers:
+the one-token GDN step at K = 128 fits 64, 32 programs an SM). ONE: a packed binary for one
+token, without the token loop (T is not read).
+
+The state is read from State and written to State_out (the same tensor in place, or the op's
+final_state). Row b's state is slot state_indices[b] of the pool, or with `dense` set state[b]
+itself: no index to read before the tile's addresses (flash-linear-attention's h0 -> ht).
 
 The gate's shape is a constexpr (PER_K): GDN's one log-gate a head is a scalar, KDA's one a
 head and K channel a [BK] vector with a runtime K stride. The fused-gate form (`fused` != 0)
@@ -39,12 +47,14 @@ their round trip and layout changes (the 4-warp K-major tile's shared-memory exc
 the slot's, so when the tile arrives only the update is left.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
-of two, a constexpr) and every load and store along K or V is masked, so K = 60 or 100 runs in
-the 64- or 128-column binary and the padded columns of the tile stay zero. q/k/v/out in fp32
+of two, a constexpr) and every load and store along K or V is masked (but in the packed tile),
+so K = 60 or 100 runs in the 64- or 128-column binary and the padded columns of the tile stay
+zero. q/k/v/out in fp32
 (the `dtype` axis) are read and written as they are: the update runs in fp32 in every case.
 
 A state index < 0 or >= num_slots is a padded row: its state is neither read nor written (every
-state access is masked by it) and its outputs are zeros. Offsets into the pool are int64.
+state access is masked by it) and its outputs are zeros. Offsets into the pool are int64. The
+GVA group's division is a shift where the group is a power of two (group_shift >= 0).
 """
 import triton
 import triton.language as tl
@@ -81,48 +91,55 @@ def _load_scalar(P, off, code, mask):
 
 @triton.jit(
     do_not_specialize=[
-        "T", "HV", "group", "num_slots",
+        "T", "group", "group_shift", "num_slots", "dense",
         "stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "stride_bt", "stride_bh",
         "stride_dh", "stride_dk", "g_code", "beta_code", "alog_code", "dt_code", "fused", "qk_l2norm",
     ],
     do_not_specialize_on_alignment=["G", "Beta", "A_log", "Dt_bias", "Idx"],
 )
 def gated_delta_decode_kernel(
-    Q, K, V, Out, State, G, Beta, A_log, Dt_bias, Idx,
+    Q, K, V, Out, State, State_out, G, Beta, A_log, Dt_bias, Idx,
     scale,
-    T, HV, group, num_slots, K_DIM, V_DIM,
+    T, group, group_shift, num_slots, dense, K_DIM, V_DIM,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh, stride_ob, stride_ot, stride_oh,
     stride_sn, stride_sh, stride_srow,
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
-    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, PACKED: tl.constexpr,
+    ONE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    hq = hv // group
+    if group_shift >= 0:
+        hq = hv >> group_shift
+    else:
+        hq = hv // group
 
     offs_k = tl.arange(0, BK)
-    k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
     offs_v = i_v * BV + tl.arange(0, BV)
-    v_mask = offs_v < V_DIM
+    if PACKED:  # constant masks: Triton drops them from every load and store
+        k_mask = tl.full([BK], 1, tl.int1)
+        v_mask = tl.full([BV], 1, tl.int1)
+    else:
+        k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
+        v_mask = offs_v < V_DIM
     q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
     k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
     v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
     o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
-    on = hv < HV
     # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
-    slot = tl.load(Idx + b)
+    slot = _slot(Idx, b, dense)
     g, a_log, dt_h, beta, q, k, v = _token_inputs(
-        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv, on,
+        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
         offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
         stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR),
+    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK),
                 mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
 
     decay = tl.full([], 0.0, tl.float32)
@@ -130,39 +147,50 @@ def gated_delta_decode_kernel(
     if PER_K:
         if fused:
             # KDA: -exp(A_log) and the [K] dt_bias, read once (a vector is dearer to read each token).
-            decay = -tl.exp(_load_f32(A_log, hv, alog_code, hv < HV))
+            decay = -tl.exp(_load_f32(A_log, hv, alog_code, True))
             dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
 
     h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
     tl.store(o_row + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
-    for t in range(1, T):
+    for t in range(1, 1 if ONE else T):
         g, a_log, dt_h, beta, q, k, v = _token_inputs(
-            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv, on,
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv,
             offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
             stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
         tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
     # The store's addresses come from a second read of the slot, so the compiler cannot keep the
     # load's (a register a row) live across the token loop.
-    slot = tl.load(Idx + b)
+    slot = _slot(Idx, b, dense)
     valid = (slot >= 0) & (slot < num_slots)
-    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR), h,
+    head = State_out + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+    tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK), h,
              mask=valid & v_mask[:, None] & k_mask[None, :])
 
 
 @triton.jit
-def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr):
+def _slot(Idx, b, dense):
+    """Row b's state slot: b itself in the dense form (no read), else state_indices[b]."""
+    slot = b
+    if dense == 0:
+        slot = tl.load(Idx + b)
+    return slot
+
+
+@triton.jit
+def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr, PACKED: tl.constexpr, BK: tl.constexpr):
     """[BV, BK] int32 element offsets of the state tile inside its head (the loader checks that
-    a head's rows fit int32)."""
-    if KMAJOR:
+    a head's rows fit int32); the packed tile's rows are BK apart."""
+    if PACKED:
+        return offs_v[:, None] * BK + offs_k[None, :]
+    elif KMAJOR:
         return offs_k[None, :] * stride_srow + offs_v[:, None]
     else:
         return offs_v[:, None] * stride_srow + offs_k[None, :]
 
 
 @triton.jit
-def _token_inputs(Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv, on,
+def _token_inputs(Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv,
                   offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
                   stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
     """Token t's gate (g: a scalar, or [BK] when PER_K; the fused form's a_log and dt_h scalars),
@@ -172,10 +200,10 @@ def _token_inputs(Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, 
         a_log = 0.0
         dt_h = 0.0
     else:
-        g = _load_scalar(G, g_row + t * stride_gt, g_code, on)
-        a_log = _load_scalar(A_log, hv, alog_code, on & (fused != 0))
-        dt_h = _load_scalar(Dt_bias, hv * stride_dh, dt_code, on & (fused != 0))
-    beta = _load_scalar(Beta, beta_row + t * stride_bt, beta_code, on)
+        g = _load_scalar(G, g_row + t * stride_gt, g_code, True)
+        a_log = _load_scalar(A_log, hv, alog_code, fused != 0)
+        dt_h = _load_scalar(Dt_bias, hv * stride_dh, dt_code, fused != 0)
+    beta = _load_scalar(Beta, beta_row + t * stride_bt, beta_code, True)
     q = tl.load(q_row + t * stride_qt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
     k = tl.load(k_row + t * stride_kt + offs_k, mask=k_mask, other=0.0).to(tl.float32)
     v = tl.load(v_row + t * stride_vt + offs_v, mask=v_mask, other=0.0).to(tl.float32)

@@ -7,9 +7,16 @@ Axes (constexpr in the kernel):
   layout  the state pool: vmajor [slots, HV, V, K] (K contiguous) or kmajor [slots, HV, K, V]
   gate    gdn (one log-gate a head: a scalar, PER_K 0) or kda (one a head and K channel: a
           [BK] vector, PER_K 1). Apart because the scalar path holds fewer registers.
-3 * 3 * 2 * 2 = 36 variants, each built at two specialization levels per arch. Everything else is
-runtime: K, V (any size up to 512; the grid tiles it), T, heads and GVA group, the fused-gate
-form, q/k L2 norm, and the dtypes of the gate tensors (a code each: fp32, fp16, bf16).
+  rows    strided (runtime row stride, K and V masked) or packed (V-major only: K the tile, rows
+          K apart, V a multiple of BV; the tile's offsets are immediates off one base, no mask:
+          PACKED 1; rows_form picks it)
+  tokens  any (the token loop) or one (packed only: a one-token step without the loop, ONE 1;
+          the loop's registers cost a one-token step 1-2 points at the cap a longer one wants)
+K-major 3 * 3 * 2 = 18 variants, V-major 18 strided + 18 packed + 18 packed one-token: 72, each
+built at two specialization levels per arch. Everything else is runtime: K, V (any size up to
+512; the grid tiles it), T, heads and GVA group (a shift where a power of two), the fused-gate
+form, q/k L2 norm, the dtypes of the gate tensors (a code each: fp32, fp16, bf16), and the dense
+form (no state indices: row b's state is state[b]).
 
 The tile: BV value rows x K, fp32, held in registers across the T tokens, 32 floats a thread,
 BV = 1024 // K (16, 8, 4) and one warp, in both layouts except KDA K-major. This is the shape
@@ -25,8 +32,13 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   K = 256, where 96 spills); KDA K-major: none.
   kda kmajor: BV = 32, K // 32 warps (each K row of the tile one 128-byte line); it also runs
     K-major GDN steps of one token (binary_gate).
-num_stages 1: the token loop carries no loads worth pipelining (q/k/v are a few hundred bytes
-against the state tile). bench/bench_gated_delta.py --sweep times BV x warps x cap through the JIT.
+  Packed tiles hold fewer registers (no row offsets, masks or token loop): _CAP_PACKED gives
+  each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
+  SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
+  (BENCHMARKS.md, session 35), so it keeps 72.
+num_stages 1: q/k/v are a few hundred bytes a token against the state tile (at T = 8 fla's
+3-stage loop leads: not tried here). bench/bench_gated_delta.py --sweep times forms x caps
+through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.
 """
@@ -38,13 +50,14 @@ DTYPES = ("fp16", "bf16", "fp32")
 K_DIMS = (64, 128, 256)  # the K tiles built; K itself is any size up to MAX_K
 LAYOUTS = ("vmajor", "kmajor")
 GATES = ("gdn", "kda")
+ROWS = ("strided", "packed")
+TOKENS = ("any", "one")
 MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
 MAX_K, MAX_V = 256, 512
 GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
 
-_ALIGNED_PTRS = ("Q", "K", "V", "Out", "State")
 _GATE_PTRS = ("G", "Beta", "A_log", "Dt_bias")
-_COUNTS = ("T", "HV", "group", "num_slots")
+_COUNTS = ("T", "group", "group_shift", "num_slots", "dense")
 # Sizes and strides of rows that hold whole 16-byte vectors (K, V multiples of 16): the ALIGNED
 # binary assumes them divisible by 16, which lets q/k/v/out and the state tile load as 16-byte
 # vectors; other head sizes (60, 100) take the GENERIC binary.
@@ -56,7 +69,7 @@ _GATE_INTS = ("stride_gb", "stride_gt", "stride_gh", "stride_gk", "stride_bb", "
 
 ARGS = (
     tuple(Arg(n, "ptr", aligned=True, dtype="dtype") for n in ("Q", "K", "V", "Out"))
-    + (Arg("State", "ptr", aligned=True, dtype="=fp32"),)
+    + tuple(Arg(n, "ptr", aligned=True, dtype="=fp32") for n in ("State", "State_out"))
     + tuple(Arg(n, "ptr", dtype="=u8") for n in _GATE_PTRS)
     + (Arg("Idx", "ptr", dtype="=i32"),)
     + (Arg("scale", "fp32"),)
@@ -65,7 +78,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE")
 
 
 def block_k(k: int) -> int:
@@ -87,11 +100,40 @@ MAXNREG = {("vmajor", "gdn"): 72, ("kmajor", "gdn"): 80, ("vmajor", "kda"): 96, 
 _CAP_256 = {("vmajor", "gdn"): 80, ("vmajor", "kda"): 0}
 
 
-def max_registers(k_dim: int, layout: str, gate: str) -> int:
-    """The cap of a variant: MAXNREG's, or _CAP_256's for a 256-column tile."""
+# Packed V-major tiles (rows == "packed"), by (k_dim, gate, tokens): the smallest cap each compiles
+# spill-free at (sm90, every dtype).
+_CAP_PACKED = {(64, "gdn", "one"): 72, (64, "gdn", "any"): 80, (64, "kda", "one"): 80, (64, "kda", "any"): 96,
+               (128, "gdn", "one"): 64, (128, "gdn", "any"): 72, (128, "kda", "one"): 64, (128, "kda", "any"): 72,
+               (256, "gdn", "one"): 80, (256, "gdn", "any"): 96, (256, "kda", "one"): 96, (256, "kda", "any"): 0}
+
+
+def max_registers(k_dim: int, layout: str, gate: str, rows: str = "strided", tokens: str = "any") -> int:
+    """The cap of a variant: _CAP_PACKED's for a packed tile, else MAXNREG's, or _CAP_256's for a
+    256-column tile."""
+    if rows == "packed" and (k_dim, gate, tokens) in _CAP_PACKED:
+        return _CAP_PACKED[k_dim, gate, tokens]
     if k_dim == 256 and (layout, gate) in _CAP_256:
         return _CAP_256[layout, gate]
     return MAXNREG[layout, gate]
+
+
+def rows_form(layout: str, k: int, v: int, row_stride: int, gate: str) -> str:
+    """The `rows` axis of a call: "packed" where the V-major state's rows are whole tiles (K a
+    built tile, rows K apart, V a multiple of the rows a program: no mask and no runtime stride
+    in the tile's addresses), else "strided"."""
+    bk = block_k(k)
+    packed = layout == "vmajor" and k == bk and row_stride == k and v % block_v(bk, layout, gate) == 0
+    return "packed" if packed else "strided"
+
+
+def tokens_form(rows: str, tokens: int) -> str:
+    """The `tokens` axis: "one" for a packed tile's one-token step (no token loop), else "any"."""
+    return "one" if rows == "packed" and tokens == 1 else "any"
+
+
+def group_shift(group: int) -> int:
+    """log2 of the GVA group where it is a power of two (the kernel shifts), else -1 (it divides)."""
+    return group.bit_length() - 1 if group & (group - 1) == 0 else -1
 
 
 def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
@@ -108,7 +150,8 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
-            "PER_K": int(axes["gate"] == "kda")}
+            "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
+            "ONE": int(axes["tokens"] == "one")}
 
 
 def variants():
@@ -116,17 +159,20 @@ def variants():
         for k in K_DIMS:
             for layout in LAYOUTS:
                 for gate in GATES:
-                    yield {"dtype": dtype, "k_dim": k, "layout": layout, "gate": gate}
+                    yield axes_for(dtype, k, layout, gate)
+                    if layout == "vmajor":
+                        yield axes_for(dtype, k, layout, gate, "packed")
+                        yield axes_for(dtype, k, layout, gate, "packed", "one")
 
 
 def launch(axes, arch: int) -> LaunchConfig:
     k, layout, gate = int(axes["k_dim"]), axes["layout"], axes["gate"]
     return LaunchConfig(num_warps=block_v(k, layout, gate) * k // 1024, num_stages=1,  # 32 floats a thread
-                        maxnreg=max_registers(k, layout, gate))
+                        maxnreg=max_registers(k, layout, gate, axes["rows"], axes["tokens"]))
 
 
-def axes_for(dtype: str, k_dim: int, layout: str, gate: str) -> dict:
-    return {"dtype": dtype, "k_dim": k_dim, "layout": layout, "gate": gate}
+def axes_for(dtype: str, k_dim: int, layout: str, gate: str, rows: str = "strided", tokens: str = "any") -> dict:
+    return {"dtype": dtype, "k_dim": k_dim, "layout": layout, "gate": gate, "rows": rows, "tokens": tokens}
 
 
 def grid(batch: int, hv: int, v_dim: int, bv: int) -> tuple[int, int, int]:

@@ -177,9 +177,9 @@ def check_scale(scale, K, op) -> float:
 # ---- the decode op --------------------------------------------------------------------------
 
 def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
-                  out):
+                  out, final_state):
     """Every check that needs no tensor values; returns (Dims, scale, fused, the binary's gate axis)."""
-    guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
+    guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state))
     d = check_qkv(q, k, v, OP, max_t=S.MAX_T)
     dev = q.device
     kind, fused = resolve_gates(g, beta, A_log, a, dt_bias, b, d, dev, OP)
@@ -188,7 +188,16 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
     if (rows - 1) * state.stride(2) + cols > rules.I32_MAX:  # the kernel's offsets inside a head are int32
         rules.fail(OP, "state", f"a head's rows within 2**31 elements ((rows - 1) * stride(2) + {cols})",
                    f"stride(2) {state.stride(2)} over {rows} rows")
-    check_state_indices(state_indices, d.B, dev, OP)
+    if state_indices is None:  # dense: request b's state is state[b]
+        rules.need(OP, state.shape[0] == d.B, "state.shape[0]", f"B = {d.B} (one state a request: state_indices "
+                   f"is None)", state.shape[0])
+    else:
+        check_state_indices(state_indices, d.B, dev, OP)
+    if final_state is not None:
+        rules.tensor(OP, "final_state", final_state, (torch.float32,), 4, dev)
+        if final_state.shape != state.shape or final_state.stride() != state.stride():
+            rules.fail(OP, "final_state", f"shaped and strided like state ({tuple(state.shape)}, strides "
+                       f"{state.stride()})", f"{tuple(final_state.shape)}, strides {final_state.stride()}")
     if out is not None:
         check_out(out, (d.B, d.T, d.HV, d.V), q.dtype, dev, OP)
     if not isinstance(qk_l2norm, bool):
@@ -197,15 +206,27 @@ def _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, 
     rules.need(OP, d.B <= S.GRID_YZ_MAX, "q.shape[0] (B)", f"at most {S.GRID_YZ_MAX} (the grid's third axis)", d.B)
     rules.need(OP, d.HV <= S.GRID_YZ_MAX, "v.shape[2] (HV)", f"at most {S.GRID_YZ_MAX} (the grid's second axis)",
                d.HV)
-    named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
-    guards.check_outputs(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
+    outputs, inputs = _written(_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state))
+    guards.check_outputs(OP, outputs, inputs)
     return d, check_scale(scale, d.K, OP), fused, gate
 
 
-def _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> dict:
-    """The decode's tensors by name: out and state first (written), then what it reads (Apart's order)."""
-    return {"out": out, "state": state, "q": q, "k": k, "v": v, "g": g, "beta": beta, "state_indices": state_indices,
-            "A_log": A_log, "a": a, "dt_bias": dt_bias, "b": b}
+def _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state) -> dict:
+    """The decode's tensors by name: out, final_state and state first, then what it only reads."""
+    return {"out": out, "final_state": final_state, "state": state, "q": q, "k": k, "v": v, "g": g, "beta": beta,
+            "state_indices": state_indices, "A_log": A_log, "a": a, "dt_bias": dt_bias, "b": b}
+
+
+def _written(named: dict) -> tuple[dict, dict]:
+    """(outputs, inputs) of _tensors' dict: state is written in place unless final_state is given."""
+    named = dict(named)
+    final = named.pop("final_state")
+    outputs = {"out": named.pop("out")}
+    if final is None:
+        outputs["state"] = named.pop("state")
+    else:
+        outputs["final_state"] = final
+    return outputs, named
 
 
 def _strides(t, n):
@@ -217,18 +238,22 @@ class _Plan:
     """A checked launch: variant axes, grid, the non-pointer arguments, and for CUDA tensors whose
     binaries are built the prepared `launch.Launch` that packs only the pointers per call."""
 
-    __slots__ = ("axes", "grid", "ints", "fused", "fast", "apart", "eager_made")
+    __slots__ = ("axes", "grid", "ints", "fused", "fast", "apart", "eager_made", "dense", "final")
 
-    def __init__(self, axes, grid, ints, fused):
+    def __init__(self, axes, grid, ints, fused, dense, final):
         self.axes, self.grid, self.ints, self.fused, self.fast = axes, grid, ints, fused, None
+        self.dense, self.final = dense, final  # no state_indices; the state written to final_state
         self.apart = None  # guards.Apart of the public function's cached plans
         self.eager_made = 0  # _Eager steady states made from this plan
 
 
-def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate):
+def _make_plan(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out,
+               final_state, fused, gate):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    axes = S.axes_for(QKV_DTYPES[q.dtype], S.block_k(K), state_layout, gate)
+    bk = S.block_k(K)
+    rows = S.rows_form(state_layout, K, V, state.stride(2), gate)
+    axes = S.axes_for(QKV_DTYPES[q.dtype], bk, state_layout, gate, rows, S.tokens_form(rows, T))
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
     gs, bs = _strides(gt, 4), _strides(bt, 3)
@@ -239,62 +264,76 @@ def _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, 
     else:
         ds = (0, 0)
         codes = (S.GATE_CODES[GATE_DTYPES[g.dtype]], S.GATE_CODES[GATE_DTYPES[beta.dtype]], 0, 0)
-    ints = (float(scale), T, HV, HV // H, state.shape[0], K, V,
+    group = HV // H
+    ints = (float(scale), T, group, S.group_shift(group), state.shape[0], int(state_indices is None), K, V,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             state.stride(0), state.stride(1), state.stride(2),
             *gs, *bs, *ds, *codes, int(fused), int(qk_l2norm))
-    plan = _Plan(axes, S.grid(B, HV, V, bv), ints, fused)
+    plan = _Plan(axes, S.grid(B, HV, V, bv), ints, fused, state_indices is None, final_state is not None)
     if q.is_cuda and math.prod(plan.grid):
         plan.fast = prepare(S.DECODE, axes, plan.grid, ints, q.device.index)
     return plan
 
 
-def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out) -> None:
+def _pointer_tensors(plan, g, beta, state, state_indices, A_log, a, dt_bias, b, final_state):
+    """(state_out, gate, beta, A_log's, dt_bias's, index) tensors of the launch: the unfused form's
+    A_log and dt_bias slots and the dense form's index slot are never read (an int32 view of
+    the state fills them, so a JIT launch types them as the binary does)."""
+    idx = state.view(torch.int32) if state_indices is None else state_indices
+    gt, bt = (a, b) if plan.fused else (g, beta)
+    al, dt = (A_log, dt_bias) if plan.fused else (idx, idx)
+    return (state if final_state is None else final_state), gt, bt, al, dt, idx
+
+
+def _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state) -> None:
     if not math.prod(plan.grid):
         return
-    gt, bt = (a, b) if plan.fused else (g, beta)
-    al, dt = (A_log, dt_bias) if plan.fused else (state_indices, state_indices)  # never read unfused
+    so, gt, bt, al, dt, idx = _pointer_tensors(plan, g, beta, state, state_indices, A_log, a, dt_bias, b, final_state)
     if plan.fast is not None and torch._C._cuda_getDevice() == q.device.index:
-        plan.fast((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), gt.data_ptr(),
-                   bt.data_ptr(), al.data_ptr(), dt.data_ptr(), state_indices.data_ptr()),
+        plan.fast((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), so.data_ptr(),
+                   gt.data_ptr(), bt.data_ptr(), al.data_ptr(), dt.data_ptr(), idx.data_ptr()),
                   torch._C._cuda_getCurrentRawStream(q.device.index))
         return
+    run_kernel(S.DECODE, plan.axes, plan.grid, _jit_args(plan, q, k, v, state, out, so, gt, bt, al, dt, idx))
+
+
+def _jit_args(plan, q, k, v, state, out, so, gt, bt, al, dt, idx) -> tuple:
     as_bytes = rules.as_bytes
-    run_kernel(S.DECODE, plan.axes, plan.grid, (q, k, v, out, state, as_bytes(gt), as_bytes(bt), as_bytes(al),
-                                                as_bytes(dt), state_indices, *plan.ints))
+    return (q, k, v, out, state, so, as_bytes(gt), as_bytes(bt), as_bytes(al), as_bytes(dt), idx, *plan.ints)
 
 
 def launch_plan(q, k, v, g, beta, state, state_indices, out, *, scale=None, qk_l2norm=False, state_layout="vmajor",
-                A_log=None, a=None, dt_bias=None, b=None):
+                A_log=None, a=None, dt_bias=None, b=None, final_state=None):
     """(axes, grid, args) of the kernel launch a checked call makes, args as Triton's JIT takes them
     (the bench's --sweep launches the same kernel with other tiles)."""
     _d, scale, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
-                                           qk_l2norm, state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate)
-    gt, bt = (a, b) if fused else (g, beta)
-    al, dt = (A_log, dt_bias) if fused else (state_indices, state_indices)
-    as_bytes = rules.as_bytes
-    args = (q, k, v, out, state, as_bytes(gt), as_bytes(bt), as_bytes(al), as_bytes(dt), state_indices, *plan.ints)
-    return plan.axes, plan.grid, args
+                                           qk_l2norm, state_layout, out, final_state)
+    plan = _make_plan(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
+                      out, final_state, fused, gate)
+    so, gt, bt, al, dt, idx = _pointer_tensors(plan, g, beta, state, state_indices, A_log, a, dt_bias, b, final_state)
+    return plan.axes, plan.grid, _jit_args(plan, q, k, v, state, out, so, gt, bt, al, dt, idx)
 
 
 def _decode_op(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
-               out) -> None:
+               out, final_state=None) -> None:
     _d, scale, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
-                                           qk_l2norm, state_layout, out)
-    plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out, fused, gate)
-    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
+                                           qk_l2norm, state_layout, out, final_state)
+    plan = _make_plan(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
+                      out, final_state, fused, gate)
+    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state)
 
 
 def _decode_fake(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
-                 out) -> None:
-    _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out)
+                 out, final_state=None) -> None:
+    _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out,
+                  final_state)
 
 
 GDN_DECODE = library.Op(
     "gated_delta_decode(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state, "
-    "Tensor state_indices, Tensor? A_log, Tensor? a, Tensor? dt_bias, Tensor? b, float? scale, "
-    "bool qk_l2norm, str state_layout, Tensor(b!) out) -> ()", impl=_decode_op, fake=_decode_fake)
+    "Tensor? state_indices, Tensor? A_log, Tensor? a, Tensor? dt_bias, Tensor? b, float? scale, "
+    "bool qk_l2norm, str state_layout, Tensor(b!) out, Tensor(c!)? final_state=None) -> ()", impl=_decode_op,
+    fake=_decode_fake)
 
 
 # Plans by the inputs' metadata (GDN_DECODE.key).
@@ -305,39 +344,42 @@ _compiling = torch.compiler.is_compiling
 
 
 class _Eager(steady.Steady):
-    """An unvalidated call's steady state for one input metadata (a steady.Steady): the kernel's
-    pointers, in its launch's order, go straight to the plan's prepared launch."""
+    """An unvalidated pool call's steady state for one input metadata (a steady.Steady): the
+    kernel's pointers, in its launch's order, go straight to the plan's prepared launch. Only the
+    in-place pool form (what engines call each step) makes one."""
 
     ARGS = ("q", "k", "v", "g", "beta", "state", "state_indices", "A_log", "a", "dt_bias", "b", "out")
     __slots__ = ("pointers", "go")
 
     def __init__(self, args: tuple, plan: _Plan, named: dict, device_index: int):
-        outputs = {"out": named.pop("out"), "state": named.pop("state")}
+        outputs, inputs = _written(named)
         # A_log and dt_bias's slots hold state_indices unfused (never read): not compared
         order = _FUSED_ORDER if plan.fused else _PLAIN_ORDER
-        super().__init__(rules.call_matcher(*args), guards.Apart(OP, outputs, named), order, device_index)
+        super().__init__(rules.call_matcher(*args), guards.Apart(OP, outputs, inputs), order, device_index)
         self.pointers = self._fused if plan.fused else self._plain
         self.go = plan.fast
 
     @staticmethod
     def _plain(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out):
-        ip = state_indices.data_ptr()
-        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), g.data_ptr(),
-                beta.data_ptr(), ip, ip, ip)
+        ip, sp = state_indices.data_ptr(), state.data_ptr()
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), sp, sp, g.data_ptr(), beta.data_ptr(), ip,
+                ip, ip)
 
     @staticmethod
     def _fused(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out):
-        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), state.data_ptr(), a.data_ptr(), b.data_ptr(),
+        sp = state.data_ptr()
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), sp, sp, a.data_ptr(), b.data_ptr(),
                 A_log.data_ptr(), dt_bias.data_ptr(), state_indices.data_ptr())
 
 
-# The kernel's leading pointers by name (S.DECODE's order; _launch passes the same)
-_PLAIN_ORDER = ("q", "k", "v", "out", "state", "g", "beta", "state_indices", None, None)
-_FUSED_ORDER = ("q", "k", "v", "out", "state", "a", "b", "A_log", "dt_bias", "state_indices")
+# The kernel's leading pointers by name (S.DECODE's order; _launch passes the same); the state's
+# second slot is State_out, the same tensor in place
+_PLAIN_ORDER = ("q", "k", "v", "out", "state", None, "g", "beta", "state_indices", None, None)
+_FUSED_ORDER = ("q", "k", "v", "out", "state", None, "a", "b", "A_log", "dt_bias", "state_indices")
 
 
 def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk_l2norm=False, out=None,
-                       state_layout="vmajor", A_log=None, a=None, dt_bias=None, b=None,
+                       state_layout="vmajor", A_log=None, a=None, dt_bias=None, b=None, final_state=None,
                        validate=True) -> torch.Tensor:
     """One decode step (T <= 8 tokens a request, e.g. speculative verify) of the gated delta
     rule, each request's recurrent state read from and written back to a pool in place.
@@ -363,7 +405,11 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
       state_indices  [B] int32, contiguous: request b uses state[state_indices[b]]. An index < 0
                 is a padded row: its outputs are zeros and no state is read or written. (The
                 kernel also treats an index >= slots as padded, so nothing out of range is touched
-                even with validate=False.)
+                even with validate=False.) None: dense states, state[b] for request b (state has
+                B rows; no padded rows).
+      final_state  None (the state is updated in place), or an fp32 tensor shaped and strided like
+                state: the updated states are written there (at the rows the state was read from)
+                and state is only read (flash-linear-attention's initial_state / final_state).
       scale     float, default K ** -0.5. qk_l2norm: L2-normalize q and k per head in the kernel
                 (x / sqrt(sum(x^2) + 1e-6)).
       out       [B, T, HV, V] in q's dtype, last dim contiguous; allocated when None.
@@ -377,7 +423,7 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     NaN in, NaN out (the request's outputs and state from that token on; other requests unaffected).
     """
     matched = False
-    if not validate and not _compiling():
+    if not validate and not _compiling() and final_state is None:
         for e in _recent.entries:  # one C call matches every argument; pointers read once
             if e.match(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout,
                        out):
@@ -388,34 +434,37 @@ def gated_delta_decode(q, k, v, g, beta, state, state_indices, *, scale=None, qk
     if _compiling():  # the op's Meta implementation runs the checks
         if out is None:
             out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
-        GDN_DECODE(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out)
+        GDN_DECODE(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm, state_layout, out,
+                   final_state)
         return out
     out_given = out
     try:
         if out is None:
             out = torch.empty((*q.shape[:2], *v.shape[2:]), dtype=q.dtype, device=q.device)
         key = GDN_DECODE.key(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,
-                             state_layout, out)
+                             state_layout, out, final_state)
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # not tensors: the checks say what is wrong
         key = plan = None
+    named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state)
     if plan is None:
         _d, scale_f, fused, gate = _check_decode(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale,
-                                                 qk_l2norm, state_layout, out)
-        plan = _make_plan(q, k, v, g, beta, state, A_log, a, dt_bias, b, scale_f, qk_l2norm, state_layout, out,
-                          fused, gate)
-        named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
-        plan.apart = guards.Apart(OP, {"out": named.pop("out"), "state": named.pop("state")}, named)
+                                                 qk_l2norm, state_layout, out, final_state)
+        plan = _make_plan(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale_f, qk_l2norm,
+                          state_layout, out, final_state, fused, gate)
+        plan.apart = guards.Apart(OP, *_written(named))
         _plans.put(key, plan)
     else:  # a plan hit: sizes and strides were checked when it was made; grad and pointers are this call's
         if torch.is_grad_enabled():
-            guards.refuse_grad(OP, **_tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out))
-        plan.apart(out, state, q, k, v, g, beta, state_indices, A_log, a, dt_bias, b)
-    if validate and not skip_value_checks(state_indices):
+            guards.refuse_grad(OP, **named)
+        if final_state is None:
+            plan.apart(out, state, q, k, v, g, beta, state_indices, A_log, a, dt_bias, b)
+        else:
+            plan.apart(out, final_state, state, q, k, v, g, beta, state_indices, A_log, a, dt_bias, b)
+    if validate and state_indices is not None and not skip_value_checks(state_indices):
         check_state_index_values(state_indices, state.shape[0], OP)
-    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
-    named = _tensors(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out)
-    if (not (validate or matched) and out_given is out and plan.fast is not None
+    _launch(plan, q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, out, final_state)
+    if (not (validate or matched) and out_given is out and plan.fast is not None and not (plan.dense or plan.final)
             and plan.eager_made < steady.MAX_PER_PLAN and steady.grad_free(named.values())):
         plan.eager_made += 1  # bounded: a call unlike every steady state (another mode) re-derives one
         _recent.add(_Eager((q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, scale, qk_l2norm,

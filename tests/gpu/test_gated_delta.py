@@ -70,8 +70,10 @@ def jit_only(tmp_path, monkeypatch):
     loader.set_artifacts(None)
 
 
-# Every binary the gate axis gives, and the one-token K-major GDN steps (they run the kda binary).
+# Every binary the gate axis gives, V-major's packed one-token ones, and the one-token K-major GDN
+# steps (they run the kda binary).
 @pytest.mark.parametrize("layout,kda,T,fused", [("vmajor", False, 2, True), ("vmajor", True, 2, True),
+                                                ("vmajor", False, 1, False), ("vmajor", True, 1, True),
                                                 ("kmajor", False, 1, False), ("kmajor", False, 1, True),
                                                 ("kmajor", False, 2, True), ("kmajor", True, 2, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -94,6 +96,39 @@ def test_aot_equals_jit_bit_for_bit(jit_only, layout, kda, T, fused, dtype):
     (o1, s1), (o2, s2) = results
     assert torch.equal(o1.view(torch.int16), o2.view(torch.int16))
     assert torch.equal(s1.view(torch.int32), s2.view(torch.int32))
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_dense_final_state_and_padded_rows(jit_only, T):
+    """fla's form (state_indices=None, final_state) at the bench's heads, AOT == JIT bit for bit and
+    against the reference; and a pool with padded rows (the strided binary at K = 128)."""
+    args, kw = make_case(B=96, T=T, H=16, HV=32, K=128, V=128, qk_l2norm=True, pads=(), slots=120, device=DEV,
+                         seed=30 + T)
+    ref_out, ref_pool = reference(args, kw)
+    idx = args["state_indices"].long()
+    h0 = args["state"][idx].contiguous()
+    results = []
+    for jit in (False, True):
+        jit_only(jit)
+        out = torch.full((96, T, 32, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+        ht = torch.full_like(h0, float("nan"))
+        loader.gated_delta_decode(args["q"], args["k"], args["v"], args["g"], args["beta"], h0, None, **kw, out=out,
+                                  final_state=ht)
+        torch.cuda.synchronize()
+        results.append((out, ht))
+    jit_only(False)
+    (o1, s1), (o2, s2) = results
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(s1, s2)
+    assert_close(o1, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(s1, ref_pool[idx], STATE_TOL, "final_state")
+    assert torch.equal(h0, args["state"][idx]), "state must be left as it was"
+    wide = torch.full((*args["state"].shape[:3], 144), float("nan"), device=DEV)
+    wide[..., :128] = args["state"]
+    out = torch.full((96, T, 32, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    loader.gated_delta_decode(*[args[n] if n != "state" else wide[..., :128] for n in ORDER], **kw, out=out)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(wide[..., :128], ref_pool, STATE_TOL, "state")
+    assert wide[..., 128:].isnan().all()
 
 
 def test_misaligned_inputs_take_the_generic_binary():
@@ -144,13 +179,16 @@ _MEMCHECK = """
 import torch
 from aotc import loader
 from tests.cpu.kernels.gated_delta.cases import make_case
-for layout, V in (("vmajor", 128), ("kmajor", 80)):
-    args, kw = make_case(B=16, T=3, H=1, HV=2, K=128, V=V, layout=layout, slots=20, device="cuda", kda=True,
+order = ("q", "k", "v", "g", "beta", "state", "state_indices")
+for layout, V, T in (("vmajor", 128, 3), ("vmajor", 128, 1), ("kmajor", 80, 3)):
+    args, kw = make_case(B=16, T=T, H=1, HV=2, K=128, V=V, layout=layout, slots=20, device="cuda", kda=True,
                          fused=True)
     # Padded rows, and indices past the pool that validate=False lets through: no state access.
     args["state_indices"][:4] = torch.tensor([-1, 20, 1 << 30, -(1 << 30)], dtype=torch.int32)
-    loader.gated_delta_decode(*[args[n] for n in ("q", "k", "v", "g", "beta", "state", "state_indices")], **kw,
-                              validate=False)
+    loader.gated_delta_decode(*[args[n] for n in order], **kw, validate=False)
+    # the dense form with final_state: exactly B states read and written
+    h0 = args["state"][:16].clone()
+    loader.gated_delta_decode(*[args[n] for n in order[:5]], h0, None, **kw, final_state=torch.empty_like(h0))
     torch.cuda.synchronize()
 """
 

@@ -1,8 +1,8 @@
 """The AOT binaries of one key of each gated delta kernel (the recurrent decode, and the chunked
 prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
 specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
-for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both; KDA's
-three precompute kernels. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
+for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both; the
+decode's packed one-token key; KDA's three precompute kernels. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
 import importlib
 import os
 import subprocess
@@ -22,6 +22,9 @@ CASES = {"gated_delta_decode": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gat
          "gdn_chunk_state_bv128": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["128"], "WIDE"),
          # fp32 inputs (tf32x3 dots, two stages) and, misaligned, head sizes inside the 128 tile
          "gated_delta_decode_fp32": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["fp32"], "FP32"),
+         # the packed one-token tile: constant tile offsets, no token loop
+         "gated_delta_decode_packed1": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["packed1"],
+                                        "PACKED1"),
          "gdn_chunk_state_fp32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32", "fp32"],
                                   "FP32"),
          # KDA's precompute: the diagonal blocks (3D elementwise tiles), the blocks below them

@@ -102,14 +102,20 @@ def test_chunk_gate_and_beta_activations_in_kernel():
     assert_close(ht, want_h, torch.bfloat16, "final_state")
 
 
-def test_fused_recurrent_v_first_state_decode():
-    t, h0, _ = fla_inputs([2, 2], equal=True, v_first=True, H=1, HV=2, dtype=torch.float16, seed=28)
-    o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=h0, output_final_state=True,
-                                                 use_qk_l2norm_in_kernel=True, state_v_first=True)
+@pytest.mark.parametrize("T", [1, 2])
+def test_fused_recurrent_v_first_state_decode(T):
+    # The decode reads initial_state where it lies and writes a new final state (fla's h0 -> ht):
+    # initial_state is left alone; a non-contiguous one is copied first, with the same results.
+    t, h0, _ = fla_inputs([T, T], equal=True, v_first=True, H=1, HV=2, dtype=torch.float16, seed=28)
     want_o, want_h = reference(t, h0, None, v_first=True)
-    assert ht.shape == h0.shape
-    assert_close(o, want_o, torch.float16, "o")
-    assert_close(ht, want_h, torch.float16, "final_state")
+    for start in (h0, h0.transpose(2, 3).contiguous().transpose(2, 3)):
+        keep = start.clone()
+        o, ht = fla.fused_recurrent_gated_delta_rule(**t, initial_state=start, output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True, state_v_first=True)
+        assert ht.shape == h0.shape and ht.data_ptr() != start.data_ptr()
+        assert torch.equal(start, keep)
+        assert_close(o, want_o, torch.float16, "o")
+        assert_close(ht, want_h, torch.float16, "final_state")
 
 
 def test_unsupported_and_bad_arguments_raise():

@@ -120,3 +120,65 @@ def test_empty_batch():
     args, kw = make_case(B=0, T=1, pads=(), slots=3)
     out, pool = run(gated_delta_decode, args, kw)
     assert out.shape == (0, 1, 2, 64) and torch.equal(pool, args["state"])
+
+
+@pytest.mark.parametrize("layout,T", [("vmajor", 1), ("vmajor", 3), ("kmajor", 1)])
+def test_dense_states_and_final_state(layout, T):
+    """fla's form: state_indices=None reads request b's state from state[b] (no index read), and
+    final_state takes the updated states while state is only read; with a pool, final_state is
+    written at the named slots only."""
+    args, kw = make_case(B=3, T=T, H=1, HV=2, layout=layout, pads=(), seed=60 + T)
+    idx = args["state_indices"].long()
+    dense = args["state"][idx].clone()  # row b: request b's state
+    ref_out, ref_pool = reference(args, kw)
+    for final in (False, True):
+        state = dense.clone()
+        fin = torch.full_like(state, float("nan")) if final else None
+        out = torch.full((3, T, 2, 64), float("nan"), dtype=torch.bfloat16)
+        gated_delta_decode(args["q"], args["k"], args["v"], args["g"], args["beta"], state, None, **kw, out=out,
+                           final_state=fin)
+        assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+        assert_close(fin if final else state, ref_pool[idx], STATE_TOL, "state")
+        if final:
+            assert torch.equal(state, dense), "final_state given: state must be left as it was"
+    # a pool read at state_indices, written to final_state at the same slots (padded rows: none)
+    args, kw = make_case(B=3, T=T, H=1, HV=2, layout=layout, pads=(1,), seed=70 + T)
+    ref_out, ref_pool = reference(args, kw)
+    pool = args["state"].clone()
+    fin = torch.full_like(pool, float("nan"))
+    out = torch.full((3, T, 2, 64), float("nan"), dtype=torch.bfloat16)
+    gated_delta_decode(*[args[n] if n != "state" else pool for n in ORDER], **kw, out=out, final_state=fin)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    idx = args["state_indices"].long()
+    named = idx[idx >= 0]
+    assert_close(fin[named], ref_pool[named], STATE_TOL, "final_state")
+    others = torch.ones(pool.shape[0], dtype=torch.bool)
+    others[named] = False
+    assert fin[others].isnan().all(), "final_state was written at a slot no row names"
+    assert torch.equal(pool, args["state"]), "final_state given: the pool must be left as it was"
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_padded_state_rows_take_the_strided_tile(T):
+    """A V-major pool at a built K tile whose rows lie wider apart than K (and a V that is no
+    multiple of a program's rows) runs the strided binary; whole rows run the packed one, and
+    one token the packed one-token binary. Each matches the reference."""
+    from aotc.loader.ops.gated_delta import launch_plan
+
+    for pad, V, want in ((16, 64, "strided"), (0, 40, "strided"), (0, 64, "packed")):
+        args, kw = make_case(B=3, T=T, H=1, HV=2, K=64, V=V, pads=(2,), seed=80 + pad + V)
+        st = args["state"]
+        wide = torch.full((*st.shape[:3], 64 + pad), float("nan"))
+        wide[..., :64] = st
+        args["state"] = wide[..., :64]
+        out = torch.full((3, T, 2, V), float("nan"), dtype=torch.bfloat16)
+        axes, _, _ = launch_plan(*[args[n] for n in ORDER], out, **kw)
+        assert (axes["rows"], axes["tokens"]) == (want, "one" if (want, T) == ("packed", 1) else "any")
+        ref_out, ref_pool = reference(args, kw)
+        gated_delta_decode(*[args[n] for n in ORDER], **kw, out=out)  # the strided view itself, updated in place
+        assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+        assert_close(wide[..., :64], ref_pool, STATE_TOL, "state")
+        assert wide[..., 64:].isnan().all(), "a pad column between rows was written"
+
+
+ORDER = ("q", "k", "v", "g", "beta", "state", "state_indices")

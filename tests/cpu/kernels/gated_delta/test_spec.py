@@ -18,11 +18,28 @@ from tests.cpu.kernels.decorators import as_jit
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    assert len(variants) == 36  # dtype 3 x K tile 3 x layout 2 x gate 2
+    # dtype 3 x K tile 3 x gate 2 x (V-major: strided, packed, packed one-token; K-major: strided)
+    assert len(variants) == 72
+    assert sum(v["layout"] == "kmajor" for v in variants) == 18
+    assert all(v["rows"] == "packed" or v["tokens"] == "any" for v in variants)
     keys = spec.DECODE.keys()
-    assert len(set(map(str, keys))) == 72
+    assert len(set(map(str, keys))) == 144
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("gated_delta_decode") is spec.DECODE
+
+
+def test_packed_rows_and_one_token_forms():
+    # packed: a V-major pool whose K is a built tile, rows K apart and V a multiple of a program's rows
+    assert spec.rows_form("vmajor", 128, 128, 128, "gdn") == "packed"
+    assert spec.rows_form("vmajor", 64, 48, 64, "gdn") == "packed"  # BV 16 divides 48
+    assert spec.rows_form("vmajor", 64, 40, 64, "gdn") == "strided"  # a partial value tile
+    assert spec.rows_form("vmajor", 100, 128, 100, "gdn") == "strided"  # K inside the 128 tile
+    assert spec.rows_form("vmajor", 128, 128, 144, "gdn") == "strided"  # padded rows
+    assert spec.rows_form("kmajor", 128, 128, 128, "gdn") == "strided"
+    assert [spec.tokens_form(r, t) for r in spec.ROWS for t in (1, 2)] == ["any", "any", "one", "any"]
+    assert [spec.group_shift(g) for g in (1, 2, 3, 4, 6, 8, 64)] == [0, 1, -1, 2, -1, 3, 6]
+    cx = spec.constexprs(spec.axes_for("bf16", 128, "vmajor", "gdn", "packed", "one"))
+    assert (cx["PACKED"], cx["ONE"]) == (1, 1)
 
 
 def test_block_k_rounds_head_sizes_up_to_a_built_tile():
@@ -48,7 +65,7 @@ def test_tiles_hold_32_floats_a_thread_and_divide_v(axes):
         assert cx["BV"] * 4 >= 128  # each K row of the 4-warp K-major tile is a full 128-byte line
     else:
         assert cfg.num_warps == 1  # every reduction inside the warp
-    assert cfg.maxnreg == spec.max_registers(axes["k_dim"], axes["layout"], axes["gate"])
+    assert cfg.maxnreg == spec.max_registers(axes["k_dim"], axes["layout"], axes["gate"], axes["rows"], axes["tokens"])
     assert spec.launch(axes, 80) == cfg
     assert spec.grid(3, 5, 80, cx["BV"]) == (-(-80 // cx["BV"]), 5, 3)  # V tiles, HV, B: no division
 
@@ -90,20 +107,28 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("layout,gate", [("vmajor", "gdn"), ("kmajor", "gdn"), ("kmajor", "kda")])
-def test_sm90_state_moves_in_16_byte_vectors(layout, gate):
+SM90_CASES = [("vmajor", "gdn", "strided", "any"), ("kmajor", "gdn", "strided", "any"),
+              ("kmajor", "kda", "strided", "any"), ("vmajor", "gdn", "packed", "any"),
+              ("vmajor", "gdn", "packed", "one"), ("vmajor", "kda", "packed", "one")]
+
+
+@pytest.mark.parametrize("layout,gate,rows,tokens", SM90_CASES)
+def test_sm90_state_moves_in_16_byte_vectors(layout, gate, rows, tokens):
     # 32 fp32 state values a thread: 8 vector loads and 8 vector stores, no scalar fallback,
-    # nothing in local memory in the PTX; ptxas holds the register cap, and V-major GDN (the
-    # pool SGLang and vLLM keep) spills nothing under it.
+    # nothing in local memory in the PTX; ptxas holds the register cap, and V-major (the pool
+    # SGLang and vLLM keep) spills nothing under it. The packed one-token GDN step fits 64
+    # registers: 32 one-warp programs an SM.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    axes = {"dtype": "bf16", "k_dim": 128, "layout": layout, "gate": gate}
+    axes = spec.axes_for("bf16", 128, layout, gate, rows, tokens)
     res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(axes), "90"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["ld_v4"] >= 8 and got["st_v4"] == 8, got
     assert got["local"] == 0, got
-    cap = spec.max_registers(128, layout, gate)
+    cap = spec.max_registers(128, layout, gate, rows, tokens)
     assert got["regs"] <= (cap or 255), got
-    if (layout, gate) == ("vmajor", "gdn"):
+    if layout == "vmajor":
         assert got["spill"] == 0, got
+    if (gate, rows, tokens) == ("gdn", "packed", "one"):
+        assert got["regs"] <= 64, got

@@ -275,8 +275,9 @@ def test_gated_delta_decode_steady_state_and_stale_metadata(rec, fused):
     (_, _, _, slots), = rec.launches
     gates = [kw["a"], kw["b"], kw["A_log"], kw["dt_bias"]] if fused else [args["g"], args["beta"]] + \
         [args["state_indices"]] * 2  # unfused: A_log's and dt_bias's slots never read
-    want = [q2, args["k"], args["v"], out, args["state"], *gates, args["state_indices"]]
-    assert slots[:10] == [t.data_ptr() for t in want]
+    # the state twice: read from State, written to State_out (in place)
+    want = [q2, args["k"], args["v"], out, args["state"], args["state"], *gates, args["state_indices"]]
+    assert slots[:11] == [t.data_ptr() for t in want]
     n = len(rec.launches)
     with pytest.raises(ValueError, match="out"):
         loader.gated_delta_decode(**args, **kw, out=args["v"], validate=False)  # out overlaps v

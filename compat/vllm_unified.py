@@ -70,10 +70,6 @@ def _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, 
     mode = int(kv_quant_mode)
     if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR, KVQuantMode.INT4_PER_TOKEN_HEAD, *_PER_TOKEN_HEAD):
         raise NotImplementedError(f"unified_attention: kv_quant_mode={mode} is not implemented in aotc")
-    if isinstance(causal, torch.Tensor):
-        raise NotImplementedError("unified_attention: causal as a per-sequence tensor is not implemented in aotc")
-    if not causal:
-        raise NotImplementedError("unified_attention: causal=False is not implemented in aotc")
     if qq_bias is not None:
         raise NotImplementedError("unified_attention: qq_bias is not implemented in aotc")
     if rswa_window is not None and rswa_prefix_lens is not None:
@@ -145,6 +141,36 @@ def _decode_rows(q, out, cu_seqlens_q, max_seqlen_q, seqused_k, k, output_scale,
             and isinstance(out, torch.Tensor) and out.dtype == q.dtype and bs > 0 and bs & (bs - 1) == 0)
 
 
+def _bidirectional(causal, cu_seqlens_q, seqused_k, left, mm_prefix_range, alibi_slopes, mode):
+    """causal=False, or a per-sequence causal tensor: the non-causal sequences' new tokens as one
+    inclusive bidirectional range each, [num_seqs, 1, 2] int32 (prefix_prefill's mm_prefix_range;
+    the causal mask already shows every query its context), built on the device (graph safe); a
+    causal sequence gets an unused range (start > end). None for a causal call."""
+    per_seq = isinstance(causal, torch.Tensor)
+    if not per_seq and causal:
+        return None
+    name = "causal as a per-sequence tensor" if per_seq else "causal=False"
+    if left >= 0:  # vLLM's non-causal window reaches both ways; prefix_prefill's ranges are not clamped so
+        raise NotImplementedError(f"unified_attention: {name} with a sliding window is not implemented in aotc")
+    if mm_prefix_range is not None or alibi_slopes is not None:
+        raise NotImplementedError(f"unified_attention: {name} with mm_prefix_range or alibi_slopes is not "
+                                  f"implemented in aotc")
+    if mode != KVQuantMode.NONE and mode != KVQuantMode.FP8_PER_TENSOR:
+        raise NotImplementedError(f"unified_attention: {name} with kv_quant_mode={KVQuantMode(mode).name} is not "
+                                  f"implemented in aotc")
+    if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(seqused_k, torch.Tensor):
+        raise TypeError("unified_attention: cu_seqlens_q and seqused_k must be tensors")
+    n = seqused_k.shape[0]
+    ends = seqused_k.to(torch.int32) - 1
+    starts = seqused_k.to(torch.int32) - (cu_seqlens_q[1:n + 1] - cu_seqlens_q[:n]).to(torch.int32)
+    if per_seq:
+        if causal.shape != (n,) or causal.device != seqused_k.device or causal.is_floating_point():
+            raise ValueError(f"unified_attention: causal as a tensor must be [num_seqs] ({n}) bool or int on "
+                             f"{seqused_k.device}, got {tuple(causal.shape)} {causal.dtype} on {causal.device}")
+        starts = torch.where(causal != 0, ends + 1, starts)
+    return torch.stack((starts, ends), dim=-1).view(n, 1, 2)
+
+
 def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
                       window_size, block_table, softcap, q_descale, k_descale, v_descale, seq_threshold_3D=None,
                       num_par_softmax_segments=None, softmax_segm_output=None, softmax_segm_max=None,
@@ -155,7 +181,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     """vLLM's `unified_attention` on one `aotc.loader.prefix_prefill` call (every row, decode rows
     too, keys and values read from the cache: prefix_prefill's k = v = None): writes out.
 
-    Supported: causal attention over varlen queries, window_size, chunk_lookback (chunked local
+    Supported: causal and non-causal attention (causal=False, or per sequence as a tensor: the
+    non-causal sequences' new tokens as one bidirectional range, prefix_prefill's mm_prefix_range;
+    not with a window, mm_prefix_range, ALiBi or per-token-head caches) over varlen queries, window_size, chunk_lookback (chunked local
     attention), mm_prefix_range (bidirectional ranges, mm_prefix_clamp_sliding_window), softcap,
     sinks, alibi_slopes (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE,
     FP8_PER_TENSOR, INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD; INT4_PER_TOKEN_HEAD at head sizes
@@ -175,7 +203,8 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     decode rows too. Cost (estimated): in a mixed batch a one-token request takes a 128-row
     query tile, as in chunked_prefill_paged_decode. Not implemented (NotImplementedError, see
     _unsupported): kv_quant_mode INT4_PER_TOKEN_HEAD with softcap/ALiBi or output_scale,
-    causal=False or per-sequence, qq_bias, rswa_*; per-token-head int8/int4 caches with
+    causal=False or per-sequence with a window, mm_prefix_range, ALiBi or per-token-head caches,
+    qq_bias, rswa_*; per-token-head int8/int4 caches with
     chunk_lookback or mm_prefix_range (prefix_prefill's). Other limits are
     prefix_prefill's (head size a multiple of 8 up to 256), raised as its ValueError/TypeError.
     validate (keyword only, not vLLM's): the value checks of lengths, offsets and page ids (and of
@@ -202,6 +231,9 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     fmt = "auto"
     k_scale = v_scale = None
     mode = int(kv_quant_mode)
+    ranges = _bidirectional(causal, cu_seqlens_q, seqused_k, left, mm_prefix_range, alibi_slopes, mode)
+    if ranges is not None:
+        mm_prefix_range = ranges
     if mode == KVQuantMode.INT4_PER_TOKEN_HEAD:
         if output_scale is not None:
             raise NotImplementedError("unified_attention: kv_quant_mode=INT4_PER_TOKEN_HEAD with output_scale (fp8 "

@@ -69,11 +69,47 @@ UNSUPPORTED = [  # (option, keyword arguments): every one aotc lacks
      dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD, alibi_slopes=torch.ones(4))),
     ("INT4_PER_TOKEN_HEAD with output_scale",
      dict(kv_quant_mode=vllm.KVQuantMode.INT4_PER_TOKEN_HEAD, output_scale=torch.tensor(1.0))),
-    ("causal=False", dict(causal=False)),
-    ("per-sequence", dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool))),
+    ("causal=False with a sliding window", dict(causal=False, window_size=(15, 15))),
+    ("causal=False with mm_prefix_range", dict(causal=False, mm_prefix_range=torch.zeros(len(Q_LENS), 1, 2,
+                                                                                       dtype=torch.int32))),
+    ("causal as a per-sequence tensor with mm_prefix_range or alibi_slopes",
+     dict(causal=torch.ones(len(Q_LENS), dtype=torch.bool), alibi_slopes=torch.ones(4))),
     ("qq_bias", dict(qq_bias=torch.zeros(1))),
     ("rswa", dict(rswa_window=16, rswa_prefix_lens=torch.zeros(len(Q_LENS), dtype=torch.int32))),
 ]
+
+
+@pytest.mark.parametrize("per_seq", [False, True])
+def test_non_causal(per_seq):
+    # causal=False (or per sequence): each non-causal sequence's new tokens see all of its keys. The
+    # reference: one range over the whole sequence (context included), computed independently of the
+    # compat's range over the new tokens; sequences 0 and 3 stay causal in the per-sequence case
+    args, case, kw = _problem(seed=9)
+    full = [c + n for c, n in zip(CTX_LENS, Q_LENS)]
+    causal = torch.tensor([True, False, False, True, False]) if per_seq else False
+    mm = torch.tensor([[[1, 0]] if per_seq and causal[i] else [[0, n - 1]] for i, n in enumerate(full)],
+                      dtype=torch.int32)
+    vllm.unified_attention(**{**args, "causal": causal}, sinks=torch.tensor([0.5, -1.0, 0.0, 1.5]))
+    ref = prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"], mm_prefix_range=mm,
+                             sinks=torch.tensor([0.5, -1.0, 0.0, 1.5]))
+    assert_matches(args["out"], ref, torch.bfloat16)
+    causal_ref = prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"],
+                                    sinks=torch.tensor([0.5, -1.0, 0.0, 1.5]))
+    assert not torch.allclose(ref[1:131], causal_ref[1:131])  # the 130-token chunk's rows do differ
+    with pytest.raises(ValueError, match="causal"):
+        vllm.unified_attention(**{**args, "causal": torch.ones(2, dtype=torch.bool)})
+
+
+def test_non_causal_fp8_per_tensor():
+    args, case, kw = _problem(dtype=torch.float16, cache_dtype=torch.float8_e4m3fn, seed=10, q_heads=8, kv_heads=1)
+    full = [c + n for c, n in zip(CTX_LENS, Q_LENS)]
+    shape = (len(Q_LENS), 1)
+    vllm.unified_attention(**{**args, "causal": False, "k_descale": kw["k_scale"].expand(shape),
+                              "v_descale": kw["v_scale"].expand(shape)},
+                           kv_quant_mode=vllm.KVQuantMode.FP8_PER_TENSOR)
+    mm = torch.tensor([[[0, n - 1]] for n in full], dtype=torch.int32)
+    assert_matches(args["out"], prefix_prefill_ref(**case, **kw, sm_scale=args["softmax_scale"], mm_prefix_range=mm),
+                   torch.float16)
 
 
 @pytest.mark.parametrize("clamp", [False, True])

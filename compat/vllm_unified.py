@@ -65,7 +65,7 @@ _PER_TOKEN_HEAD = {KVQuantMode.INT8_PER_TOKEN_HEAD: (torch.int8, "int8"),
                    KVQuantMode.FP8_PER_TOKEN_HEAD: (torch.float8_e4m3fn, "fp8_e4m3")}
 
 
-def _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, k) -> None:
+def _unsupported(kv_quant_mode, qq_bias, rswa_window, rswa_prefix_lens, k) -> None:
     """NotImplementedError naming the first option aotc does not implement."""
     mode = int(kv_quant_mode)
     if mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR, KVQuantMode.INT4_PER_TOKEN_HEAD, *_PER_TOKEN_HEAD):
@@ -161,8 +161,9 @@ def _bidirectional(causal, cu_seqlens_q, seqused_k, left, mm_prefix_range, alibi
     if not isinstance(cu_seqlens_q, torch.Tensor) or not isinstance(seqused_k, torch.Tensor):
         raise TypeError("unified_attention: cu_seqlens_q and seqused_k must be tensors")
     n = seqused_k.shape[0]
-    ends = seqused_k.to(torch.int32) - 1
-    starts = seqused_k.to(torch.int32) - (cu_seqlens_q[1:n + 1] - cu_seqlens_q[:n]).to(torch.int32)
+    lens = seqused_k.to(torch.int32)
+    ends = lens - 1
+    starts = lens - (cu_seqlens_q[1:n + 1] - cu_seqlens_q[:n]).to(torch.int32)
     if per_seq:
         if causal.shape != (n,) or causal.device != seqused_k.device or causal.is_floating_point():
             raise ValueError(f"unified_attention: causal as a tensor must be [num_seqs] ({n}) bool or int on "
@@ -222,7 +223,7 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
         "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "alibi_slopes": alibi_slopes,
         "output_scale": output_scale, "sinks": sinks, "k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache})
     left = int(window_size[0])  # the right side matters only without causal masking
-    _unsupported(kv_quant_mode, causal, qq_bias, rswa_window, rswa_prefix_lens, k)
+    _unsupported(kv_quant_mode, qq_bias, rswa_window, rswa_prefix_lens, k)
     # chunked local attention needs a window (vLLM drops chunk_lookback without one)
     lookback = int(chunk_lookback) if chunk_lookback is not None and left >= 0 and chunk_lookback > -1 else -1
     if mm_prefix_range is not None and (not isinstance(mm_prefix_range, torch.Tensor) or mm_prefix_range.dim() != 3):

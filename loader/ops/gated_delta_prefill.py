@@ -1,6 +1,6 @@
 """Chunked gated delta rule prefill over packed variable-length sequences, declared once as
 `GDN_PREFILL` (library.Op: the `aotc::gated_delta_prefill` op). Rules (`_validate`, with
-gated_delta.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
+gated_delta_rules.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
 launch (`run_kernel`, through the general `launch.Launch` path: each call's lengths differ).
 Unvalidated eager calls keep their checked metadata (`_recent`: one C call matches every
 argument, the overlap test runs on addresses) and go straight to the launches."""
@@ -15,8 +15,8 @@ from aotc.kernels.gated_delta import state_ws_spec as _ws
 
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
-from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
-                          check_state_index_values, check_state_indices)
+from .gated_delta_rules import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
+                                check_state_index_values, check_state_indices)
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_prefill"

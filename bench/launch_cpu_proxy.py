@@ -1,11 +1,12 @@
-"""CPU proxy of the launch path's host time: the real steady-state code (plan `.run`, eager
-`loader.<op>(validate=False)`) on CPU tensors, with prepared launches whose driver call is a
+"""CPU proxy of the launch path's host time: the real steady-state code (every plan's `.run`,
+eager `loader.<op>(validate=False)`) on CPU tensors, with prepared launches whose driver call is a
 no-op Python function (as tests/cpu/loader/ops/test_launch_fast_path.py, without recording).
 Prints ns per call (the fastest of 40 batches of 1000) for each path; run it against two checkouts to compare
 them (`PYTHONPATH=<checkout's py dir> python bench/launch_cpu_proxy.py`). No GPU needed.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import sys
@@ -76,11 +77,15 @@ def _patch():
     current, stream = (lambda: None), (lambda index: STREAM)
     torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream = current, stream
     mods = [decode_plan, mla_plan, split_merge, gated_delta, prefix_prefill]
-    try:
-        from aotc.loader.ops import steady
-        mods.append(steady)
-    except ImportError:  # before the shared steady state
-        pass
+    for name in ("steady", "plan"):  # the shared steady state; the plan objects' base (absent in older checkouts)
+        try:
+            mods.append(importlib.import_module(f"aotc.loader.ops.{name}"))
+        except ImportError:
+            pass
+    from aotc.loader.ops import gated_delta_prefill
+    gated_delta_prefill._current_device, gated_delta_prefill._current_stream = current, stream
+    if hasattr(gated_delta_prefill, "_prepares"):
+        gated_delta_prefill._prepares = lambda q: True
     for m in mods:
         if hasattr(m, "_current_device"):
             m._current_device, m._current_stream = current, stream
@@ -134,6 +139,24 @@ def _cases():
     pout = torch.empty_like(pq)
     yield "prefix_prefill eager", lambda: loader.prefix_prefill(pq, pk, pv_, kcache, vcache, bt, qsl, sl, out=pout,
                                                                 validate=False)
+    plans = "PrefixPrefillPlan" in loader.__all__  # the plan objects (absent in older checkouts)
+    if plans:
+        pp = loader.PrefixPrefillPlan(bt, qsl, sl, q=pq, k=pk, v=pv_, k_cache=kcache, v_cache=vcache, out=pout)
+        yield "PrefixPrefillPlan.run", lambda: pp.run(pq, pk, pv_, kcache, vcache, pout)
+        gargs = {n: t for n, t in args.items() if n != "state_indices"}
+        gp = loader.GatedDeltaDecodePlan(args["state_indices"], **gargs, **kw, out=gout)
+        gq, gk, gv, gg, gb, gs = (args[n] for n in ("q", "k", "v", "g", "beta", "state"))
+        yield "GatedDeltaDecodePlan.run", lambda: gp.run(gq, gk, gv, gg, gb, gs, gout)
+    from tests.cpu.kernels.gated_delta.chunk_cases import make_case as chunk_case
+
+    c = chunk_case([64], H=2, HV=4, K=64, V=64, dtype=torch.bfloat16)
+    cout = torch.empty_like(c["v"])
+    yield "gated_delta_prefill eager", lambda: loader.gated_delta_prefill(**c, out=cout, validate=False)
+    if plans:
+        cp = loader.GatedDeltaPrefillPlan(c["state_indices"], c["cu_seqlens"], q=c["q"], k=c["k"], v=c["v"], g=c["g"],
+                                          beta=c["beta"], state=c["state"], out=cout)
+        cq, ck, cv, cg, cb, cs = (c[n] for n in ("q", "k", "v", "g", "beta", "state"))
+        yield "GatedDeltaPrefillPlan.run", lambda: cp.run(cq, ck, cv, cg, cb, cs, cout)
 
 
 def main():

@@ -1,8 +1,9 @@
 """Host time per op call, every op measured the same way side by side in one run: a bare
 prepacked driver call of each binary the op launches (the floor: "bare_same_calls" makes the
 loader's own driver calls, cuLaunchKernelEx for a dependent launch; "bare_cuLaunchKernel" uses
-cuLaunchKernel for every binary, as issue 36's baseline did), the op's plan path where it
-has one (DecodePlan.run, MLADecodePlan.run), the eager op (`loader.<op>(..., validate=False)`),
+cuLaunchKernel for every binary, as issue 36's baseline did), the op's plan path
+(DecodePlan.run, MLADecodePlan.run, PrefixPrefillPlan.run, GatedDeltaDecodePlan.run,
+GatedDeltaPrefillPlan.run), the eager op (`loader.<op>(..., validate=False)`),
 and the same kernels through Triton's JIT launcher.
 
 Small shapes, so the GPU finishes each kernel faster than the host can issue the next: the
@@ -150,8 +151,13 @@ def prefix_prefill_case():
     case, kw = make_case([64], [16], q_heads=8, kv_heads=2, head_dim=128, block_size=16, dtype=torch.bfloat16,
                          device="cuda")
     out = torch.empty_like(case["q"])
+    plan = loader.PrefixPrefillPlan(case["block_table"], case["query_start_loc"], case["seq_lens"], q=case["q"],
+                                    k=case["k"], v=case["v"], k_cache=case["k_cache"], v_cache=case["v_cache"],
+                                    out=out, **kw)
+    q, k, v, kc, vc = (case[n] for n in ("q", "k", "v", "k_cache", "v_cache"))
     return ("prefix_prefill", "bf16 b1 ctx64 new16 h8/2 d128 block16",
-            lambda: loader.prefix_prefill(**case, **kw, out=out, validate=False), None, False)
+            lambda: loader.prefix_prefill(**case, **kw, out=out, validate=False),
+            lambda: plan.run(q, k, v, kc, vc, out), plan.prepared)
 
 
 def gated_delta_decode_case():
@@ -160,8 +166,12 @@ def gated_delta_decode_case():
     args, kw = make_case(B=1, T=1, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, qk_l2norm=True, pads=(),
                          slots=4, device="cuda")
     out = torch.empty_like(args["v"])
+    plan_args = {n: t for n, t in args.items() if n != "state_indices"}
+    plan = loader.GatedDeltaDecodePlan(args["state_indices"], **plan_args, **kw, out=out)
+    q, k, v, g, beta, state = (args[n] for n in ("q", "k", "v", "g", "beta", "state"))
     return ("gated_delta_decode", "bf16 b1 t1 h4/8 k128 v128",
-            lambda: loader.gated_delta_decode(**args, **kw, out=out, validate=False), None, False)
+            lambda: loader.gated_delta_decode(**args, **kw, out=out, validate=False),
+            lambda: plan.run(q, k, v, g, beta, state, out), plan.prepared)
 
 
 def gated_delta_prefill_case():
@@ -169,8 +179,13 @@ def gated_delta_prefill_case():
 
     case = make_case([64], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(case["v"])
+    plan = loader.GatedDeltaPrefillPlan(case["state_indices"], case["cu_seqlens"], q=case["q"], k=case["k"],
+                                        v=case["v"], g=case["g"], beta=case["beta"], state=case["state"], out=out,
+                                        qk_l2norm=True)
+    q, k, v, g, beta, state = (case[n] for n in ("q", "k", "v", "g", "beta", "state"))
     return ("gated_delta_prefill", "bf16 1x64 tokens h4/8 k128 v128",
-            lambda: loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False), None, False)
+            lambda: loader.gated_delta_prefill(**case, qk_l2norm=True, out=out, validate=False),
+            lambda: plan.run(q, k, v, g, beta, state, out), plan.prepared)
 
 
 def store_kv_case():

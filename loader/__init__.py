@@ -6,7 +6,8 @@
 Public ops: `decode` (and `DecodePlan`: one step planned once, run per layer), `mla_decode`
 (a latent MLA cache, and `MLADecodePlan`; `decode` also takes key and value head sizes that
 differ), `store_kv`,
-`prefix_prefill`, `gated_delta_decode`, `gated_delta_prefill`. Artifacts come from `set_artifacts(...)`,
+`prefix_prefill`, `gated_delta_decode`, `gated_delta_prefill` (each with its plan object:
+`PrefixPrefillPlan`, `GatedDeltaDecodePlan`, `GatedDeltaPrefillPlan`). Artifacts come from `set_artifacts(...)`,
 `AOTC_ARTIFACTS` (a folder or `hf://ORG/NAME@REV`), or the `artifacts/` folder beside this
 package. Importing this module imports neither triton, click nor huggingface_hub; the ops are
 imported on first use.
@@ -22,9 +23,13 @@ _OPS = {
     "gated_delta_decode": "aotc.loader.ops.gated_delta",
     "DecodePlan": "aotc.loader.ops.decode_plan",
     "gated_delta_prefill": "aotc.loader.ops.gated_delta_prefill",
+    "PrefixPrefillPlan": "aotc.loader.ops.prefix_prefill_plan",
+    "GatedDeltaDecodePlan": "aotc.loader.ops.gated_delta_plan",
+    "GatedDeltaPrefillPlan": "aotc.loader.ops.gated_delta_prefill_plan",
 }
 
-__all__ = ["decode", "mla_decode", "MLADecodePlan", "DecodePlan", "store_kv", "prefix_prefill", "gated_delta_decode", "gated_delta_prefill",
+__all__ = ["decode", "mla_decode", "MLADecodePlan", "DecodePlan", "store_kv", "prefix_prefill", "PrefixPrefillPlan",
+           "gated_delta_decode", "GatedDeltaDecodePlan", "gated_delta_prefill", "GatedDeltaPrefillPlan",
            "set_artifacts", "current_source"]
 
 

@@ -1,6 +1,6 @@
 """Chunked gated delta rule prefill over packed variable-length sequences, declared once as
 `GDN_PREFILL` (library.Op: the `aotc::gated_delta_prefill` op). Rules (`_validate`, with
-gated_delta.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
+gated_delta_rules.py's `check_*`), plan (`launch_plan`: the chunk kernels' grids and arguments),
 launch (`run_kernel`, through the general `launch.Launch` path: each call's lengths differ).
 Unvalidated eager calls keep their checked metadata (`_recent`: one C call matches every
 argument, the overlap test runs on addresses) and go straight to the launches."""
@@ -15,8 +15,8 @@ from aotc.kernels.gated_delta import state_ws_spec as _ws
 
 from ..sm_count import cuda_sm_count
 from . import guards, library, rules
-from .gated_delta import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
-                          check_state_index_values, check_state_indices)
+from .gated_delta_rules import (QKV_DTYPES, check_gates, check_out, check_qkv, check_scale, check_state,
+                                check_state_index_values, check_state_indices)
 from .value_checks import skip_value_checks
 
 OP = "gated_delta_prefill"
@@ -77,10 +77,11 @@ def sm_count(device) -> int:
 
 
 def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
-                bv=None):
+                bv=None, ws=None):
     """The launches [(spec, axes, grid, args), ...] for validated arguments (the precompute: one
     kernel for GDN, three for KDA; then the state pass), with their
-    workspace (the bench reuses it). cu_seqlens and state_indices are int32 here. `bv`: the state
+    workspace (`ws`, workspace()'s tuple: a plan's own; None: allocated). cu_seqlens and
+    state_indices are int32 here. `bv`: the state
     pass's value tile, by default chunk_spec.state_block_v of the shapes and q's device's SMs (no
     length: one CUDA graph serves every length); one of chunk_spec.state_block_vs(K, V)."""
     _, T, H, K_dim = q.shape
@@ -93,7 +94,7 @@ def launch_plan(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, 
     kda = g.dim() == 4
     slots = T // _spec.CHUNK + N  # the device-side chunk schedule's bound (chunk.py)
     subblocks = _spec.prep_subblocks(name, K, kda)
-    w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, kda)
+    w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, kda) if ws is None else ws
     if kda:  # three precompute kernels (kda_chunk.py): A's diagonal blocks, those below, the inverse and W/U
         common = (cu_seqlens, state_indices, float(scale), int(qk_l2norm), N, state.shape[0], HV, HV // H, K_dim,
                   q.stride(1), q.stride(2), k.stride(1), k.stride(2), g.stride(1), g.stride(2), beta.stride(1),
@@ -228,50 +229,86 @@ class _Checked:
 
     def prepare(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out, qk_l2norm, state_layout) -> None:
         """The prepared launches, where this call needs no conversion and every binary is built."""
-        if not (q.is_cuda and g.dtype == beta.dtype == torch.float32 and (g.dim() == 3 or g.stride(-1) == 1)
+        if not (_prepares(q) and g.dtype == beta.dtype == torch.float32 and (g.dim() == 3 or g.stride(-1) == 1)
                 and state_indices.dtype == cu_seqlens.dtype == torch.int32 and state_indices.is_contiguous()
-                and cu_seqlens.is_contiguous() and state_indices.shape[0] and q.shape[1]):
+                and cu_seqlens.is_contiguous()):
             return
-        from aotc.loader.dispatch import prepare
-
-        index = q.device.index
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # stands in for each call's
-        *pre, (_, saxes, sgrid, sargs) = launch_plan(
-            q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm, state_layout)
-        prep = [prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index) for pspec, paxes, pgrid, pargs in pre]
-        aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
-                            for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
-        if None not in prep and (aligned is not None or generic is not None):
-            self.prep, self.aligned, self.generic, self.index, self.kda = prep, aligned, generic, index, g.dim() == 4
+        launches = prepared_launches(q, k, v, g, beta, state, state_indices, cu_seqlens, out, self.scale, qk_l2norm,
+                                     state_layout)
+        if launches is not None:
+            self.prep, self.aligned, self.generic = launches
+            self.index, self.kda = q.device.index, g.dim() == 4
 
     def run(self, q, k, v, g, beta, state, state_indices, cu_seqlens, out):
         """Both launches with fresh workspaces: out, or None where the checked path must run (no
         prepared launch, another current device, pointers no prepared state kernel takes)."""
         if self.prep is None or _current_device() != self.index:
             return None
-        N = state_indices.shape[0]
-        w, u, qg, fq, kg, aqk, decay, akk = workspace(q, v, N, self.kda)
+        keep = workspace(q, v, state_indices.shape[0], self.kda)  # alive until the launches are issued
         if out is None:
             out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-        wp, up, qgp, fqp, kgp, ap, dp = (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), kg.data_ptr(),
-                                         aqk.data_ptr(), decay.data_ptr())
-        qp, cp, ip = q.data_ptr(), cu_seqlens.data_ptr(), state_indices.data_ptr()
-        st = (wp, up, qgp if qg is not w else qp, fqp, kgp, ap, out.data_ptr(), state.data_ptr(), dp, cp, ip)
-        launch = self.aligned if self.aligned is not None and not self.aligned.misaligned(st) else self.generic
-        if launch is None:
+        if not launch_prepared(self.prep, self.aligned, self.generic, self.kda, _current_stream(self.index),
+                               q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+                               state.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(), state_indices.data_ptr(),
+                               workspace_pointers(keep)):
             return None
-        stream = _current_stream(self.index)
-        kp, vp, gp, bp = k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr()
-        if self.kda:  # kda_chunk_intra, kda_chunk_inter, kda_chunk_wy (launch_plan's order)
-            akp = akk.data_ptr()
-            self.prep[0]((qp, kp, gp, bp, ap, akp, cp, ip), stream)
-            self.prep[1]((qp, kp, gp, bp, wp, qgp, fqp, kgp, ap, akp, dp, cp, ip), stream)
-            self.prep[2]((akp, vp, bp, wp, up, cp, ip), stream)
-        else:
-            self.prep[0]((qp, kp, vp, gp, bp, wp, up, qgp, fqp, kgp, ap, dp, cp, ip), stream)
-        launch(st, stream)
+        del keep
         return out
+
+
+def prepared_launches(q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout,
+                      ws=None):
+    """(precompute launches, ALIGNED state pass, GENERIC state pass) prepared for checked CUDA
+    arguments needing no conversion (fp32 gates, a KDA gate's rows contiguous, contiguous int32
+    indices) and a non-empty batch, or None where a binary is not built (run_kernel's path).
+    A state pass may be None (not both): launch_prepared takes the other where it can."""
+    if not (_prepares(q) and state_indices.shape[0] and q.shape[1]):
+        return None
+    from aotc.loader.dispatch import prepare
+
+    index = q.device.index
+    *pre, (_, saxes, sgrid, sargs) = launch_plan(
+        q, k, v, g, beta, state, state_indices, cu_seqlens, out, scale, qk_l2norm, state_layout, ws=ws)
+    prep = [prepare(pspec, paxes, pgrid, pargs[pspec.leading_ptrs:], index) for pspec, paxes, pgrid, pargs in pre]
+    aligned, generic = (prepare(spec, saxes, sgrid, sargs[spec.leading_ptrs:], index, aligned_only=True)
+                        for spec in (aligned_state_spec(saxes, q), _spec.GDN_CHUNK_STATE_GENERIC))
+    if None in prep or (aligned is None and generic is None):
+        return None
+    return prep, aligned, generic
+
+
+def _prepares(q) -> bool:
+    """Whether calls on q's device launch prepared binaries (CUDA; the tests' recorded launches too)."""
+    return q.is_cuda
+
+
+def workspace_pointers(ws) -> tuple:
+    """workspace()'s tensors as launch_prepared takes them: (W, U, Qg, Fq, Kg, Aqk, Decay, A) addresses
+    (A 0 for GDN), then whether Qg is its own tensor (else the state pass reads q)."""
+    w, u, qg, fq, kg, aqk, decay, akk = ws
+    return (w.data_ptr(), u.data_ptr(), qg.data_ptr(), fq.data_ptr(), kg.data_ptr(), aqk.data_ptr(), decay.data_ptr(),
+            0 if akk is None else akk.data_ptr(), qg is not w)
+
+
+def launch_prepared(prep, aligned, generic, kda, stream, qp, kp, vp, gp, bp, sp, op, cp, ip, ws) -> bool:
+    """The chunk kernels' prepared launches (prepared_launches) on `stream` with these pointers
+    and workspace (workspace_pointers); False, launching nothing, where no prepared state pass
+    takes them (the ALIGNED one needs its pointers aligned)."""
+    wp, up, qgp, fqp, kgp, ap, dp, akp, own_qg = ws
+    st = (wp, up, qgp if own_qg else qp, fqp, kgp, ap, op, sp, dp, cp, ip)
+    launch = aligned if aligned is not None and not aligned.misaligned(st) else generic
+    if launch is None:
+        return False
+    if kda:  # kda_chunk_intra, kda_chunk_inter, kda_chunk_wy (launch_plan's order)
+        prep[0]((qp, kp, gp, bp, ap, akp, cp, ip), stream)
+        prep[1]((qp, kp, gp, bp, wp, qgp, fqp, kgp, ap, akp, dp, cp, ip), stream)
+        prep[2]((akp, vp, bp, wp, up, cp, ip), stream)
+    else:
+        prep[0]((qp, kp, vp, gp, bp, wp, up, qgp, fqp, kgp, ap, dp, cp, ip), stream)
+    launch(st, stream)
+    return True
 
 
 _recent = rules.Recent()

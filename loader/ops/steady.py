@@ -37,7 +37,9 @@ class Steady:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.ARGS:
-            cls.run = _run_taking(cls.ARGS)
+            cls.steady_run = _run_taking(cls.ARGS)
+            if "run" not in cls.__dict__:  # a plan object keeps its own run (plan.Plan), which calls steady_run
+                cls.run = cls.steady_run
 
     def run(self, *call) -> bool:
         """The sequence; each subclass runs this code generated with its own ARGS (`_run_taking`)."""

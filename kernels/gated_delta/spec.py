@@ -78,7 +78,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE", "KS")
 
 
 def block_k(k: int) -> int:
@@ -147,11 +147,17 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     return "kda" if (kind, layout, tokens) == ("gdn", "kmajor", 1) else kind
 
 
+def k_split(k_dim: int, gate: str, rows: str, tokens: str) -> int:
+    """KS, the parts of a state row one thread holds (recurrent.py): 2 for the packed GDN token loop
+    at K = 128 (rows on 16 lanes: 46 shuffles a token where 90), else 1."""
+    return 2 if (k_dim, gate, rows, tokens) == (128, "gdn", "packed", "any") else 1
+
+
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
             "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
-            "ONE": int(axes["tokens"] == "one")}
+            "ONE": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
 
 
 def variants():

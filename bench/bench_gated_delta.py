@@ -45,11 +45,11 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 8, 16, 32, 128, 128),
 ]
 # --sweep, GDN gate, per layout: (constexpr overrides of the call's own binary, num_warps, maxnreg; 0: none),
-# on fla's work (dense h0 -> ht) at B 256 x T in SWEEP_T. V-major: the packed token loop with each state row
-# in one part a thread (KS 1) or two (KS 2: rows on 16 lanes), at caps, KS 1 again last (same-call drift);
-# K-major: its one-warp tile at caps.
-SWEEP_T = (2, 4, 8)
-SWEEP = {"vmajor": [({"KS": 1}, 1, 72), ({"KS": 2}, 1, 72), ({"KS": 2}, 1, 80), ({"KS": 1}, 1, 72)],
+# on fla's work (dense h0 -> ht) at B 256 x T in SWEEP_T: the "any" and the "long" token loop of each layout
+# (V-major: packed rows in one part a thread at cap 72, or two (KS 2) at 80; K-major: cap 80 or 72), for
+# choosing spec.LONG_FROM.
+SWEEP_T = tuple(range(2, 9))
+SWEEP = {"vmajor": [({"KS": 1}, 1, 72), ({"KS": 2}, 1, 80)],
          "kmajor": [({"BV": 8, "PER_K": 0}, 1, 80), ({"BV": 8, "PER_K": 0}, 1, 72)]}
 # the op's dense form and final_state (older trees: none; their rows are left out)
 DENSE = "final_state" in inspect.signature(loader.gated_delta_decode).parameters
@@ -209,7 +209,8 @@ def sweep_decode(rows, copy_bw):
                       f"{100 * nbytes / t / copy_bw:6.1f}%  kernel {kt * 1e6:7.1f} us"
                       + ("  (spec default)" if mine else ""), flush=True)
                 variant = f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}"
-                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "pct_of_copy", 100 * nbytes / t / copy_bw)
+                pct = 100 * nbytes / t / copy_bw
+                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "pct_of_copy", pct)
                 rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "kernel_us", kt * 1e6)
             del q, k, v, g, beta, state, idx, h0, ht, out, kargs
             torch.cuda.empty_cache()

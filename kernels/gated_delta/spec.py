@@ -40,8 +40,8 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
   SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
   (BENCHMARKS.md, session 35), so it keeps 72.
-num_stages 1: q/k/v are a few hundred bytes a token against the state tile (at T = 8 fla's
-3-stage loop leads: not tried here). bench/bench_gated_delta.py --sweep times forms x caps
+num_stages 1: q/k/v are a few hundred bytes a token against the state tile (fla's num_stages=3
+compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot). bench/bench_gated_delta.py --sweep times forms x caps
 through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.

@@ -28,7 +28,7 @@ token, without the token loop (T is not read).
 KS: the parts of a state row one thread holds (2 in the packed GDN "long" loop at K = 128). The tile
 is then [BV, KS, BK // KS] and every K vector [KS, BK // KS], loaded in that shape so the parts sit
 in one thread's registers: a row spans 32 // KS lanes, so a row sum takes 4 shuffle levels over 4
-rows a thread instead of 5 over 8 (46 shuffles a token where 90) for 4 more registers of q and k.
+rows a thread instead of 5 over 8 (46 shuffles a token where 90), q and k at 8 values a thread.
 It pays from T = 6, where the loop's instructions bound it (BENCHMARKS.md, gated delta decode).
 
 The state is read from State and written to State_out (the same tensor in place, or the op's

@@ -41,8 +41,8 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
   (BENCHMARKS.md, session 35), so it keeps 72.
 num_stages 1: q/k/v are a few hundred bytes a token against the state tile (fla's num_stages=3
-compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot). bench/bench_gated_delta.py --sweep times forms x caps
-through the JIT.
+compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot).
+bench/bench_gated_delta.py --sweep times the "any" and "long" loops at T 2..8 through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.
 """
@@ -137,7 +137,8 @@ def rows_form(layout: str, k: int, v: int, row_stride: int, gate: str) -> str:
     return "packed" if packed else "strided"
 
 
-# The token count from which a GDN call at K = 128 runs the "long" binary, by layout.
+# The token count from which a GDN call at K = 128 runs the "long" binary, by layout: where the
+# sweep's long loop first led (BENCHMARKS.md, gated delta decode against fla-core).
 LONG_FROM = {"vmajor": 6, "kmajor": 4}
 
 

@@ -14,8 +14,8 @@ written, harness.copy_bandwidth). Providers, each on the same q/k/v/g/beta:
                  [N, HV, V, K] with state_v_first=True for V-major)
 q/k/v/g/beta bytes (under 0.5% of the state's here) are not counted.
 
---sweep: the decode kernel at other tiles, forms and register caps, JIT-compiled from the same
-source and timed the same way, for choosing spec.block_v / spec.launch / spec.max_registers.
+--sweep: the decode kernel at other tiles, forms and register caps on fla's work, JIT-compiled from
+the same source and timed the same way, for choosing spec.block_v / spec.k_split / spec.max_registers.
 
 Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call;
 beside it the call's kernels summed by torch.profiler (harness.kernel_time, L2 warm).
@@ -45,12 +45,12 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 8, 16, 32, 128, 128),
 ]
 # --sweep, GDN gate, per layout: (constexpr overrides of the call's own binary, num_warps, maxnreg; 0: none),
-# at B 256 x T 1 and 4. V-major: the strided tile (PACKED 0) and the packed one at caps; K-major: tiles,
-# with GDN's scalar gate (PER_K 0) or read as a K-stride-0 vector (1: the kda binary's path).
-SWEEP = {"vmajor": [({"PACKED": 0, "ONE": 0}, 1, 72), ({}, 1, 64), ({}, 1, 72), ({}, 1, 80),
-                    ({"BV": 16}, 2, 0)],
-         "kmajor": [({"BV": 8, "PER_K": 0}, 1, 0), ({"BV": 8, "PER_K": 0}, 1, 80), ({"BV": 32, "PER_K": 0}, 4, 0),
-                    ({"BV": 32, "PER_K": 1}, 4, 0)]}
+# on fla's work (dense h0 -> ht) at B 256 x T in SWEEP_T: the "any" and the "long" token loop of each layout
+# (V-major: packed rows in one part a thread at cap 72, or two (KS 2) at 80; K-major: cap 80 or 72), for
+# choosing spec.LONG_FROM.
+SWEEP_T = tuple(range(2, 9))
+SWEEP = {"vmajor": [({"KS": 1}, 1, 72), ({"KS": 2}, 1, 80)],
+         "kmajor": [({"BV": 8, "PER_K": 0}, 1, 80), ({"BV": 8, "PER_K": 0}, 1, 72)]}
 # the op's dense form and final_state (older trees: none; their rows are left out)
 DENSE = "final_state" in inspect.signature(loader.gated_delta_decode).parameters
 
@@ -175,15 +175,19 @@ def bench_decode(rows, copy_bw, a):
 
 
 def sweep_decode(rows, copy_bw):
-    """The decode kernel (GDN gate) at other tiles, forms and register caps, through the JIT, at
-    B 256 x T 1 and 4 (the public op's pool call, its own binary's constexprs overridden)."""
-    for B, T, H, HV, K, V in DECODE_SHAPES[:3:2]:
+    """The decode kernel (GDN gate) at other tiles, forms and register caps, through the JIT, on fla's
+    work (the op's dense call: state_indices None, final_state), its own binary's constexprs overridden."""
+    for T in SWEEP_T:
+        B, _, H, HV, K, V = DECODE_SHAPES[0]
         nbytes = 2 * B * HV * V * K * 4
-        print(f"\n-- sweep: B{B} T{T} H{H} HV{HV} K{K} V{V}, GDN, JIT, % of copy --")
+        shape = f"B{B} T{T} H{H} HV{HV} K{K} V{V}"
+        print(f"\n-- sweep: {shape}, GDN, JIT, dense h0 -> ht: % of copy (L2 emptied), kernel us (L2 warm) --")
         for layout in gd_spec.LAYOUTS:
-            args, kw = decode_inputs(B, T, H, HV, K, V, layout)
+            (q, k, v, g, beta, state, idx), kw = decode_inputs(B, T, H, HV, K, V, layout)
+            h0 = state[idx.long()]
+            ht = torch.empty_like(h0)
             out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
-            axes, _grid, kargs = gd_op.launch_plan(*args, out, **kw)
+            axes, _grid, kargs = gd_op.launch_plan(q, k, v, g, beta, h0, None, out, final_state=ht, **kw)
             cfg = gd_spec.launch(axes, 90)
             own = gd_spec.constexprs(axes)
             for over, warps, cap in SWEEP[layout]:
@@ -195,16 +199,20 @@ def sweep_decode(rows, copy_bw):
                                                     **({"maxnreg": cap} if cap else {}))
                 try:
                     t = device_time(fn)
+                    kt = kernel_time(fn)
                 except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
                     print(f"{layout:7s} {over} warps {warps} cap {cap}: failed ({type(e).__name__}: {str(e)[:80]})")
                     continue
                 mine = cx == own and (warps, cap) == (cfg.num_warps, cfg.maxnreg) and axes["gate"] == "gdn"
-                form = ",".join(f"{n}{cx[n]}" for n in ("BV", "PACKED", "ONE", "PER_K") if n in cx)
-                print(f"{layout:7s} {form:18s} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
-                      f"{100 * nbytes / t / copy_bw:6.1f}%" + ("  (spec default)" if mine else ""))
-                rows.add("gated_delta_decode_sweep", f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}", "jit",
-                         f"B{B} T{T} H{H} HV{HV} K{K} V{V}", "pct_of_copy", 100 * nbytes / t / copy_bw)
-            del args, kw, out, kargs
+                form = ",".join(f"{n}{cx[n]}" for n in ("BV", "PACKED", "ONE", "PER_K", "KS") if n in cx)
+                print(f"{layout:7s} {form:24s} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
+                      f"{100 * nbytes / t / copy_bw:6.1f}%  kernel {kt * 1e6:7.1f} us"
+                      + ("  (spec default)" if mine else ""), flush=True)
+                variant = f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}"
+                pct = 100 * nbytes / t / copy_bw
+                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "pct_of_copy", pct)
+                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "kernel_us", kt * 1e6)
+            del q, k, v, g, beta, state, idx, h0, ht, out, kargs
             torch.cuda.empty_cache()
 
 

@@ -25,6 +25,12 @@ tile's offsets are constants off one base and nothing along K or V is masked (fe
 the one-token GDN step at K = 128 fits 64, 32 programs an SM). ONE: a packed binary for one
 token, without the token loop (T is not read).
 
+KS: the parts of a state row one thread holds (2 in the packed GDN "long" loop at K = 128). The tile
+is then [BV, KS, BK // KS] and every K vector [KS, BK // KS], loaded in that shape so the parts sit
+in one thread's registers: a row spans 32 // KS lanes, so a row sum takes 4 shuffle levels over 4
+rows a thread instead of 5 over 8 (46 shuffles a token where 90), q and k at 8 values a thread.
+It pays from T = 6, where the loop's instructions bound it (BENCHMARKS.md, gated delta decode).
+
 The state is read from State and written to State_out (the same tensor in place, or the op's
 final_state). Row b's state is slot state_indices[b] of the pool, or with `dense` set state[b]
 itself: no index to read before the tile's addresses (flash-linear-attention's h0 -> ht).
@@ -107,7 +113,7 @@ def gated_delta_decode_kernel(
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
     BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, PACKED: tl.constexpr,
-    ONE: tl.constexpr,
+    ONE: tl.constexpr, KS: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -117,10 +123,10 @@ def gated_delta_decode_kernel(
     else:
         hq = hv // group
 
-    offs_k = tl.arange(0, BK)
+    offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
     if PACKED:  # constant masks: Triton drops them from every load and store
-        k_mask = tl.full([BK], 1, tl.int1)
+        k_mask = tl.full(offs_k.shape, 1, tl.int1)
         v_mask = tl.full([BV], 1, tl.int1)
     else:
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
@@ -139,33 +145,35 @@ def gated_delta_decode_kernel(
         stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
     valid = (slot >= 0) & (slot < num_slots)
     head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK),
-                mask=valid & v_mask[:, None] & k_mask[None, :], other=0.0)  # [BV, K] fp32
+    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
+                mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
 
     decay = tl.full([], 0.0, tl.float32)
-    dt = tl.zeros([BK], dtype=tl.float32)
+    dt = tl.zeros(offs_k.shape, dtype=tl.float32)
     if PER_K:
         if fused:
             # KDA: -exp(A_log) and the [K] dt_bias, read once (a vector is dearer to read each token).
             decay = -tl.exp(_load_f32(A_log, hv, alog_code, True))
             dt = _load_f32(Dt_bias, hv * stride_dh + offs_k * stride_dk, dt_code, k_mask)
 
-    h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
+    h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K, KS)
     tl.store(o_row + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
     for t in range(1, 1 if ONE else T):
         g, a_log, dt_h, beta, q, k, v = _token_inputs(
             Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv,
             offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
             stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-        h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K)
+        h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K, KS)
         tl.store(o_row + t * stride_ot + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
     # The store's addresses come from a second read of the slot, so the compiler cannot keep the
     # load's (a register a row) live across the token loop.
     slot = _slot(Idx, b, dense)
     valid = (slot >= 0) & (slot < num_slots)
     head = State_out + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK), h,
-             mask=valid & v_mask[:, None] & k_mask[None, :])
+    # (A split packed tile's store takes the runtime row stride, equal to BK there: its constant
+    # offsets would be the load's, kept live across the loop.)
+    tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED and KS == 1, BK, KS), h,
+             mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS))
 
 
 @triton.jit
@@ -178,15 +186,53 @@ def _slot(Idx, b, dense):
 
 
 @triton.jit
-def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr, PACKED: tl.constexpr, BK: tl.constexpr):
-    """[BV, BK] int32 element offsets of the state tile inside its head (the loader checks that
-    a head's rows fit int32); the packed tile's rows are BK apart."""
+def _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR: tl.constexpr, PACKED: tl.constexpr, BK: tl.constexpr,
+                  KS: tl.constexpr):
+    """[BV, BK] (or split, [BV, KS, BK // KS]) int32 element offsets of the state tile inside its
+    head (the loader checks that a head's rows fit int32); the packed tile's rows are BK apart."""
     if PACKED:
-        return offs_v[:, None] * BK + offs_k[None, :]
+        return _rows(offs_v, KS) * BK + _cols(offs_k, KS)
     elif KMAJOR:
-        return offs_k[None, :] * stride_srow + offs_v[:, None]
+        return _cols(offs_k, KS) * stride_srow + _rows(offs_v, KS)
     else:
-        return offs_v[:, None] * stride_srow + offs_k[None, :]
+        return _rows(offs_v, KS) * stride_srow + _cols(offs_k, KS)
+
+
+@triton.jit
+def _k_offsets(BK: tl.constexpr, KS: tl.constexpr):
+    """The K axis: [BK], or split in KS parts [KS, BK // KS] (a load of the split shape puts its
+    parts in one thread's registers; a reshaped [BK] load would not)."""
+    if KS == 1:
+        return tl.arange(0, BK)
+    else:
+        return tl.arange(0, KS)[:, None] * (BK // KS) + tl.arange(0, BK // KS)[None, :]
+
+
+@triton.jit
+def _rows(x, KS: tl.constexpr):
+    """A [BV] vector along the tile's rows."""
+    if KS == 1:
+        return x[:, None]
+    else:
+        return x[:, None, None]
+
+
+@triton.jit
+def _cols(x, KS: tl.constexpr):
+    """A K vector (_k_offsets' shape) along the tile's K axis."""
+    if KS == 1:
+        return x[None, :]
+    else:
+        return x[None, :, :]
+
+
+@triton.jit
+def _row_sum(x, KS: tl.constexpr):
+    """The tile's sum along K: [BV]."""
+    if KS == 1:
+        return tl.sum(x, 1)
+    else:
+        return tl.sum(tl.reshape(x, [x.shape[0], x.shape[1] * x.shape[2]]), 1)
 
 
 @triton.jit
@@ -211,7 +257,8 @@ def _token_inputs(Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, 
 
 
 @triton.jit
-def _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K: tl.constexpr):
+def _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K: tl.constexpr,
+                KS: tl.constexpr):
     """One token through the [BV, BK] state tile h: (h', o) of the module docstring's update."""
     if qk_l2norm:
         q = q / tl.sqrt(tl.sum(q * q) + L2NORM_EPS)
@@ -225,10 +272,10 @@ def _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2
             g = -tl.exp(a_log) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
         beta = 1.0 / (1.0 + tl.exp(-beta))
     if PER_K:
-        h = h * tl.exp(g)[None, :]
+        h = h * _cols(tl.exp(g), KS)
     else:
         h = h * tl.exp(g)
-    v_new = beta * (v - tl.sum(h * k[None, :], 1))
-    h = h + v_new[:, None] * k[None, :]
-    o = tl.sum(h * q[None, :], 1) * scale
+    v_new = beta * (v - _row_sum(h * _cols(k, KS), KS))
+    h = h + _rows(v_new, KS) * _cols(k, KS)
+    o = _row_sum(h * _cols(q, KS), KS) * scale
     return h, o

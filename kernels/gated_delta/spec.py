@@ -11,8 +11,12 @@ Axes (constexpr in the kernel):
           K apart, V a multiple of BV; the tile's offsets are immediates off one base, no mask:
           PACKED 1; rows_form picks it)
   tokens  any (the token loop) or one (packed only: a one-token step without the loop, ONE 1;
-          the loop's registers cost a one-token step 1-2 points at the cap a longer one wants)
-K-major 3 * 3 * 2 = 18 variants, V-major 18 strided + 18 packed + 18 packed one-token: 72, each
+          the loop's registers cost a one-token step 1-2 points at the cap a longer one wants),
+          or long (GDN at K = 128, T >= LONG_FROM: the packed V-major loop with its rows split,
+          KS 2, at cap 80; K-major at cap 72: fewer instructions or more programs a token, which
+          pays where the loop is long and costs where it is short)
+K-major 3 * 3 * 2 + 3 long = 21 variants, V-major 18 strided + 18 packed + 18 packed one-token + 3
+packed long: 57; 78, each
 built at two specialization levels per arch. Everything else is runtime: K, V (any size up to
 512; the grid tiles it), T, heads and GVA group (a shift where a power of two), the fused-gate
 form, q/k L2 norm, the dtypes of the gate tensors (a code each: fp32, fp16, bf16), and the dense
@@ -36,9 +40,9 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
   each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
   SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
   (BENCHMARKS.md, session 35), so it keeps 72.
-num_stages 1: q/k/v are a few hundred bytes a token against the state tile (at T = 8 fla's
-3-stage loop leads: not tried here). bench/bench_gated_delta.py --sweep times forms x caps
-through the JIT.
+num_stages 1: q/k/v are a few hundred bytes a token against the state tile (fla's num_stages=3
+compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot).
+bench/bench_gated_delta.py --sweep times the "any" and "long" loops at T 2..8 through the JIT.
 
 Stdlib only: the build and the loader import this without torch or triton.
 """
@@ -51,7 +55,7 @@ K_DIMS = (64, 128, 256)  # the K tiles built; K itself is any size up to MAX_K
 LAYOUTS = ("vmajor", "kmajor")
 GATES = ("gdn", "kda")
 ROWS = ("strided", "packed")
-TOKENS = ("any", "one")
+TOKENS = ("any", "one", "long")
 MAX_T = 8  # tokens a request per decode call (speculative verify); more is prefill's job
 MAX_K, MAX_V = 256, 512
 GATE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}  # the kernel's runtime dtype codes of gate tensors
@@ -78,7 +82,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE", "KS")
 
 
 def block_k(k: int) -> int:
@@ -107,9 +111,16 @@ _CAP_PACKED = {(64, "gdn", "one"): 72, (64, "gdn", "any"): 80, (64, "kda", "one"
                (256, "gdn", "one"): 80, (256, "gdn", "any"): 96, (256, "kda", "one"): 96, (256, "kda", "any"): 0}
 
 
+# The long GDN loops at K = 128, by layout: the split packed V-major loop spills inside the loop at
+# 72 (not at 80); K-major at 72, 28 programs an SM where 25 (14 spill instructions, none in the loop).
+_CAP_LONG = {"vmajor": 80, "kmajor": 72}
+
+
 def max_registers(k_dim: int, layout: str, gate: str, rows: str = "strided", tokens: str = "any") -> int:
-    """The cap of a variant: _CAP_PACKED's for a packed tile, else MAXNREG's, or _CAP_256's for a
-    256-column tile."""
+    """The cap of a variant: _CAP_LONG's for a long loop, _CAP_PACKED's for a packed tile, else
+    MAXNREG's, or _CAP_256's for a 256-column tile."""
+    if tokens == "long":
+        return _CAP_LONG[layout]
     if rows == "packed" and (k_dim, gate, tokens) in _CAP_PACKED:
         return _CAP_PACKED[k_dim, gate, tokens]
     if k_dim == 256 and (layout, gate) in _CAP_256:
@@ -126,9 +137,18 @@ def rows_form(layout: str, k: int, v: int, row_stride: int, gate: str) -> str:
     return "packed" if packed else "strided"
 
 
-def tokens_form(rows: str, tokens: int) -> str:
-    """The `tokens` axis: "one" for a packed tile's one-token step (no token loop), else "any"."""
-    return "one" if rows == "packed" and tokens == 1 else "any"
+# The token count from which a GDN call at K = 128 runs the "long" binary, by layout: where the
+# sweep's long loop first led (BENCHMARKS.md, gated delta decode against fla-core).
+LONG_FROM = {"vmajor": 6, "kmajor": 4}
+
+
+def tokens_form(rows: str, tokens: int, layout: str = "vmajor", k_dim: int = 0, gate: str = "gdn") -> str:
+    """The `tokens` axis: "one" for a packed tile's one-token step (no token loop), "long" for a
+    GDN call at K = 128 of LONG_FROM[layout] tokens or more (V-major: packed rows), else "any"."""
+    if rows == "packed" and tokens == 1:
+        return "one"
+    long_ok = (k_dim, gate) == (128, "gdn") and (layout == "kmajor" or rows == "packed")
+    return "long" if long_ok and tokens >= LONG_FROM[layout] else "any"
 
 
 def group_shift(group: int) -> int:
@@ -147,11 +167,17 @@ def binary_gate(kind: str, layout: str, tokens: int, fused: bool) -> str:
     return "kda" if (kind, layout, tokens) == ("gdn", "kmajor", 1) else kind
 
 
+def k_split(k_dim: int, gate: str, rows: str, tokens: str) -> int:
+    """KS, the parts of a state row one thread holds (recurrent.py): 2 for the packed GDN long
+    token loop at K = 128 (rows on 16 lanes: 46 shuffles a token where 90), else 1."""
+    return 2 if (k_dim, gate, rows, tokens) == (128, "gdn", "packed", "long") else 1
+
+
 def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
             "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
-            "ONE": int(axes["tokens"] == "one")}
+            "ONE": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
 
 
 def variants():
@@ -163,6 +189,8 @@ def variants():
                     if layout == "vmajor":
                         yield axes_for(dtype, k, layout, gate, "packed")
                         yield axes_for(dtype, k, layout, gate, "packed", "one")
+                    if (k, gate) == (128, "gdn"):
+                        yield axes_for(dtype, k, layout, gate, "packed" if layout == "vmajor" else "strided", "long")
 
 
 def launch(axes, arch: int) -> LaunchConfig:

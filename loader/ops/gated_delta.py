@@ -112,7 +112,7 @@ def _make_plan(q, k, v, g, beta, state, state_indices, A_log, a, dt_bias, b, sca
     HV, V = v.shape[2], v.shape[3]
     bk = S.block_k(K)
     rows = S.rows_form(state_layout, K, V, state.stride(2), gate)
-    axes = S.axes_for(QKV_DTYPES[q.dtype], bk, state_layout, gate, rows, S.tokens_form(rows, T))
+    axes = S.axes_for(QKV_DTYPES[q.dtype], bk, state_layout, gate, rows, S.tokens_form(rows, T, state_layout, bk, gate))
     bv = S.constexprs(axes)["BV"]
     gt, bt = (a, b) if fused else (g, beta)
     gs, bs = _strides(gt, 4), _strides(bt, 3)

@@ -70,12 +70,13 @@ def jit_only(tmp_path, monkeypatch):
     loader.set_artifacts(None)
 
 
-# Every binary the gate axis gives, V-major's packed one-token ones, and the one-token K-major GDN
-# steps (they run the kda binary).
+# Every binary the gate axis gives, V-major's packed one-token ones, the one-token K-major GDN
+# steps (they run the kda binary), and the long GDN loops (T 8 V-major, 4 K-major).
 @pytest.mark.parametrize("layout,kda,T,fused", [("vmajor", False, 2, True), ("vmajor", True, 2, True),
                                                 ("vmajor", False, 1, False), ("vmajor", True, 1, True),
                                                 ("kmajor", False, 1, False), ("kmajor", False, 1, True),
-                                                ("kmajor", False, 2, True), ("kmajor", True, 2, True)])
+                                                ("kmajor", False, 2, True), ("kmajor", True, 2, True),
+                                                ("vmajor", False, 8, True), ("kmajor", False, 4, False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_aot_equals_jit_bit_for_bit(jit_only, layout, kda, T, fused, dtype):
     args, kw = make_case(B=256, T=T, H=16, HV=32, K=128, V=128, dtype=dtype, kda=kda, fused=fused,

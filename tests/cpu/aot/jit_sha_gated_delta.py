@@ -2,7 +2,8 @@
 two gated_delta_decode calls of one key, one that meets every ALIGNED assumption and one that
 meets none (tests/cpu/aot/jit_sha.py does the compiling). Arguments: the SM, then optionally the
 key (bf16, the default: the strided tile with its token loop; fp32: FP32's key, whose misaligned
-call has K = 97, inside the 128 tile; packed1: the packed one-token tile, PACKED1)."""
+call has K = 97, inside the 128 tile; packed1: the packed one-token tile, PACKED1; long: the
+long packed token loop, LONG, whose state rows are split in two parts a thread)."""
 import sys
 
 import torch
@@ -12,6 +13,7 @@ from tests.cpu.aot.jit_sha import jit_sha
 AXES = {"dtype": "bf16", "k_dim": 128, "layout": "vmajor", "gate": "gdn", "rows": "strided", "tokens": "any"}
 FP32 = dict(AXES, dtype="fp32")
 PACKED1 = dict(AXES, rows="packed", tokens="one")
+LONG = dict(AXES, rows="packed", tokens="long")
 
 
 def args(aligned: bool, dtype=torch.bfloat16) -> list:
@@ -35,6 +37,7 @@ def args(aligned: bool, dtype=torch.bfloat16) -> list:
 if __name__ == "__main__":
     arch = int(sys.argv[1])
     which = sys.argv[2] if len(sys.argv) > 2 else "bf16"
-    axes, dt = {"bf16": (AXES, torch.bfloat16), "fp32": (FP32, torch.float32), "packed1": (PACKED1, torch.bfloat16)}[which]
+    axes, dt = {"bf16": (AXES, torch.bfloat16), "fp32": (FP32, torch.float32), "packed1": (PACKED1, torch.bfloat16),
+                "long": (LONG, torch.bfloat16)}[which]
     print(jit_sha("gated_delta_decode", axes, args(True, dt), arch),
           jit_sha("gated_delta_decode", axes, args(False, dt), arch))

@@ -2,7 +2,8 @@
 prefill's state pass) are byte-identical to what Triton's JIT compiles for calls with that key's
 specialization (aligned call -> @aligned, misaligned call -> @generic), as test_parity.py checks
 for the tiny kernel; the state pass at both value tiles (bv 32 and 128); fp32 keys of both; the
-decode's packed one-token key; KDA's three precompute kernels. Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
+decode's packed one-token key and its long packed loop (split rows); KDA's three precompute kernels.
+Each kernel's JIT calls are in its script (jit_sha_gated_delta*.py)."""
 import importlib
 import os
 import subprocess
@@ -25,6 +26,8 @@ CASES = {"gated_delta_decode": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gat
          # the packed one-token tile: constant tile offsets, no token loop
          "gated_delta_decode_packed1": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["packed1"],
                                         "PACKED1"),
+         # the long packed token loop: K = 128 state rows in two parts a thread (spec.k_split)
+         "gated_delta_decode_long": ("gated_delta_decode", "tests.cpu.aot.jit_sha_gated_delta", ["long"], "LONG"),
          "gdn_chunk_state_fp32": ("gdn_chunk_state", "tests.cpu.aot.jit_sha_gated_delta_chunk", ["32", "fp32"],
                                   "FP32"),
          # KDA's precompute: the diagonal blocks (3D elementwise tiles), the blocks below them

@@ -182,3 +182,41 @@ def test_padded_state_rows_take_the_strided_tile(T):
 
 
 ORDER = ("q", "k", "v", "g", "beta", "state", "state_indices")
+
+
+@pytest.mark.parametrize("T,fused,l2,H,HV", [(6, False, True, 1, 2), (7, True, False, 2, 4), (8, False, False, 1, 1)])
+def test_split_rows_long_token_loop(T, fused, l2, H, HV):
+    """The packed GDN "long" token loop at K = 128 holds each state row in two parts a thread (KS 2,
+    rows on 16 lanes): it matches the reference, padded rows and the slots no row names included, in
+    the pool and in fla's dense form."""
+    from aotc.kernels.gated_delta import spec
+    from aotc.loader.ops.gated_delta import launch_plan
+
+    args, kw = make_case(B=3, T=T, H=H, HV=HV, K=128, V=128, fused=fused, qk_l2norm=l2, pads=(1,), seed=90 + T)
+    out = torch.full((3, T, HV, 128), float("nan"), dtype=torch.bfloat16)
+    axes, _, _ = launch_plan(*[args[n] for n in ORDER], out, **kw)
+    assert axes["tokens"] == "long" and spec.constexprs(axes)["KS"] == 2
+    check_case(gated_delta_decode, args, kw)
+    args, kw = make_case(B=3, T=T, H=H, HV=HV, K=128, V=128, fused=fused, qk_l2norm=l2, pads=(), seed=95 + T)
+    ref_out, ref_pool = reference(args, kw)
+    idx = args["state_indices"].long()
+    dense = args["state"][idx].clone()
+    fin = torch.full_like(dense, float("nan"))
+    out.fill_(float("nan"))
+    gated_delta_decode(*[args[n] for n in ORDER[:5]], dense, None, **kw, out=out, final_state=fin)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    assert_close(fin, ref_pool[idx], STATE_TOL, "final_state")
+
+
+@pytest.mark.parametrize("T,fused", [(3, False), (4, True)])
+def test_kmajor_long_token_loop(T, fused):
+    """K-major GDN at K = 128 runs its "long" binary (cap 72) from spec.LONG_FROM tokens on, the
+    "any" one below; both match the reference."""
+    from aotc.kernels.gated_delta import spec
+    from aotc.loader.ops.gated_delta import launch_plan
+
+    args, kw = make_case(B=2, T=T, H=1, HV=2, K=128, V=64, fused=fused, layout="kmajor", pads=(0,), seed=100 + T)
+    out = torch.full((2, T, 2, 64), float("nan"), dtype=torch.bfloat16)
+    axes, _, _ = launch_plan(*[args[n] for n in ORDER], out, **kw)
+    assert axes["tokens"] == ("long" if T >= spec.LONG_FROM["kmajor"] else "any")
+    check_case(gated_delta_decode, args, kw)

@@ -18,12 +18,16 @@ from tests.cpu.kernels.decorators import as_jit
 
 def test_variant_count_and_keys():
     variants = list(spec.variants())
-    # dtype 3 x K tile 3 x gate 2 x (V-major: strided, packed, packed one-token; K-major: strided)
-    assert len(variants) == 72
-    assert sum(v["layout"] == "kmajor" for v in variants) == 18
-    assert all(v["rows"] == "packed" or v["tokens"] == "any" for v in variants)
+    # dtype 3 x K tile 3 x gate 2 x (V-major: strided, packed, packed one-token; K-major: strided),
+    # and dtype 3 x the long GDN loop at K = 128 in each layout
+    assert len(variants) == 78
+    assert sum(v["layout"] == "kmajor" for v in variants) == 21
+    assert all(v["rows"] == "packed" or v["tokens"] != "one" for v in variants)
+    long = [v for v in variants if v["tokens"] == "long"]
+    assert {(v["k_dim"], v["gate"], v["layout"], v["rows"]) for v in long} == {
+        (128, "gdn", "vmajor", "packed"), (128, "gdn", "kmajor", "strided")} and len(long) == 6
     keys = spec.DECODE.keys()
-    assert len(set(map(str, keys))) == 144
+    assert len(set(map(str, keys))) == 156
     assert all(VariantKey.parse(str(k)) == k for k in keys)
     assert get_spec("gated_delta_decode") is spec.DECODE
 
@@ -37,6 +41,17 @@ def test_packed_rows_and_one_token_forms():
     assert spec.rows_form("vmajor", 128, 128, 144, "gdn") == "strided"  # padded rows
     assert spec.rows_form("kmajor", 128, 128, 128, "gdn") == "strided"
     assert [spec.tokens_form(r, t) for r in spec.ROWS for t in (1, 2)] == ["any", "any", "one", "any"]
+    # the long loop: GDN at K = 128 from LONG_FROM tokens (V-major: packed rows only)
+    lv, lk = spec.LONG_FROM["vmajor"], spec.LONG_FROM["kmajor"]
+    assert spec.tokens_form("packed", lv, "vmajor", 128, "gdn") == "long"
+    assert spec.tokens_form("packed", lv - 1, "vmajor", 128, "gdn") == "any"
+    assert spec.tokens_form("strided", 8, "vmajor", 128, "gdn") == "any"
+    assert spec.tokens_form("strided", lk, "kmajor", 128, "gdn") == "long"
+    assert spec.tokens_form("strided", lk - 1, "kmajor", 128, "gdn") == "any"
+    assert spec.tokens_form("packed", 8, "vmajor", 128, "kda") == "any"
+    assert spec.tokens_form("packed", 8, "vmajor", 64, "gdn") == "any"
+    cx = spec.constexprs(spec.axes_for("bf16", 128, "vmajor", "gdn", "packed", "long"))
+    assert (cx["PACKED"], cx["ONE"], cx["KS"]) == (1, 0, 2)
     assert [spec.group_shift(g) for g in (1, 2, 3, 4, 6, 8, 64)] == [0, 1, -1, 2, -1, 3, 6]
     cx = spec.constexprs(spec.axes_for("bf16", 128, "vmajor", "gdn", "packed", "one"))
     assert (cx["PACKED"], cx["ONE"]) == (1, 1)
@@ -109,7 +124,8 @@ _COMPILE = textwrap.dedent("""
 
 SM90_CASES = [("vmajor", "gdn", "strided", "any"), ("kmajor", "gdn", "strided", "any"),
               ("kmajor", "kda", "strided", "any"), ("vmajor", "gdn", "packed", "any"),
-              ("vmajor", "gdn", "packed", "one"), ("vmajor", "kda", "packed", "one")]
+              ("vmajor", "gdn", "packed", "one"), ("vmajor", "kda", "packed", "one"),
+              ("vmajor", "gdn", "packed", "long"), ("kmajor", "gdn", "strided", "long")]
 
 
 @pytest.mark.parametrize("layout,gate,rows,tokens", SM90_CASES)

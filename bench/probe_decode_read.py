@@ -179,12 +179,16 @@ class Caches:
         return torch.randperm(pages, generator=gen, dtype=torch.int32).view(batch, ctx // page).to(self.device)
 
     def strides(self, page, layout):
-        """(ps, ss, hs) in words and (sps, sss, shs) in scales: token-major [pages, page, H, row] or
-        head-major [pages, H, page, row]."""
-        W, GS = self.W, max(1, self.GS)
-        if layout == "nhd":
-            return (page * H * W, H * W, W), (page * H * GS, H * GS, GS)
-        return (page * H * W, W, page * W), (page * H * GS, GS, page * GS)
+        return strides(self.W, self.GS, page, layout)
+
+
+def strides(W, GS, page, layout):
+    """(ps, ss, hs) in words and (sps, sss, shs) in scales: token-major [pages, page, H, row] or
+    head-major [pages, H, page, row]."""
+    GS = max(1, GS)
+    if layout == "nhd":
+        return (page * H * W, H * W, W), (page * H * GS, H * GS, GS)
+    return (page * H * W, W, page * W), (page * H * GS, GS, page * GS)
 
 
 def splits_for(batch, heads, programs_per_sm, ctx, block_n):
@@ -205,18 +209,28 @@ def kernel_args(c: Caches, table, ctx, page, cfg, splits, out):
 
 
 def _warm(job):
-    """Compile one configuration into Triton's file cache (a pool worker; no launch)."""
+    """Compile one configuration into Triton's file cache (a pool worker; no launch). The stride
+    arguments are specialized (== 1, multiples of 16) as the timed launch's are; page 16 and 64
+    specialize alike."""
     import torch
 
-    fmt, cfg = job
+    fmt, cfg, kernel = job
     W, GS = FORMATS[fmt]
-    kw = dict(W=W, GS=max(1, GS), HEADS=cfg["heads"], BLOCK_N=cfg["block_n"], TABLE=cfg["table"],
-              SCALES=cfg["scales"] if GS else 0, STAGES=cfg["stages"], num_warps=cfg["warps"],
-              num_stages=cfg["stages"])
     t0 = time.time()
     try:
-        read_kernel.warmup(torch.int32, torch.int32, torch.int16, torch.int16, torch.int32, torch.int32,
-                           8192, 512, 4, 1024, 16384, 1024, 32, 256, 16, 16, grid=(1,), **kw)
+        if kernel == "ceiling":
+            from bench_decode import stream_kernel
+
+            i16 = torch.int16
+            stream_kernel.warmup(i16, i16, i16, i16, torch.int32, torch.int32, 8192, 512, H, 2 * W, GS, 1,
+                                 cfg["page"], 128, num_warps=4, num_stages=2, grid=(1,))
+        else:
+            kw = dict(W=W, GS=max(1, GS), HEADS=cfg["heads"], BLOCK_N=cfg["block_n"], TABLE=cfg["table"],
+                      SCALES=cfg["scales"] if GS else 0, STAGES=cfg["stages"], num_warps=cfg["warps"],
+                      num_stages=cfg["stages"])
+            (ps, ss, hs), (sps, sss, shs) = strides(W, GS, 16, cfg["layout"])
+            read_kernel.warmup(torch.int32, torch.int32, torch.int16, torch.int16, torch.int32, torch.int32,
+                               8192, 512, 4, 1024, ps, ss, hs, sps, sss, shs, grid=(1,), **kw)
     except Exception as e:  # noqa: BLE001 - reported by the timed process, which compiles it again
         return f"{fmt} {cfg}: {type(e).__name__}: {e}"
     return time.time() - t0
@@ -275,11 +289,11 @@ class Probe:
                 self.caches[fmt] = Caches(fmt, tokens, "cuda")
         return self.caches[fmt]
 
-    def warm(self, fmt, cfgs):
+    def warm(self, fmt, cfgs, kernel="read"):
         if not self.pool:
             return
         t0 = time.time()
-        res = self.pool.map(_warm, [(fmt, c) for c in cfgs])
+        res = self.pool.map(_warm, [(fmt, c, kernel) for c in cfgs])
         errs = [r for r in res if isinstance(r, str)]
         for e in errs:
             print("compile error:", e, flush=True)
@@ -328,8 +342,9 @@ class Probe:
             k16 = c.K.view(self.torch.int16)
             v16 = c.V.view(self.torch.int16)
             G = c.GS
-            fn = lambda: stream_kernel[grid](k16, v16, c.KS if G else k16, c.VS if G else v16, table, self.out, ctx,  # noqa: E731
-                                             table.shape[1], H, 2 * c.W, G, 1, page, 128, num_warps=4, num_stages=2)
+            ks, vs = (c.KS, c.VS) if G else (k16, v16)
+            fn = lambda: stream_kernel[grid](k16, v16, ks, vs, table, self.out, ctx, table.shape[1],  # noqa: E731
+                                             H, 2 * c.W, G, 1, page, 128, num_warps=4, num_stages=2)
             cfg = dict(cfg, heads=1, block_n=128, warps=4, stages=2)
         else:
             splits = splits or splits_for(batch, cfg["heads"], cfg["pps"], ctx, cfg["block_n"])
@@ -460,6 +475,7 @@ def run(p: Probe, formats, quick=False):
         one = (ranked(p, fmt, sweep, shapes, lambda r: r["heads"] == 1) or [BASE])[0]
         decode_like, occupancy = DECODE[fmt]
         p.warm(fmt, [best, dict(best, layout="hnd"), one, decode_like, dict(decode_like, layout="hnd")])
+        p.warm(fmt, [dict(page=page) for page in sorted({s[2] for s in FINAL_SHAPES})], kernel="ceiling")
         print(f"[{p.elapsed():6.1f}s] {fmt} final: best {best}, one head {one}", flush=True)
         for shape in (FINAL_SHAPES[:1] if quick else FINAL_SHAPES):
             dsplits = num_splits(shape[0], H, 4, SM_COUNT, programs_per_sm=occupancy)

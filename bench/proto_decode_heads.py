@@ -179,53 +179,59 @@ def decode_heads(q, k_cache, v_cache, k_scale, v_scale, table, seq_lens, kv_form
 
 
 def bench():
-    """On the GPU: the prototype beside loader.decode (JIT, the same kernels as the AOT binaries)
-    on the same inputs, % of copy, both in this process; outputs compared."""
+    """On the GPU: the prototype beside loader.decode (JIT: the AOT binaries' code) on the same
+    inputs. Time: one call's kernels summed (torch.profiler; a JIT launch's host time would
+    dominate CUDA events), % of copy; outputs compared with decode's."""
+    import json
+
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_decode import make
-    from harness import copy_bandwidth, device_time as _device_time, kernel_times
-
-    def device_time(fn):
-        return _device_time(fn, rep_ms=100)
+    from harness import copy_bandwidth, kernel_time, kernel_times
 
     from aotc import loader
     from aotc.kernels.decode import spec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--configs", default="int8:1:128:4:2,int8:2:64:4:2,int8:2:64:4:3,int8:4:32:4:3,"
-                                         "int4:1:64:2:3,int4:2:64:4:2,int4:4:32:4:3,int4:4:64:4:2",
+    ap.add_argument("--configs", default="int8:1:128:4:2,int8:1:128:4:1,int8:2:64:4:2,int8:2:32:4:2,"
+                                         "int4:1:64:2:3,int4:1:64:2:1,int4:2:64:4:2,int4:2:32:4:3",
                     help="format:heads:block_n:warps:stages,...")
-    ap.add_argument("--shapes", default="32x8192x16,32x8192x64,128x8192x16,32x4096x16")
+    ap.add_argument("--shapes", default="32x8192x16,128x8192x16")
     a = ap.parse_args()
     copy = copy_bandwidth()
     print(f"copy {copy / 1e9:.0f} GB/s", flush=True)
-    rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    occupancy = {"int8": 3, "int4": 6}  # programs an SM of decode's binaries (spec.split_launch's notes)
+
+    def emit(row):
+        if a.out:
+            with open(a.out, "a") as fh:
+                fh.write(json.dumps(dict(row, copy_GBps=copy / 1e9)) + "\n")
+
     for shape in a.shapes.split(","):
         batch, ctx, page = map(int, shape.split("x"))
         for fmt in sorted({c.split(":")[0] for c in a.configs.split(",")}):
             args, kw, nbytes = make(fmt, batch, ctx, 32, 8, 128, page, group=128)
             q, kc, vc, table, lens = args
             out = torch.empty_like(q)
-            t_dec = device_time(lambda: loader.decode(*args, **kw, out=out, validate=False))
             kt = kernel_times(lambda: loader.decode(*args, **kw, out=out, validate=False))
+            t_dec = sum(kt.values())
             ref = out.float().clone()
+            dsplits = spec.num_splits(batch, 8, 4, sms, programs_per_sm=occupancy[fmt])
             pct = 100 * nbytes / t_dec / copy
-            line = f"b{batch} ctx{ctx} page{page} {fmt}: decode {t_dec * 1e6:7.1f} us {pct:5.1f}%"
-            print(line + "  kernels " + ", ".join(f"{k[:24]} {v * 1e6:.1f}" for k, v in kt.items()), flush=True)
-            rows.append(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="decode", us=t_dec * 1e6,
-                             pct=100 * nbytes / t_dec / copy))
+            print(f"b{batch} ctx{ctx} page{page} {fmt}: decode (splits {dsplits}) {t_dec * 1e6:7.1f} us {pct:5.1f}%  "
+                  + ", ".join(f"{k[:20]} {v * 1e6:.1f}" for k, v in kt.items()), flush=True)
+            emit(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="decode", splits=dsplits, us=t_dec * 1e6,
+                      pct=pct))
             for cfg in a.configs.split(","):
                 f, heads, bn, w, st = cfg.split(":")
                 if f != fmt:
                     continue
                 heads, bn, w, st = int(heads), int(bn), int(w), int(st)
-                base = batch * 8 // heads
-                for splits in sorted({max(1, -(-per * sms // base)) for per in (3, 6)}):
-                    o2 = torch.empty_like(q)
+                for splits in sorted({dsplits * heads, max(1, dsplits * heads // 2)}):
+                    o2 = torch.full_like(q, float("nan"))
 
                     def fn():
                         decode_heads(q, kc, vc, kw["k_scale"], kw["v_scale"], table, lens, fmt, heads, splits, bn, w,
@@ -234,22 +240,16 @@ def bench():
                         fn()
                         torch.cuda.synchronize()
                         err = ((o2.float() - ref).norm() / ref.norm()).item()
-                        t = device_time(fn)
+                        t = kernel_time(fn)
                     except Exception as e:  # noqa: BLE001 - one config that fails is reported
                         print(f"  {cfg} splits {splits}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
                         continue
                     pct = 100 * nbytes / t / copy
                     print(f"  heads {heads} block_n {bn} warps {w} stages {st} splits {splits}: {t * 1e6:7.1f} us "
                           f"{pct:5.1f}%  rel err vs decode {err:.1e}", flush=True)
-                    rows.append(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="proto", heads=heads,
-                                     block_n=bn, warps=w, stages=st, splits=splits, us=t * 1e6, pct=pct, err=err))
+                    emit(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="proto", heads=heads, block_n=bn,
+                              warps=w, stages=st, splits=splits, us=t * 1e6, pct=pct, err=err))
             torch.cuda.empty_cache()
-    if a.out:
-        import json
-
-        with open(a.out, "a") as fh:
-            for r in rows:
-                fh.write(json.dumps(dict(r, copy_GBps=copy / 1e9, decode_splits_rule=spec.RULE_MAX_SPLITS)) + "\n")
 
 
 if __name__ == "__main__":

@@ -145,8 +145,118 @@ def heads_split_kernel(
         tl.store(PartLse + slot_ids, lse, mask=h_mask)
 
 
+@triton.jit(do_not_specialize=["sm_scale", "page_shift", "max_pages", "q_heads", "group"])
+def bd_split_kernel(
+    Q, K, V, KS, VS, Table, SeqLens, PartO, PartLse,
+    sm_scale, page_shift, max_pages, q_heads, group,
+    stride_qb, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, HEADS: tl.constexpr,
+    KV_KIND: tl.constexpr, PTX: tl.constexpr,
+):
+    # HEADS KV heads a program in one dot each way: the program's HEADS * group query heads are the
+    # rows, the HEADS heads' words of a token the columns, q block-diagonal (row r holds its query in
+    # its KV head's columns, zeros elsewhere), so QK is exact per row and PV's off-diagonal columns
+    # are dropped at the store. The tensor-core work equals HEADS one-head programs (whose 16-row
+    # dots carry group real rows); the tile is HEADS heads' contiguous bytes of each token.
+    g = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.maximum(tl.minimum(tl.load(SeqLens + b), max_pages << page_shift), 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+    table_row = Table + b.to(tl.int64) * max_pages
+    INT4: tl.constexpr = KV_KIND == 2
+    PARTS: tl.constexpr = 4 if INT4 else 2
+    CW: tl.constexpr = HEAD_DIM // PARTS
+    WC: tl.constexpr = HEADS * CW
+    offs_r = tl.arange(0, BLOCK_H)
+    r_mask = offs_r < HEADS * group
+    r_head = offs_r // group
+    offs_c = tl.arange(0, WC)
+    c_head = offs_c // CW
+    c_word = offs_c % CW
+    diag = (r_head[:, None] == c_head[None, :]) & r_mask[:, None]
+    qk_scale = sm_scale * LOG2E
+    K16 = K.to(tl.pointer_type(tl.int16))
+    V16 = V.to(tl.pointer_type(tl.int16))
+    kvh0 = (g * HEADS).to(tl.int64)
+    k_cols = c_head.to(tl.int64) * (stride_kh >> 1) + c_word
+    v_cols = c_head.to(tl.int64) * (stride_vh >> 1) + c_word
+    ks_rows = KS + (kvh0 + r_head)[:, None] * stride_ksh
+    vs_rows = VS + (kvh0 + r_head)[:, None] * stride_vsh
+    heads = g * HEADS * group + offs_r
+    q_cols = Q + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh + PARTS * c_word[None, :]
+    q0 = tl.load(q_cols, mask=diag, other=0.0).to(tl.float16)
+    q1 = tl.load(q_cols + 1, mask=diag, other=0.0).to(tl.float16)
+    if INT4:
+        q2 = tl.load(q_cols + 2, mask=diag, other=0.0).to(tl.float16)
+        q3 = tl.load(q_cols + 3, mask=diag, other=0.0).to(tl.float16)
+        qs = (q0, q1, q2, q3)
+        s02 = tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
+        s13 = tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)
+        k_bias = 1031.0 * s02 + 71.0 * s13
+    else:
+        qs = (q0, q1)
+        k_bias = 1152.0 * (tl.sum(q0.to(tl.float32), 1) + tl.sum(q1.to(tl.float32), 1))
+    acc = ()
+    for i in tl.static_range(PARTS):
+        acc = acc + (tl.zeros([BLOCK_H, WC], dtype=tl.float32),)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+
+    # Each row's scales of a tile, [BLOCK_H, BLOCK_N] (its KV head's), a tile ahead as decode does.
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    page_n = _pages(table_row, offs_n, hi, page_shift)
+    slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
+    sm = r_mask[:, None] & (offs_n < hi)[None, :]
+    ks = tl.load(ks_rows + (page_n * stride_ksp + slot_n * stride_kst)[None, :], mask=sm, other=0.0).to(tl.float32)
+    vs = tl.load(vs_rows + (page_n * stride_vsp + slot_n * stride_vst)[None, :], mask=sm, other=0.0).to(tl.float32)
+    page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+    for t0 in range(lo, hi, BLOCK_N):
+        offs_t = t0 + tl.arange(0, BLOCK_N)
+        t_mask = offs_t < hi
+        offs_n = offs_t + BLOCK_N
+        slot_n = (offs_n & ((1 << page_shift) - 1)).to(tl.int64)
+        sm = r_mask[:, None] & (offs_n < hi)[None, :]
+        ks_next = tl.load(ks_rows + (page_n * stride_ksp + slot_n * stride_kst)[None, :], mask=sm,
+                          other=0.0).to(tl.float32)
+        vs_next = tl.load(vs_rows + (page_n * stride_vsp + slot_n * stride_vst)[None, :], mask=sm,
+                          other=0.0).to(tl.float32)
+        page_n = _pages(table_row, offs_n + BLOCK_N, hi, page_shift)
+        page = _pages(table_row, offs_t, hi, page_shift)
+        kx = _words(K16, page, offs_t, hi, page_shift, kvh0, stride_kp, stride_kt, stride_kh, k_cols, offs_c < WC)
+        qk = (_code_dots(qs, kx, INT4, PTX) - k_bias[:, None]) * (ks * qk_scale)
+        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i)
+        vx = _words(V16, page, offs_t, hi, page_shift, kvh0, stride_vp, stride_vt, stride_vh, v_cols, offs_c < WC)
+        pd = (p * vs).to(tl.float16)
+        if INT4:
+            v0, v1, v2, v3 = _i4x4_codes16(vx, PTX)
+            a2 = acc[2] * alpha[:, None] + tl.dot(pd, v2)
+            a3 = acc[3] * alpha[:, None] + tl.dot(pd, v3)
+            acc = (acc[0] * alpha[:, None] + tl.dot(pd, v0), acc[1] * alpha[:, None] + tl.dot(pd, v1), a2, a3)
+        else:
+            v0, v1 = _i8x2_codes(vx, PTX)
+            acc = (acc[0] * alpha[:, None] + tl.dot(pd, v0), acc[1] * alpha[:, None] + tl.dot(pd, v1))
+        ks = ks_next
+        vs = vs_next
+
+    slot_ids = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    om = diag & (hi > lo)
+    o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * c_word[None, :]
+    for i in tl.static_range(PARTS):
+        scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
+        tl.store(o_cols + i, acc[i] * scale[:, None], mask=om)
+    lse = tl.where(hi > lo, m_i + tl.log2(tl.where((l_i > 0) | (l_i != l_i), l_i, 1.0)), float("-inf"))
+    tl.store(PartLse + slot_ids, lse, mask=r_mask)
+
+
 def decode_heads(q, k_cache, v_cache, k_scale, v_scale, table, seq_lens, kv_format, heads, splits, block_n=128,
-                 num_warps=4, num_stages=2, out=None, ptx=True):
+                 num_warps=4, num_stages=2, out=None, ptx=True, diag=False):
     """loader.decode's result for int8/int4 caches with one scale a token, through the prototype
     split kernel (HEADS KV heads a program) and decode's merge kernel."""
     import torch
@@ -162,12 +272,15 @@ def decode_heads(q, k_cache, v_cache, k_scale, v_scale, table, seq_lens, kv_form
     part_lse = torch.empty(batch * q_heads * splits, device=q.device, dtype=torch.float32)
     out = torch.empty_like(q) if out is None else out
     grid = (kv_heads // heads, batch, splits)
-    heads_split_kernel[grid](
+    kernel, block_h = heads_split_kernel, spec.BLOCK_H
+    if diag:  # one block-diagonal dot each way (bd_split_kernel)
+        kernel, block_h = bd_split_kernel, max(16, 1 << (heads * group - 1).bit_length())
+    kernel[grid](
         q, k_cache, v_cache, k_scale, v_scale, table, seq_lens, part_o, part_lse,
         1.0 / math.sqrt(hd), page.bit_length() - 1, table.shape[1], q_heads, group,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         *k_scale.stride()[:3], *v_scale.stride()[:3],
-        HEAD_DIM=hd, BLOCK_N=block_n, BLOCK_H=spec.BLOCK_H, HEADS=heads, KV_KIND=spec.KV_KIND[kv_format],
+        HEAD_DIM=hd, BLOCK_N=block_n, BLOCK_H=block_h, HEADS=heads, KV_KIND=spec.KV_KIND[kv_format],
         PTX=int(ptx), num_warps=num_warps, num_stages=num_stages)
     axes = spec.merge_axes("bf16" if q.dtype == torch.bfloat16 else "fp16", hd, splits)
     c = spec.merge_constexprs(axes)
@@ -195,10 +308,10 @@ def bench():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--configs", default="int8:1:128:4:2,int8:1:128:4:1,int8:2:64:4:2,int8:2:32:4:2,"
-                                         "int4:1:64:2:3,int4:1:64:2:1,int4:2:64:4:2,int4:2:32:4:3",
-                    help="format:heads:block_n:warps:stages,...")
-    ap.add_argument("--shapes", default="32x8192x16,128x8192x16")
+    ap.add_argument("--configs", default="int8:4:32:4:2:d,int8:4:16:4:3:d,int8:4:32:8:2:d,int8:2:64:4:2:d,"
+                                         "int4:4:32:4:2:d,int4:4:32:4:3:d,int4:4:16:4:3:d,int4:2:64:4:2:d",
+                    help="format:heads:block_n:warps:stages[:d],...; d: the block-diagonal kernel")
+    ap.add_argument("--shapes", default="32x8192x16,128x8192x16,32x4096x16")
     a = ap.parse_args()
     copy = copy_bandwidth()
     print(f"copy {copy / 1e9:.0f} GB/s", flush=True)
@@ -226,16 +339,16 @@ def bench():
             emit(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="decode", splits=dsplits, us=t_dec * 1e6,
                       pct=pct))
             for cfg in a.configs.split(","):
-                f, heads, bn, w, st = cfg.split(":")
+                f, heads, bn, w, st, *d = cfg.split(":")
                 if f != fmt:
                     continue
-                heads, bn, w, st = int(heads), int(bn), int(w), int(st)
+                heads, bn, w, st, diag = int(heads), int(bn), int(w), int(st), d == ["d"]
                 for splits in sorted({dsplits * heads, max(1, dsplits * heads // 2)}):
                     o2 = torch.full_like(q, float("nan"))
 
                     def fn():
                         decode_heads(q, kc, vc, kw["k_scale"], kw["v_scale"], table, lens, fmt, heads, splits, bn, w,
-                                     st, out=o2)
+                                     st, out=o2, diag=diag)
                     try:
                         fn()
                         torch.cuda.synchronize()
@@ -245,10 +358,11 @@ def bench():
                         print(f"  {cfg} splits {splits}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
                         continue
                     pct = 100 * nbytes / t / copy
-                    print(f"  heads {heads} block_n {bn} warps {w} stages {st} splits {splits}: {t * 1e6:7.1f} us "
+                    print(f"  {'diag ' if diag else ''}heads {heads} block_n {bn} warps {w} stages {st} splits {splits}: "
+                          f"{t * 1e6:7.1f} us "
                           f"{pct:5.1f}%  rel err vs decode {err:.1e}", flush=True)
-                    emit(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="proto", heads=heads, block_n=bn,
-                              warps=w, stages=st, splits=splits, us=t * 1e6, pct=pct, err=err))
+                    emit(dict(fmt=fmt, batch=batch, ctx=ctx, page=page, kernel="diag" if diag else "proto",
+                              heads=heads, block_n=bn, warps=w, stages=st, splits=splits, us=t * 1e6, pct=pct, err=err))
             torch.cuda.empty_cache()
 
 

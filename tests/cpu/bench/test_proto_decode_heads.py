@@ -1,4 +1,4 @@
-"""bench/proto_decode_heads.py (the several-KV-heads-a-program prototype) computes decode's
+"""bench/proto_decode_heads.py (the several-KV-heads-a-program prototypes) computes decode's
 attention: against the float32 reference at block boundaries, token- and head-major caches,
 NaN-poisoned outputs, under the interpreter."""
 import sys
@@ -36,14 +36,16 @@ def _inputs(fmt, lens, page, kv_heads=4, group=2, hd=64, head_major=False, seed=
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-@pytest.mark.parametrize("heads,block_n,splits,head_major", [(2, 16, 1, False), (4, 16, 3, True), (2, 32, 2, True),
-                                                            (1, 16, 2, False)])
-def test_matches_reference(fmt, heads, block_n, splits, head_major):
+@pytest.mark.parametrize("diag", [False, True])
+@pytest.mark.parametrize("heads,block_n,splits,head_major,group", [(2, 16, 1, False, 2), (4, 16, 3, True, 2),
+                                                                  (2, 32, 2, True, 4), (1, 16, 2, False, 2),
+                                                                  (4, 16, 2, False, 4)])
+def test_matches_reference(fmt, diag, heads, block_n, splits, head_major, group):
     # lengths at block boundaries: 1, block - 1, block, block + 1, and a longer one; 0 gives zeros
     lens = [1, block_n - 1, block_n, block_n + 1, 3 * block_n + 5, 0]
-    q, ((kc, ks), (vc, vs)), table, seq_lens = _inputs(fmt, lens, page=8, head_major=head_major)
+    q, ((kc, ks), (vc, vs)), table, seq_lens = _inputs(fmt, lens, page=8, head_major=head_major, group=group)
     out = torch.full_like(q, float("nan"))
-    P.decode_heads(q, kc, vc, ks, vs, table, seq_lens, fmt, heads, splits, block_n, out=out, ptx=False)
+    P.decode_heads(q, kc, vc, ks, vs, table, seq_lens, fmt, heads, splits, block_n, out=out, ptx=False, diag=diag)
     ref = decode_reference(q.float(), dequantize(kc, fmt, ks), dequantize(vc, fmt, vs), table, seq_lens)
     assert not out.isnan().any()
     err = (out.float() - ref).norm() / ref.norm()

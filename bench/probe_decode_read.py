@@ -13,8 +13,9 @@ structure (heads a program x tokens a tile x programs an SM), then launch (warps
 the streams (table x scales), then the best of each format beside decode's own pattern and
 bench_decode's `ceiling` kernel at batch 32 / 128, page 16 / 64, token- and head-major. Kernels
 are compiled ahead of each stage by a pool of processes (Triton's file cache), so the timed
-process only loads them. `--quick`: a few configurations (a smoke run; TRITON_INTERPRET=1 works
-at the tiny shapes of `--tiny`)."""
+process only loads them (on an H100: ~80 s, 850 timed configurations). `--quick`: a few
+configurations, a smoke run. Findings: BENCHMARKS.md, "Tried and not kept", Decode: several KV heads
+a program; the read kernel's CPU test: tests/cpu/bench/test_probe_decode_read.py."""
 from __future__ import annotations
 
 import argparse

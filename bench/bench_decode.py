@@ -4,9 +4,9 @@ same kernels through Triton's JIT side by side. int8/int4 run with one scale a t
 head_dim, the kernel's per-token path) and with groups of 64, 32 and 8 channels (the per-group paths);
 int8 also with one fp32 scale a KV head and channel ("channel", scale_layout="channel": no layout
 ceiling is read for it).
-Beside each, the layout's ceiling (`ceiling` below): the same bytes read with decode's grid and
-no attention math, one KV head a program (decode's grid) and two, so the gap the attention math
-costs and the gap the layout costs are measured side by side in one run. `--plot PATH` draws the
+Beside each, a read ceiling (`ceiling` below): the same bytes read with decode's grid and no
+attention math, one KV head a program (decode's grid) and two, so the gap the attention math costs
+is measured in the same run (other reads of these bytes go faster: probe_decode_read.py). `--plot PATH` draws the
 bandwidth per format beside the copy bandwidth (plot_decode.py, from this run's rows).
 
 Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call by
@@ -39,7 +39,7 @@ SHAPES = [  # (batch, context, q_heads, kv_heads, head_dim, page)
 ]
 
 
-# The layout ceiling: a Triton kernel that reads exactly decode's bytes (K, V and their scales,
+# The read ceiling on decode's grid: a Triton kernel that reads exactly decode's bytes (K, V and their scales,
 # through the page table, 64-256-token tiles, decode's grid: KV heads fastest, batch, splits) and
 # only XORs them together; `heads` is how many KV heads a program reads (1: decode's grid; 2 reads
 # two neighbouring heads' slices of each token, twice the contiguous bytes). Plain loads (no

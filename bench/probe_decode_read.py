@@ -27,26 +27,10 @@ import time
 import triton
 import triton.language as tl
 
-_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+from aotc.kernels.decode.kernel import _pages_nc  # TABLE 1: the table read the pipeliner does not see
+
 H = 8  # KV heads
 SM_COUNT = 132
-
-
-@triton.jit
-def _page_ids(table_row, offs, m, page_shift, TABLE: tl.constexpr):
-    # TABLE 0: a plain load (Triton's pipeliner may take it); 1: ld.global.nc through inline PTX,
-    # which the pipeliner does not see (decode's _pages_nc).
-    ptr = table_row + (offs >> page_shift)
-    if TABLE == 1 and not _INTERPRET:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .pred p;
-            setp.ne.b32 p, $2, 0;
-            mov.b32 $0, 0;
-            @p ld.global.nc.b32 $0, [$1];
-            }""", "=r,l,r", [ptr, m.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1).to(tl.int64)
-    else:
-        return tl.load(ptr, mask=m, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -100,7 +84,7 @@ def read_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, page_shift, chunk, ps,
     else:
         sacc = tl.zeros([BLOCK_N, HEADS * GS], dtype=tl.int32)
     offs_n = lo + tl.arange(0, BLOCK_N)
-    page_n = _page_ids(table_row, offs_n, offs_n < hi, page_shift, 0)
+    page_n = _pages_nc(table_row, offs_n, hi, page_shift, False)
     if SCALES == 2:
         sc = _scales(KS, VS, page_n, offs_n, offs_n < hi, page_shift, g, sps, sss, shs, GS, HEADS)
     for t0 in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
@@ -108,16 +92,16 @@ def read_kernel(K, V, KS, VS, Table, Out, ctx, max_pages, page_shift, chunk, ps,
         m = offs < hi
         if TABLE == 2:
             page = page_n
-            page_n = _page_ids(table_row, offs + BLOCK_N, offs + BLOCK_N < hi, page_shift, 0)
+            page_n = _pages_nc(table_row, offs + BLOCK_N, hi, page_shift, False)
         else:
-            page = _page_ids(table_row, offs, m, page_shift, TABLE)
+            page = _pages_nc(table_row, offs, hi, page_shift, TABLE == 1)
         acc += _codes(K, V, page, offs, m, page_shift, g, cols, ps, ss, hs, W, HEADS)
         if SCALES == 1:
             sacc += _scales(KS, VS, page, offs, m, page_shift, g, sps, sss, shs, GS, HEADS)
         elif SCALES == 2:
             sacc += sc
             if TABLE != 2:
-                page_n = _page_ids(table_row, offs + BLOCK_N, offs + BLOCK_N < hi, page_shift, 0)
+                page_n = _pages_nc(table_row, offs + BLOCK_N, hi, page_shift, False)
             sc = _scales(KS, VS, page_n, offs + BLOCK_N, offs + BLOCK_N < hi, page_shift, g, sps, sss, shs, GS,
                          HEADS)
     pid = (b * tl.num_programs(0) + g) * tl.num_programs(2) + s
@@ -428,6 +412,15 @@ def ranked(p, fmt, stages, shapes, where=lambda r: True):
 def run(p: Probe, formats, quick=False):
     shapes = SHAPES[:1] if quick else SHAPES
     sweep = ("structure", "launch", "streams", "programs")
+
+    def step(stage, fmt, cfgs):
+        """One stage of the sweep: `cfgs` (two of them when quick) compiled, then timed at every shape."""
+        cfgs = cfgs[:2] if quick else cfgs
+        p.warm(fmt, cfgs)
+        for cfg in cfgs:
+            for shape in shapes:
+                p.measure(stage, fmt, shape, cfg)
+
     for fmt in formats:
         # 1. structure: KV heads a program x tokens a tile x programs an SM, register loads (1 stage)
         # and a cp.async ring (3 stages)
@@ -446,23 +439,13 @@ def run(p: Probe, formats, quick=False):
         # 2. launch: warps x stages on the two best
         cfgs = [dict(t, warps=w, stages=st) for t in top for w in (2, 4, 8) for st in (1, 2, 3, 4)
                 if (w, st) != (t["warps"], t["stages"])]
-        if quick:
-            cfgs = cfgs[:2]
-        p.warm(fmt, cfgs)
-        for cfg in cfgs:
-            for shape in shapes:
-                p.measure("launch", fmt, shape, cfg)
+        step("launch", fmt, cfgs)
         b0 = (ranked(p, fmt, sweep, shapes) or top)[0]
         print(f"[{p.elapsed():6.1f}s] {fmt} launch best: {b0}", flush=True)
         # 3. streams (table read x scale read), then programs an SM
         cfgs = [dict(b0, table=t, scales=sc) for t in (0, 1, 2) for sc in ((0, 1, 2) if FORMATS[fmt][1] else (1,))
                 if (t, sc) != (b0["table"], b0["scales"])]
-        if quick:
-            cfgs = cfgs[:2]
-        p.warm(fmt, cfgs)
-        for cfg in cfgs:
-            for shape in shapes:
-                p.measure("streams", fmt, shape, cfg)
+        step("streams", fmt, cfgs)
         b0 = (ranked(p, fmt, sweep, shapes) or top)[0]
         for pps in (() if quick else (2, 3, 4, 6, 8, 12, 16, 24, 32)):
             for shape in shapes:

@@ -4,7 +4,7 @@ every figure there is read from a results file, not typed:
     python bench/report.py decode bench/results/2026-11-24-h100-b67629e.jsonl
     python bench/report.py layouts bench/results/2026-11-24-h100-c0cb309-head-major.jsonl
     python bench/report.py prefill bench/results/2026-11-25-h100-03d3b89-prefix-prefill.jsonl
-    python bench/report.py launch bench/results/h100-launch-overhead.jsonl
+    python bench/report.py launch bench/results/2026-11-27-h100-cbe769c-launch-overhead.jsonl
     python bench/report.py launch bench/results/2026-11-24-h100-b67629e.jsonl    (its first-call rows)
     python bench/report.py build $OUT/bench.jsonl        (runs since device.sh records the build)
     python bench/report.py mla bench/results/2026-11-26-h100-ee4dd65-mla.jsonl

@@ -43,22 +43,30 @@ def _second_layer(c, names):
     return dict(c, **{n: c[n] * 0.5 for n in names})
 
 
-def test_prefix_prefill_plan_equals_the_op_per_layer_and_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("kv_format", [None, "int8", "int4"])
+def test_prefix_prefill_plan_equals_the_op_per_layer_and_in_a_graph(monkeypatch, kv_format):
+    """bf16 caches run the Triton kernel; int8/int4 at head_dim 128 the warp-specialized Gluon
+    kernel on sm90 (prefix_prefill.kernel_for), whose launch the plan prepares as well."""
     c0, kw = pp_case([64, 5], [16, 9], q_heads=8, kv_heads=2, head_dim=128, block_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=1)
+                     device="cuda", seed=1, kv_format=kv_format)
+    scales = {n: kw.pop(n) for n in ("k_scale", "v_scale") if n in kw}
     plan = loader.PrefixPrefillPlan(c0["block_table"], c0["query_start_loc"], c0["seq_lens"], q=c0["q"], k=c0["k"],
-                                    v=c0["v"], k_cache=c0["k_cache"], v_cache=c0["v_cache"], **kw)
+                                    v=c0["v"], k_cache=c0["k_cache"], v_cache=c0["v_cache"], **scales, **kw)
     assert plan.prepared
-    for c in (c0, _second_layer(c0, ("q", "k", "v", "k_cache", "v_cache"))):
-        want = loader.prefix_prefill(**c, **kw)
+    if kv_format and torch.cuda.get_device_capability() == (9, 0):
+        assert plan._aligned_only  # the Gluon kernel's launch (its one binary is ALIGNED)
+    halved = ("q", "k", "v") if kv_format else ("q", "k", "v", "k_cache", "v_cache")
+    layers = [(c0, scales), (_second_layer(c0, halved), {n: t * 0.5 for n, t in scales.items()})]
+    for c, sc in layers:
+        want = loader.prefix_prefill(**c, **sc, **kw)
         out = torch.full_like(want, float("nan"))
-        plan.run(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], out)  # the first run may take the full check
+        plan.run(c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], out, **sc)  # the first run may take the full check
         assert torch.equal(out, want)
     _no_full_check(monkeypatch, plan)
     out = torch.full_like(c0["q"], float("nan"))
-    _graph(lambda: plan.run(c0["q"], c0["k"], c0["v"], c0["k_cache"], c0["v_cache"], out),
+    _graph(lambda: plan.run(c0["q"], c0["k"], c0["v"], c0["k_cache"], c0["v_cache"], out, **scales),
            lambda: (c0["q"].copy_(torch.randn_like(c0["q"])), out.fill_(float("nan"))))
-    assert torch.equal(out, loader.prefix_prefill(**c0, **kw))
+    assert torch.equal(out, loader.prefix_prefill(**c0, **scales, **kw))
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -555,17 +555,27 @@ def _make_eager(match, q, k, v, k_cache, v_cache, block_table, query_start_loc, 
     spec = _spec.PREFIX_PREFILL
     if kernel_for(axes, kargs) is not spec:
         return None
-    from aotc.loader.dispatch import prepare
-
-    n = spec.leading_ptrs
     dummy = _dummy_f32(q.device)
-    scalars = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs[n:len(spec.args)]]  # ALiBi: dummy
-    launch = prepare(spec, axes, grid, scalars, q.device.index)
+    launch = prepared_launch(spec, axes, grid, kargs, q.device.index)
     if launch is None:
         return None
-    # int caches: an odd address (a kv_align 4 binary: one off 4 bytes) takes the full path
-    halfword = 3 if axes.get("kv_align") == 4 else int(axes["kv"] in _spec.INT_FORMATS)
-    return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(), halfword)
+    return _Eager(match, launch, guards.Apart(OP, {"out": out}, reads), q.device.index, dummy.data_ptr(),
+                  cache_address_mask(axes))
+
+
+def prepared_launch(spec, axes, grid, kargs, device: int, aligned_only: bool = False):
+    """dispatch.prepare of `spec` over launch_plan's (axes, grid, kargs), the pointers among the ints
+    (ALiBi slopes, the multimodal ranges or their stand-in) packed as fixed values."""
+    from aotc.loader.dispatch import prepare
+
+    scalars = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs[spec.leading_ptrs:len(spec.args)]]
+    return prepare(spec, axes, grid, scalars, device, aligned_only=aligned_only)
+
+
+def cache_address_mask(axes) -> int:
+    """The low bits a cache address must have clear for the Triton kernel's binary of `axes`: an
+    int8/int4 cache is read two bytes at a time, a kv_align 4 binary's four (else the full path)."""
+    return 3 if axes.get("kv_align") == 4 else int(axes["kv"] in _spec.INT_FORMATS)
 
 
 def _prepares(q) -> bool:

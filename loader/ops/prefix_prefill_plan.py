@@ -92,8 +92,7 @@ class PrefixPrefillPlan(Plan):
         alignment a run's pointers must meet for it."""
         spec = PP.kernel_for(axes, kargs)
         gluon = spec is not _spec.PREFIX_PREFILL
-        # an int8/int4 cache is read two bytes at a time, a kv_align 4 binary's four (prefix_prefill._make_eager)
-        self._k_mask = self._v_mask = 3 if axes.get("kv_align") == 4 else int(axes["kv"] in _spec.INT_FORMATS)
+        self._k_mask = self._v_mask = PP.cache_address_mask(axes)
         self._aligned_only = gluon  # a Gluon kernel's one binary is ALIGNED: misaligned pointers take the general path
         if spec is _spec.PREFIX_PREFILL_WS_REC:  # its rows' loads (prefix_prefill.kernel_for)
             k_vec, v_vec = (8, 4) if axes["scales"] == "token" else (16, 16)
@@ -103,14 +102,8 @@ class PrefixPrefillPlan(Plan):
         self._launch = None
         if not PP._prepares(q):
             return None
-        from aotc.loader.dispatch import prepare
-
-        n = spec.leading_ptrs
-        # pointers among the ints (ALiBi slopes, the multimodal ranges or their stand-in) are the step's: fixed
-        scalars = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in kargs[n:len(spec.args)]]
-        launch = prepare(spec, axes, grid, scalars, q.device.index, aligned_only=gluon)
-        self._launch = launch
-        return launch
+        self._launch = PP.prepared_launch(spec, axes, grid, kargs, q.device.index, aligned_only=gluon)
+        return self._launch
 
     def run(self, q, k, v, k_cache, v_cache, out, k_scale=None, v_scale=None):
         """One layer: `prefix_prefill(q, k, v, k_cache, v_cache, <plan's block_table, query_start_loc,

@@ -43,7 +43,7 @@ class Recorder:
 
         return Binary()
 
-    def prepare(self, spec, axes, grid, ints, device):
+    def prepare(self, spec, axes, grid, ints, device, aligned_only=False):  # dispatch.prepare's signature
         params = ["*i8" if a.kind == "ptr" else a.kind for a in spec.args] + ["*i8", "*i8"]
         binaries = [self.binary(spec, False, len(params)), self.binary(spec, True, len(params))]
         idx = tuple(spec.arg_index[n] for n in spec.divisible_args("aligned") if spec.arg_index[n] < spec.leading_ptrs)

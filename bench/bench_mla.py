@@ -131,9 +131,8 @@ def sweep(rows, copy_bw, shapes, configs=CONFIGS, splits_for=None):
             hb = -(-heads // bh)
             splits = splits_for(heads, batch, ctx, *cap) if splits_for else DS.num_splits(batch, hb, 1, sms, None)
             grid = (hb, batch, splits)
-            n_o, n_lse = S.workspace_words(batch, heads, splits, D_V, "bf16")
+            n_o, n_lse = DS.workspace_elements(batch, heads, splits, D_V)
             part_o, part_lse = workspace.pair(q.device, n_o, n_lse)
-            part_o = part_o.view(torch.bfloat16)  # the merge reads the query's dtype (mla_spec.part_dtype)
             ints = [c.sm_scale, 0, 0, PAGE.bit_length() - 1, table.shape[1], table.stride(0), heads, heads,
                     q.stride(0), q.stride(1), *kv.stride()[:3], *kv.stride()[:3]]
             args = split_args(False, False, q, kv, kv[..., :D_V], None, None, table, None, lens, part_o, part_lse, ints)

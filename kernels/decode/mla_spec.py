@@ -7,8 +7,7 @@ Split kernel axes: `q` (fp16, bf16), `kv` (the query's own dtype, fp8_e4m3, fp8_
 caches), `tile` (query heads a program: "h16", 16 heads, 4 warps; "h32", 32 heads, 8 warps (the
 latent layout); "h64", 64 heads, 8 warps, the compute-bound shape for 64+ heads a KV head on
 sm90), plus `cache`, the element type the kernel
-reads (fp8 as raw int8 bytes), which follows from `kv`, and `part`, the partial outputs' element type,
-which follows from `q` and `d_v` (`part_dtype`). Declared (built) pairs: DECLARED_PAIRS;
+reads (fp8 as raw int8 bytes), which follows from `kv`. Declared (built) pairs: DECLARED_PAIRS;
 any other pair of multiples of 16 runs through the JIT fallback. Merge: decode's merge kernel
 (kernels/decode/kernel.py) at head_dim d_v, declared here for the d_v values decode lacks.
 Declared for NVIDIA targets (sm80, sm90) only. Page size, window, group size and lengths are
@@ -78,23 +77,7 @@ def split_axes(q: str, kv: str, d_qk: int, d_v: int, layout: str, tile: str = "h
         raise ValueError(f"latent layout: v_head_dim {d_v} is larger than the cache's {d_qk} channels")
     if tile not in TILES:
         raise ValueError(f"tile must be one of {tuple(TILES)}, got {tile!r}")
-    return {"q": q, "kv": kv, "cache": CACHE_DTYPE[kv], "d_qk": d_qk, "d_v": d_v, "layout": layout, "tile": tile,
-            "part": part_dtype(q, d_v)}
-
-
-def part_dtype(q: str, d_v: int) -> str:
-    """The partial outputs' element type: the query's (fp16, bf16) where this family's merge reads
-    them (d_v not one of decode's head sizes), half the bytes of fp32 written by the split kernel
-    and read by the merge (BENCHMARKS.md, "MLA decode"); fp32 where decode's merge reads them."""
-    return "fp32" if d_v in D.HEAD_DIMS else q
-
-
-def workspace_words(batch: int, q_heads: int, splits: int, d_v: int, part: str) -> tuple[int, int]:
-    """fp32 words of the workspace's partial outputs (in `part`) and log-sum-exps (fp32): the loader
-    hands out fp32 workspaces. d_v is a multiple of 16, so 16-bit partials fill whole 32-byte lines
-    and the log-sum-exps after them start 16-byte aligned."""
-    n_o, n_lse = D.workspace_elements(batch, q_heads, splits, d_v)
-    return (n_o if part == "fp32" else n_o // 2), n_lse
+    return {"q": q, "kv": kv, "cache": CACHE_DTYPE[kv], "d_qk": d_qk, "d_v": d_v, "layout": layout, "tile": tile}
 
 
 def choose_tile(group: int, arch: int, layout: str = "latent") -> str:
@@ -150,9 +133,8 @@ def split_grid(batch: int, kv_heads: int, group: int, tile: str, splits: int) ->
 # --- split kernel ---------------------------------------------------------------------------
 
 _I32 = "i32"
-# PartO in the variant's `part` dtype (part_dtype); the other pointers as decode's
 SPLIT_ARGS = (
-    *(Arg("PartO", "ptr", aligned=True, dtype="part") if a.name == "PartO" else a for a in D.split_pointers("=fp32")),
+    *D.split_pointers("=fp32"),
     Arg("sm_scale", "fp32"),
     *(Arg(n, _I32) for n in D.SPLIT_INTS),
     *(Arg(n, _I32, aligned=True) for n in D.SPLIT_STRIDES),
@@ -242,15 +224,12 @@ def merge_launch(axes, arch: int) -> LaunchConfig | None:
     return D.merge_launch(axes, arch) if _cuda(arch) else None
 
 
-# decode's merge arguments, the partial outputs in the output's dtype (the query's: part_dtype)
-MERGE_ARGS = (Arg("PartO", "ptr", aligned=True, dtype="out"), *D.MERGE_ARGS[1:])
-
 MERGE = KernelSpec(
     name="mla_merge",
     module="aotc.kernels.decode.kernel",
     sources=("kernel.py",),
     function="decode_merge_kernel",
-    args=MERGE_ARGS,
+    args=D.MERGE_ARGS,
     constexpr_names=D.MERGE.constexpr_names,
     constexprs=D.merge_constexprs,
     variants=merge_variants,

@@ -24,7 +24,6 @@ from .kv_cache import FLOAT_NAMES, FP8_NAMES, as_paged, check_page_values, check
 from .split_merge import Eager, SplitMerge, split_programs_per_sm
 
 OP = "mla_decode"
-_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # mla_spec.part_dtype's
 
 
 def _format(kv_format: str, cache: torch.Tensor, q_dtype) -> str:
@@ -157,17 +156,17 @@ def _make_plan(c: _Call, out) -> SplitMerge:
     splits = c.splits
     if not splits:
         per_sm = split_programs_per_sm(S.SPLIT, split_axes, fp8, fp8, q, k, v, c.k_scale, c.v_scale, table,
-                                       c.req_idx, c.seq_lens, split_ints, _TORCH_DTYPES[split_axes["part"]])
+                                       c.req_idx, c.seq_lens, split_ints)
         splits = S.num_splits(batch, kv_heads, group, tile, _sm_count(q.device), per_sm,
                               S.max_splits(split_axes, arch))
-    n_o, n_lse = S.workspace_words(batch, q_heads, splits, d_v, split_axes["part"])
+    n_o, n_lse = DS.workspace_elements(batch, q_heads, splits, d_v)
     lse = c.lse
     merge_ints = [int(c.sinks is not None), int(lse is not None), q_heads, splits, out.stride(0), out.stride(1),
                   lse.stride(0) if lse is not None else 0]
     merge_axes = S.merge_axes(FLOAT_NAMES[out.dtype], d_v, splits)
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, tile, splits), split_ints),
                       (S.merge_spec(d_v), merge_axes, DS.merge_grid(batch, q_heads, merge_axes), merge_ints),
-                      n_o, n_lse, q.device, c.fmt, fp8, fp8, False, _TORCH_DTYPES[split_axes["part"]])
+                      n_o, n_lse, q.device, c.fmt, fp8, fp8, False)
 
 
 def _run_checked(c: _Call) -> None:

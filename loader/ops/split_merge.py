@@ -54,19 +54,17 @@ class SplitMerge:
     residue) the binary was compiled for (`address_residues`): a call's cache addresses must have
     `(kp & mask) == k_res and (vp & mask) == v_res`, which the fast paths test as one expression,
     `((kp - k_res) | (vp - v_res)) & mask` zero (mask + 1 a power of two). alibi: the split kernel
-    takes ALiBi slopes after the partial lse (decode's). part: the partial outputs' torch dtype
-    (fp32, or MLA's 16-bit partials: n_o counts fp32 words of the workspace either way). fast_split / fast_merge: the prepared
+    takes ALiBi slopes after the partial lse (decode's). fast_split / fast_merge: the prepared
     launches, or None (run_kernel's path). apart: guards.Apart of the call, set by the op.
     """
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
                  "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "residues",
-                 "fast_split", "fast_merge", "apart", "alibi", "eager_made", "part")
+                 "fast_split", "fast_merge", "apart", "alibi", "eager_made")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
-                 halfword: int, part=torch.float32):
+                 halfword: int):
         """split, merge: (spec, axes, grid, ints) of each kernel."""
-        self.part = part
         self.split_spec, self.split_axes, self.split_grid, self.split_ints = split
         self.alibi = "Alibi" in self.split_spec.arg_index
         self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
@@ -125,8 +123,6 @@ class SplitMerge:
         if not self.launches_anything():
             return
         part_o, part_lse = workspace.pair(q.device, self.n_o, self.n_lse)
-        if self.part != torch.float32:
-            part_o = part_o.view(self.part)  # run_kernel's JIT and interpreter read the element type
         if q.is_cuda:
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             together = workspace.stream_lock(index, torch._C._cuda_getCurrentRawStream(index))
@@ -344,13 +340,11 @@ def split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_le
 
 
 def split_programs_per_sm(spec, axes, fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens,
-                          ints, part=torch.float32) -> int | None:
-    """How many split programs fit an SM (decode's split-count rule reads it); None on the CPU.
-    part: the partial outputs' dtype (a JIT compile specializes on it)."""
+                          ints) -> int | None:
+    """How many split programs fit an SM (decode's split-count rule reads it); None on the CPU."""
     if not q.is_cuda or not q.shape[0]:
         return None
     ws = workspace.get(q.device, 16)  # stands in for the workspace: only its alignment matters
     return programs_per_sm(spec, axes, split_args(fp8, byte_view, q, k, v, k_scale, v_scale, table, req_idx,
-                                                  seq_lens, ws.view(part), ws, ints,
-                                                  ws if "Alibi" in spec.arg_index else None),
+                                                  seq_lens, ws, ws, ints, ws if "Alibi" in spec.arg_index else None),
                            q.device.index)

@@ -25,7 +25,7 @@ def split_args(kv_dtype):
     q, k = aligned(4 * 16 * 576, torch.bfloat16), aligned(8 * 64 * 576, kv_dtype)
     ks, vs = aligned(4, torch.float32), aligned(4, torch.float32)
     ints = [aligned(64, torch.int32) for _ in range(3)]
-    part_o, part_lse = aligned(8192, torch.bfloat16), aligned(512, torch.float32)  # bf16 partials (part_dtype)
+    part_o, part_lse = aligned(8192, torch.float32), aligned(512, torch.float32)
     # sm_scale, window, use_req_idx, page_shift, max_pages, stride_table, q_heads, group, then the
     # aligned strides (q batch, q head, k page, k token, k head, v the same): multiples of 16
     return [q, k, k, ks, vs, *ints, part_o, part_lse, 0.0417, 0, 0, 6, 5, 5, 16, 16,
@@ -33,7 +33,7 @@ def split_args(kv_dtype):
 
 
 def merge_args():
-    part_o, part_lse = aligned(8192, torch.bfloat16), aligned(512, torch.float32)
+    part_o, part_lse = aligned(8192, torch.float32), aligned(512, torch.float32)
     sinks, out, lse = aligned(32, torch.float32), aligned(8192, torch.bfloat16), aligned(64, torch.float32)
     return [part_o, part_lse, sinks, out, lse, 0, 1, 16, 3, 8192, 512, 16]
 

@@ -118,11 +118,8 @@ def gated_delta_decode_kernel(
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    if group_shift >= 0:
-        hq = hv >> group_shift
-    else:
-        hq = hv // group
-
+    if not PACKED:
+        hq = _query_head(hv, group, group_shift)
     offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
     if PACKED:  # constant masks: Triton drops them from every load and store
@@ -131,22 +128,40 @@ def gated_delta_decode_kernel(
     else:
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
         v_mask = offs_v < V_DIM
+    # Packed tiles: blocks in the order they issue (ptxas moves nothing across them). The dense
+    # form's tile is addressed by the program ids alone, so its loads go first; a pool's tile waits
+    # on the slot's read, so token 0's inputs (they do not need the slot) are read in its shadow,
+    # then the tile. Strided tiles keep the second order in both forms: their row offsets and
+    # masks leave no registers for a tile in flight during token 0's reads.
+    if PACKED:
+        tile = _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS)
+        slot = b
+        h = tl.zeros(tile.shape, dtype=tl.float32)
+        if dense != 0:  # state[b] (the loader checks that state holds B rows): no index read, no row mask
+            h = _load_tile(State, b, hv, tile, stride_sn, stride_sh, True)
+        else:
+            slot = tl.load(Idx + b)
+        hq = _query_head(hv, group, group_shift)
     q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
     k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
     v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
     o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
-    # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
-    slot = _slot(Idx, b, dense)
+    if not PACKED:
+        slot = _slot(Idx, b, dense)
     g, a_log, dt_h, beta, q, k, v = _token_inputs(
         Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
         offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
         stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
     valid = (slot >= 0) & (slot < num_slots)
-    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
-                mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
+    if PACKED:
+        if dense == 0:
+            h = _load_tile(State, tl.maximum(slot, 0), hv, tile, stride_sn, stride_sh, valid)
+    else:
+        head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+        h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
+                    mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
 
     decay = tl.full([], 0.0, tl.float32)
     dt = tl.zeros(offs_k.shape, dtype=tl.float32)
@@ -174,6 +189,23 @@ def gated_delta_decode_kernel(
     # offsets would be the load's, kept live across the loop.)
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED and KS == 1, BK, KS), h,
              mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS))
+
+
+@triton.jit
+def _load_tile(State, slot, hv, tile, stride_sn, stride_sh, valid):
+    """The state tile at element offsets `tile` of head hv in pool slot `slot`, fp32 (zeros where
+    not `valid`)."""
+    return tl.load(State + slot.to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh + tile, mask=valid, other=0.0)
+
+
+@triton.jit
+def _query_head(hv, group, group_shift):
+    """The query head of value head hv: a shift where the GVA group is a power of two."""
+    if group_shift >= 0:
+        hq = hv >> group_shift
+    else:
+        hq = hv // group
+    return hq
 
 
 @triton.jit

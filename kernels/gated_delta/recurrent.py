@@ -128,37 +128,46 @@ def gated_delta_decode_kernel(
     else:
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
         v_mask = offs_v < V_DIM
-    # Packed tiles: blocks in the order they issue (ptxas moves nothing across them). The dense
-    # form's tile is addressed by the program ids alone, so its loads go first; a pool's tile waits
-    # on the slot's read, so token 0's inputs (they do not need the slot) are read in its shadow,
-    # then the tile. Strided tiles keep the second order in both forms: their row offsets and
-    # masks leave no registers for a tile in flight during token 0's reads.
     if PACKED:
         tile = _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS)
-        slot = b
-        h = tl.zeros(tile.shape, dtype=tl.float32)
-        if dense != 0:  # state[b] (the loader checks that state holds B rows): no index read, no row mask
+        if dense != 0:
+            # state[b] (the loader checks that state holds B rows): the tile's address needs no
+            # read, so its loads go first; the barrier keeps token 0's loads after them.
             h = _load_tile(State, b, hv, tile, stride_sn, stride_sh, True)
+            tl.debug_barrier()
+            slot = b
+            hq = _query_head(hv, group, group_shift)
+            q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
+                Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+                stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+                stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         else:
+            # The slot's read, then token 0's inputs (they do not need the slot), then the tile.
             slot = tl.load(Idx + b)
-        hq = _query_head(hv, group, group_shift)
-    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
-    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
-    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
-    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
-    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
-    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
-    if not PACKED:
-        slot = _slot(Idx, b, dense)
-    g, a_log, dt_h, beta, q, k, v = _token_inputs(
-        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
-        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
-        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-    valid = (slot >= 0) & (slot < num_slots)
-    if PACKED:
-        if dense == 0:
-            h = _load_tile(State, tl.maximum(slot, 0), hv, tile, stride_sn, stride_sh, valid)
+            hq = _query_head(hv, group, group_shift)
+            q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
+                Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+                stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+                stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+            h = _load_tile(State, tl.maximum(slot, 0), hv, tile, stride_sn, stride_sh,
+                           (slot >= 0) & (slot < num_slots))
+        valid = (slot >= 0) & (slot < num_slots)
     else:
+        q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+        k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+        v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+        o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+        g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+        beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+        # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
+        slot = _slot(Idx, b, dense)
+        g, a_log, dt_h, beta, q, k, v = _token_inputs(
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
+            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+        valid = (slot >= 0) & (slot < num_slots)
         head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
         h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
                     mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
@@ -196,6 +205,26 @@ def _load_tile(State, slot, hv, tile, stride_sn, stride_sh, valid):
     """The state tile at element offsets `tile` of head hv in pool slot `slot`, fp32 (zeros where
     not `valid`)."""
     return tl.load(State + slot.to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh + tile, mask=valid, other=0.0)
+
+
+@triton.jit
+def _token0(Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
+    """Row b's q, k, v and out pointers and gate and beta offsets (token 0), and token 0's inputs
+    (_token_inputs)."""
+    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    g, a_log, dt_h, beta, q, k, v = _token_inputs(
+        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
+        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+    return q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v
 
 
 @triton.jit

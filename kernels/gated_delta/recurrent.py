@@ -118,7 +118,8 @@ def gated_delta_decode_kernel(
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    if not PACKED:
+    TILE_FIRST: tl.constexpr = PACKED and BK >= 128  # (the packed 64-column one-token step spills with it)
+    if not TILE_FIRST:
         hq = _query_head(hv, group, group_shift)
     offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
@@ -128,31 +129,24 @@ def gated_delta_decode_kernel(
     else:
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
         v_mask = offs_v < V_DIM
-    if PACKED:
+    if TILE_FIRST:
+        # The state tile's loads first, in a block of their own (ptxas issued token 0's address
+        # arithmetic and loads ahead of them in one block): in the dense form by program id alone;
+        # in a pool once the slot is read, token 0's inputs then read during the tile's round trip.
         tile = _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS)
-        if dense != 0:
-            # state[b] (the loader checks that state holds B rows): the tile's address needs no
-            # read, so its loads go first; the barrier keeps token 0's loads after them.
+        if dense != 0:  # state[b] (the loader checks that state holds B rows): no index read, no mask
             h = _load_tile(State, b, hv, tile, stride_sn, stride_sh, True)
-            tl.debug_barrier()
             slot = b
-            hq = _query_head(hv, group, group_shift)
-            q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
-                Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
-                stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
-                stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         else:
-            # The slot's read, then token 0's inputs (they do not need the slot), then the tile.
             slot = tl.load(Idx + b)
-            hq = _query_head(hv, group, group_shift)
-            q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
-                Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
-                stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
-                stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
             h = _load_tile(State, tl.maximum(slot, 0), hv, tile, stride_sn, stride_sh,
                            (slot >= 0) & (slot < num_slots))
+        hq = _query_head(hv, group, group_shift)
+        q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
+            Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         valid = (slot >= 0) & (slot < num_slots)
     else:
         q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh

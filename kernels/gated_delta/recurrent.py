@@ -50,7 +50,10 @@ gate scalars (g, beta, and the fused form's A_log and dt_bias) are loaded each t
 inside the head are int32; and the store's addresses are derived again after the loop.
 Token 0 runs ahead of the loop, its inputs read right after the slot and before the state tile:
 their round trip and layout changes (the 4-warp K-major tile's shared-memory exchanges) overlap
-the slot's, so when the tile arrives only the update is left.
+the slot's, so when the tile arrives only the update is left. Packed tiles of 128 and 256 columns
+(TILE_FIRST) issue the tile's loads first instead, in a block of their own: the dense form's by
+program id before anything else (flash-linear-attention's order), a pool's once the slot is read,
+token 0's inputs then read during the tile's round trip.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
 of two, a constexpr) and every load and store along K or V is masked (but in the packed tile),
@@ -118,7 +121,8 @@ def gated_delta_decode_kernel(
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    TILE_FIRST: tl.constexpr = PACKED and BK >= 128  # (the packed 64-column one-token step spills with it)
+    # (BENCHMARKS.md, gated delta decode against fla; the packed 64-column one-token step spills with it)
+    TILE_FIRST: tl.constexpr = PACKED and BK >= 128
     if not TILE_FIRST:
         hq = _query_head(hv, group, group_shift)
     offs_k = _k_offsets(BK, KS)
@@ -130,9 +134,9 @@ def gated_delta_decode_kernel(
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
         v_mask = offs_v < V_DIM
     if TILE_FIRST:
-        # The state tile's loads first, in a block of their own (ptxas issued token 0's address
-        # arithmetic and loads ahead of them in one block): in the dense form by program id alone;
-        # in a pool once the slot is read, token 0's inputs then read during the tile's round trip.
+        # The state tile's loads first, in a block of their own (in one block with token 0's, ptxas
+        # issues token 0's address arithmetic and loads ahead of them): in the dense form by program
+        # id alone; in a pool once the slot is read, token 0's inputs then read during its round trip.
         tile = _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS)
         if dense != 0:  # state[b] (the loader checks that state holds B rows): no index read, no mask
             h = _load_tile(State, b, hv, tile, stride_sn, stride_sh, True)

@@ -51,9 +51,9 @@ inside the head are int32; and the store's addresses are derived again after the
 Token 0 runs ahead of the loop, its inputs read right after the slot and before the state tile:
 their round trip and layout changes (the 4-warp K-major tile's shared-memory exchanges) overlap
 the slot's, so when the tile arrives only the update is left. Packed tiles of 128 and 256 columns
-(TILE_FIRST) issue the tile's loads first instead, in a block of their own: the dense form's by
-program id before anything else (flash-linear-attention's order), a pool's once the slot is read,
-token 0's inputs then read during the tile's round trip.
+with 16-bit q/k/v (TILE_FIRST) issue the tile's loads first instead, in a block of their own: the
+dense form's by program id before anything else (flash-linear-attention's order), a pool's once
+the slot is read, token 0's inputs then read during the tile's round trip.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
 of two, a constexpr) and every load and store along K or V is masked (but in the packed tile),
@@ -121,10 +121,14 @@ def gated_delta_decode_kernel(
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    # (BENCHMARKS.md, gated delta decode against fla; the packed 64-column one-token step spills with it)
-    TILE_FIRST: tl.constexpr = PACKED and BK >= 128
+    # (BENCHMARKS.md, gated delta decode against fla; the 64-column one-token step and fp32 q/k/v's
+    # one-token steps spill with it)
+    TILE_FIRST: tl.constexpr = PACKED and BK >= 128 and Q.dtype.element_ty != tl.float32
     if not TILE_FIRST:
-        hq = _query_head(hv, group, group_shift)
+        if group_shift >= 0:
+            hq = hv >> group_shift
+        else:
+            hq = hv // group
     offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
     if PACKED:  # constant masks: Triton drops them from every load and store

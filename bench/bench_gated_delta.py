@@ -259,14 +259,17 @@ def ab_decode(rows, copy_bw, base: str, reps: int):
             fn, why = fla_decode(args, "vmajor")
             if fn:
                 calls["fla"] = fn
+            else:
+                print(f"note: {why}")
         variant = f"bf16,k{K},vmajor,gdn,{form},{axes['rows']},{axes['tokens']}"
         for rep in range(reps):
             line = []
             for name, fn in calls.items():
                 t, kt = device_time(fn, rep_ms=100), kernel_time(fn, iters=50)
-                rows.add("gated_delta_decode_ab", variant, f"{name}_r{rep}", shape, "pct_of_copy", 100 * nbytes / t / copy_bw)
+                pct = 100 * nbytes / t / copy_bw
+                rows.add("gated_delta_decode_ab", variant, f"{name}_r{rep}", shape, "pct_of_copy", pct)
                 rows.add("gated_delta_decode_ab", variant, f"{name}_r{rep}", shape, "kernel_us", kt * 1e6)
-                line.append(f"{name} {100 * nbytes / t / copy_bw:5.1f}% {kt * 1e6:7.1f} us")
+                line.append(f"{name} {pct:5.1f}% {kt * 1e6:7.1f} us")
             print(f"{form:5s} {B:4d} x {T} r{rep}: " + " | ".join(line), flush=True)
         del args, kw, out, plan, kargs, calls
         torch.cuda.empty_cache()

@@ -14,6 +14,9 @@ written, harness.copy_bandwidth). Providers, each on the same q/k/v/g/beta:
                  [N, HV, V, K] with state_v_first=True for V-major)
 q/k/v/g/beta bytes (under 0.5% of the state's here) are not counted.
 
+--ab DIR: only the decode kernel of this tree against DIR's (another checkout) and fla's, V-major, through
+the JIT, in rounds (base, this tree, fla): for margins under 1%.
+
 --sweep: the decode kernel at other tiles, forms and register caps on fla's work, JIT-compiled from
 the same source and timed the same way, for choosing spec.block_v / spec.k_split / spec.max_registers.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
 import tempfile
 import warnings
 
@@ -216,6 +220,61 @@ def sweep_decode(rows, copy_bw):
             torch.cuda.empty_cache()
 
 
+# --ab: fla's work (dense h0 -> ht) and a pool, V-major GDN, the forms whose one-token and short loops
+# are closest to fla's: (B, T, form)
+AB_CASES = [(256, 1, "dense"), (64, 1, "dense"), (256, 2, "dense"), (256, 4, "dense"), (256, 8, "dense"),
+            (256, 1, "pool"), (256, 2, "pool")]
+
+
+def ab_decode(rows, copy_bw, base: str, reps: int):
+    """This tree's decode kernel against another checkout's (`base`: its kernels/gated_delta/recurrent.py,
+    the same signature), both through the JIT with this tree's launch (variant, grid, cap), and on
+    fla's work fla's own kernel, on the same inputs, in `reps` rounds of (base, this tree, fla):
+    margins under 1% need them side by side and repeated."""
+    import importlib.util
+
+    loc = importlib.util.spec_from_file_location("base_recurrent", f"{base}/kernels/gated_delta/recurrent.py")
+    mod = importlib.util.module_from_spec(loc)
+    sys.modules[loc.name] = mod
+    loc.loader.exec_module(mod)
+    kernels = {"base": mod.gated_delta_decode_kernel, "tree": gated_delta_decode_kernel}
+    _, _, H, HV, K, V = DECODE_SHAPES[0]
+    print(f"\n-- ab: {base} (base) against this tree, V-major GDN, JIT; % of copy (L2 emptied), kernel us (L2 warm) --")
+    for B, T, form in AB_CASES:
+        nbytes = 2 * B * HV * V * K * 4
+        shape = f"B{B} T{T} H{H} HV{HV} K{K} V{V}"
+        args, kw = decode_inputs(B, T, H, HV, K, V, "vmajor")
+        q, k, v, g, beta, state, idx = args
+        out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
+        if form == "dense":
+            h0 = state[idx.long()]
+            plan = gd_op.launch_plan(q, k, v, g, beta, h0, None, out, final_state=torch.empty_like(h0), **kw)
+        else:
+            plan = gd_op.launch_plan(q, k, v, g, beta, state, idx, out, **kw)
+        axes, grid, kargs = plan
+        cfg, cx = gd_spec.launch(axes, 90), gd_spec.constexprs(axes)
+        opts = dict(num_warps=cfg.num_warps, num_stages=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        calls = {name: (lambda kern=kern: kern[grid](*kargs, **cx, **opts)) for name, kern in kernels.items()}
+        if form == "dense":
+            fn, why = fla_decode(args, "vmajor")
+            if fn:
+                calls["fla"] = fn
+            else:
+                print(f"note: {why}")
+        variant = f"bf16,k{K},vmajor,gdn,{form},{axes['rows']},{axes['tokens']}"
+        for rep in range(reps):
+            line = []
+            for name, fn in calls.items():
+                t, kt = device_time(fn, rep_ms=100), kernel_time(fn, iters=50)
+                pct = 100 * nbytes / t / copy_bw
+                rows.add("gated_delta_decode_ab", variant, f"{name}_r{rep}", shape, "pct_of_copy", pct)
+                rows.add("gated_delta_decode_ab", variant, f"{name}_r{rep}", shape, "kernel_us", kt * 1e6)
+                line.append(f"{name} {pct:5.1f}% {kt * 1e6:7.1f} us")
+            print(f"{form:5s} {B:4d} x {T} r{rep}: " + " | ".join(line), flush=True)
+        del args, kw, out, plan, kargs, calls
+        torch.cuda.empty_cache()
+
+
 SECTIONS = {"decode": bench_decode}
 
 
@@ -224,11 +283,17 @@ def main():
     ap.add_argument("--out", default=None, help="append result rows (JSON lines) to this file")
     ap.add_argument("--only", choices=sorted(SECTIONS), default=None, help="run one section")
     ap.add_argument("--sweep", action="store_true", help="decode: also time other tiles through the JIT")
+    ap.add_argument("--ab", metavar="DIR", default=None,
+                    help="only time this tree's decode kernel against DIR's (another checkout), and fla's")
+    ap.add_argument("--reps", type=int, default=3, help="--ab: rounds")
     a = ap.parse_args()
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
     rows.add("copy", "-", "torch_copy", "2GiB", "GBps", copy_bw / 1e9)
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
+    if a.ab:
+        ab_decode(rows, copy_bw, a.ab, a.reps)
+        return
     for name, section in SECTIONS.items():
         if a.only in (None, name):
             section(rows, copy_bw, a)

@@ -50,7 +50,10 @@ gate scalars (g, beta, and the fused form's A_log and dt_bias) are loaded each t
 inside the head are int32; and the store's addresses are derived again after the loop.
 Token 0 runs ahead of the loop, its inputs read right after the slot and before the state tile:
 their round trip and layout changes (the 4-warp K-major tile's shared-memory exchanges) overlap
-the slot's, so when the tile arrives only the update is left.
+the slot's, so when the tile arrives only the update is left. Packed tiles of 128 and 256 columns
+with 16-bit q/k/v (TILE_FIRST) issue the tile's loads first instead, in a block of their own: the
+dense form's by program id before anything else (flash-linear-attention's order), a pool's once
+the slot is read, token 0's inputs then read during the tile's round trip.
 
 Head sizes: K and V are runtime ints (K_DIM, V_DIM); the tile holds BK >= K columns (BK a power
 of two, a constexpr) and every load and store along K or V is masked (but in the packed tile),
@@ -118,11 +121,14 @@ def gated_delta_decode_kernel(
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
     b = tl.program_id(2)  # the loader keeps B and HV within a grid's 65535
-    if group_shift >= 0:
-        hq = hv >> group_shift
-    else:
-        hq = hv // group
-
+    # (BENCHMARKS.md, gated delta decode against fla; the 64-column one-token step and fp32 q/k/v's
+    # one-token steps spill with it)
+    TILE_FIRST: tl.constexpr = PACKED and BK >= 128 and Q.dtype.element_ty != tl.float32
+    if not TILE_FIRST:
+        if group_shift >= 0:
+            hq = hv >> group_shift
+        else:
+            hq = hv // group
     offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
     if PACKED:  # constant masks: Triton drops them from every load and store
@@ -131,22 +137,42 @@ def gated_delta_decode_kernel(
     else:
         k_mask = offs_k < K_DIM  # BK: K rounded up to the built tile; the rest of the tile stays zero
         v_mask = offs_v < V_DIM
-    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
-    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
-    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
-    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
-    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
-    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
-    # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
-    slot = _slot(Idx, b, dense)
-    g, a_log, dt_h, beta, q, k, v = _token_inputs(
-        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
-        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
-        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
-    valid = (slot >= 0) & (slot < num_slots)
-    head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
-    h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
-                mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
+    if TILE_FIRST:
+        # The state tile's loads first, in a block of their own (in one block with token 0's, ptxas
+        # issues token 0's address arithmetic and loads ahead of them): in the dense form by program
+        # id alone; in a pool once the slot is read, token 0's inputs then read during its round trip.
+        tile = _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS)
+        if dense != 0:  # state[b] (the loader checks that state holds B rows): no index read, no mask
+            h = _load_tile(State, b, hv, tile, stride_sn, stride_sh, True)
+            slot = b
+        else:
+            slot = tl.load(Idx + b)
+            h = _load_tile(State, tl.maximum(slot, 0), hv, tile, stride_sn, stride_sh,
+                           (slot >= 0) & (slot < num_slots))
+        hq = _query_head(hv, group, group_shift)
+        q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v = _token0(
+            Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+        valid = (slot >= 0) & (slot < num_slots)
+    else:
+        q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+        k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+        v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+        o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+        g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+        beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+        # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
+        slot = _slot(Idx, b, dense)
+        g, a_log, dt_h, beta, q, k, v = _token_inputs(
+            Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
+            offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+        valid = (slot >= 0) & (slot < num_slots)
+        head = State + tl.maximum(slot, 0).to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh
+        h = tl.load(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED, BK, KS),
+                    mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS), other=0.0)  # [BV, (KS,) BK // KS] fp32
 
     decay = tl.full([], 0.0, tl.float32)
     dt = tl.zeros(offs_k.shape, dtype=tl.float32)
@@ -174,6 +200,43 @@ def gated_delta_decode_kernel(
     # offsets would be the load's, kept live across the loop.)
     tl.store(head + _tile_offsets(offs_k, offs_v, stride_srow, KMAJOR, PACKED and KS == 1, BK, KS), h,
              mask=valid & _rows(v_mask, KS) & _cols(k_mask, KS))
+
+
+@triton.jit
+def _load_tile(State, slot, hv, tile, stride_sn, stride_sh, valid):
+    """The state tile at element offsets `tile` of head hv in pool slot `slot`, fp32 (zeros where
+    not `valid`)."""
+    return tl.load(State + slot.to(tl.int64) * stride_sn + hv.to(tl.int64) * stride_sh + tile, mask=valid, other=0.0)
+
+
+@triton.jit
+def _token0(Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
+    """Row b's q, k, v and out pointers and gate and beta offsets (token 0), and token 0's inputs
+    (_token_inputs)."""
+    q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
+    k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
+    v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
+    o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
+    g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
+    beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    g, a_log, dt_h, beta, q, k, v = _token_inputs(
+        Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
+        offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,
+        stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
+    return q_row, k_row, v_row, o_row, g_row, beta_row, g, a_log, dt_h, beta, q, k, v
+
+
+@triton.jit
+def _query_head(hv, group, group_shift):
+    """The query head of value head hv: a shift where the GVA group is a power of two."""
+    if group_shift >= 0:
+        hq = hv >> group_shift
+    else:
+        hq = hv // group
+    return hq
 
 
 @triton.jit

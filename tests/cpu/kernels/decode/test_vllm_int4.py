@@ -124,7 +124,7 @@ def test_bad_input_raises_before_launch(change, error, match, monkeypatch):
         raise AssertionError("launched")
 
     monkeypatch.setattr(split_merge.SplitMerge, "launch", no_launch)
-    monkeypatch.setattr(decode_rht, "rotations", no_launch)
+    monkeypatch.setattr(decode_rht, "signs", no_launch)
     args = _bad()
     args.update(change(args))
     q, kc, vc, table, lens = (args.pop(n) for n in ("q", "k_cache", "v_cache", "table", "seq_lens"))

@@ -371,22 +371,22 @@ def _code_dots(q, x, INT4: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def _hadamard(N: tl.constexpr):
-    # H_N [N, N] bf16 (Sylvester, unnormalized): entry (i, j) = (-1)^popcount(i & j), N <= 32.
+def _hadamard(N: tl.constexpr, DT: tl.constexpr):
+    # H_N [N, N] as DT (Sylvester, unnormalized): entry (i, j) = (-1)^popcount(i & j), N <= 32.
     i = tl.arange(0, N)
     x = i[:, None] & i[None, :]
     x = x ^ (x >> 4)
     x = x ^ (x >> 2)
     x = x ^ (x >> 1)
-    return (1 - 2 * (x & 1)).to(tl.bfloat16)
+    return (1 - 2 * (x & 1)).to(DT)
 
 
 @triton.jit
 def _dot_h(x, h):
-    # x [M, N] fp32 times h [N, N] (entries +-1, exact in bf16) at about fp32's precision: x as a
-    # hi + lo pair of bf16 (16 of fp32's 24 mantissa bits), two exact-product dots.
-    hi = x.to(tl.bfloat16)
-    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    # x [M, N] fp32 times h [N, N] bf16 (entries +-1, exact) near fp32's precision: x as a hi + lo
+    # pair of bf16 (16 of fp32's 24 mantissa bits, fp32's range), two exact-product dots.
+    hi = x.to(h.dtype)
+    lo = (x - hi.to(tl.float32)).to(h.dtype)
     return tl.dot(lo, h, tl.dot(hi, h))
 
 
@@ -402,13 +402,15 @@ def _rht_query(q_cols, qm, Rot, cols, CW: tl.constexpr):
     # vLLM's rotation R = diag(s) H_D (kernels/common/int4_rht.py, one block at head dims 64 and 128)
     # of the query, q' = q R / 2^e, as the int4 parts (channels 4w + p) the code dots take, fp16.
     # H_D = H_CW (x) H_4 over channels 4w + p (Sylvester), so part p of q' is (the 4-point Hadamard
-    # of q s over each word's channels, part p) @ H_CW: four [BLOCK_H, CW] x [CW, CW] dots.
+    # of q s over each word's channels, part p) @ H_CW: four [BLOCK_H, CW] x [CW, CW] dots. That
+    # butterfly rounded to fp16 and q' rounded to fp16: the dots read q' in fp16 (a bf16 q within
+    # fp16's range, as for the other int4 loops), so one more fp16 rounding, not a hi/lo pair.
     a = ()
     for r in tl.static_range(4):
         s = tl.load(Rot + 4 * cols + r)  # s / 2^e
         a = a + (tl.load(q_cols + r, mask=qm, other=0.0).to(tl.float32) * s[None, :],)
     u0, u1, u2, u3 = _butterfly(a[0], a[1], a[2], a[3])
-    h = _hadamard(CW)
+    h = _hadamard(CW, tl.float16)
     return (_dot_h(u0, h).to(tl.float16), _dot_h(u1, h).to(tl.float16), _dot_h(u2, h).to(tl.float16),
             _dot_h(u3, h).to(tl.float16))
 
@@ -418,7 +420,7 @@ def _rht_output(o, Rot, cols, CW: tl.constexpr):
     # The partial output's inverse rotation, out = o' R^T / b = s * (o' H_D) / b, part by part as
     # _rht_query (H_D symmetric); Rot: s / b. fp32 in and out.
     v0, v1, v2, v3 = _butterfly(o[0], o[1], o[2], o[3])
-    h = _hadamard(CW)
+    h = _hadamard(CW, tl.bfloat16)
     return (_dot_h(v0, h) * tl.load(Rot + 4 * cols)[None, :], _dot_h(v1, h) * tl.load(Rot + 4 * cols + 1)[None, :],
             _dot_h(v2, h) * tl.load(Rot + 4 * cols + 2)[None, :], _dot_h(v3, h) * tl.load(Rot + 4 * cols + 3)[None, :])
 

@@ -367,8 +367,12 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # 4 warps lead every format; per-group scales capped at 168 registers fit three programs an SM
     # instead of two (BENCHMARKS.md, Kernel choices: split launch).
     pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
+    # int4_rht: capped at int4_zp's register counts (sm90), so its in-kernel rotations (before and
+    # after the loop) cost no programs an SM
+    rht = axes["kv"] == "int4_rht"
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
-        return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)
+        cap = {64: 168, 128: 184}[int(axes["head_dim"])] if rht else 0
+        return LaunchConfig(num_warps=2, num_stages=3, maxnreg=cap, launch_pdl=pdl)
     grouped = axes["scales"] in ("group", "small_group")
     cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM. int4 per-group: 3 stages
@@ -388,7 +392,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
             cap = 168
         else:
             stages, cap = 2, 168
-    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
+    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=168 if rht else cap, launch_pdl=pdl)
 
 
 SPLIT = KernelSpec(

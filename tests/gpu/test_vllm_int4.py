@@ -64,6 +64,32 @@ def test_aot_equals_jit(head_dim, lens, jit_only):  # noqa: F811
     assert torch.equal(aot(run), jit_only(run))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_plan_steady_state_and_graph_equal_the_call(head_dim):
+    """The rotation's signs reach every launch path: DecodePlan's packed launch, an unvalidated
+    eager call's steady state and a CUDA graph of it, each bit-equal to a validated call."""
+    q, k, v, table, lens = _problem(head_dim, torch.bfloat16, seed=21)
+    kc, vc, ks, vs, _, _ = int4_cache(k, v, inline=True)
+    kw = dict(k_scale=ks, v_scale=vs, kv_format="int4_rht")
+    want = aot(lambda: loader.decode(q, kc, vc, table, lens, **kw))
+    out = torch.full_like(q, float("nan"))
+    for _ in range(3):  # the later calls take the steady state
+        out.fill_(float("nan"))
+        aot(lambda: loader.decode(q, kc, vc, table, lens, out=out, validate=False, **kw))
+        assert torch.equal(out, want)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, **kw)
+    out.fill_(float("nan"))
+    aot(lambda: plan.run(q, kc, vc, out, ks, vs))
+    assert torch.equal(out, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loader.decode(q, kc, vc, table, lens, out=out, validate=False, **kw)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
 @pytest.fixture(scope="module")
 def vllm_ops():
     peer = os.environ.get("AOTC_VLLM_PEER")

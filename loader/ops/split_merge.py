@@ -196,7 +196,8 @@ class Eager(steady.Steady):
 
     ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
     __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "rot", "split_pack", "split_buffer",
-                 "merge_pack", "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
+                 "merge_pack", "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned",
+                 "merge_misaligned", "ws")
 
     def __init__(self, match, plan: SplitMerge, apart):
         super().__init__(match, apart, None, plan.device.index)

@@ -2,7 +2,9 @@
 "int4_rht"; compat.vllm's unified_attention): against the float32 references over the dequantized,
 unrotated cache (decode at batch 32 and lengths around tiles up to 4K + 1; a mixed prefill batch
 with contexts up to 4K), written by aotc's writers (kernels/common/int4_rht.py, and
-compat.vllm.reshape_and_cache_int4), AOT == JIT bit for bit (decode's two tiles, prefill), and,
+compat.vllm.reshape_and_cache_int4), AOT == JIT bit for bit (decode's two tiles, prefill), decode's
+DecodePlan, eager steady state and CUDA graph bit-equal to a checked call (the rotation's signs on
+every launch path), and,
 when vLLM's files are at hand (AOTC_VLLM_PEER: its sdist
 or an extracted folder; skipped otherwise), against vLLM's own writer and reader on the same
 buffers. Tolerance: 2e-2 absolute and relative (bf16/fp16 output, as the CPU tests), 3e-2 for vLLM's

@@ -5,9 +5,9 @@ vLLM's Triton backend stores per (token, kv head) [K codes (D) | K scale fp32 | 
 scale fp32] in one buffer (NHD, vllm/v1/attention/backends/triton_attn.py: customize_spec,
 _ensure_scale_caches), so V starts 4 bytes past a 16-byte boundary and the scale caches are
 strided float32 views. INT4_PER_TOKEN_HEAD: nibbles and fp32 scale words in separate tensors
-(int4_cache); aotc's decode with kv_format "int4_rht" (q and the output rotated by torch matmuls
-around the split kernel, both timed), and aotc_unrotated: kv_format "int4_zp", the same kernels
-without the rotations. Built here exactly so (codes and scales random, scales positive), then:
+(int4_cache); aotc's decode with kv_format "int4_rht" (q and each split's partial output rotated
+inside the split kernel), and aotc_unrotated: kv_format "int4_zp", the same codes read without the
+rotations. Built here exactly so (codes and scales random, scales positive), then:
   vllm         vLLM's unified_attention (INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD), with the
                backend's split-K threshold (128 // kv_heads sequences) and 16 softmax segments
   aotc         aotc.loader.decode on the same buffers (k[..., :D] views, scale views [..., None]):
@@ -222,7 +222,7 @@ def main():
             if dtype == torch.uint8:
                 out_z = torch.empty_like(q)
 
-                def zp_call():  # the same split and merge without the two rotations: what fusing them could save
+                def zp_call():  # the same split and merge without the two rotations: what they cost
                     loader.decode(q, kc, vc, table, lens, k_scale=ksv, v_scale=vsv, kv_format="int4_zp", out=out_z,
                                   validate=False)
 

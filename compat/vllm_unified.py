@@ -188,8 +188,8 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     attention), mm_prefix_range (bidirectional ranges, mm_prefix_clamp_sliding_window), softcap,
     sinks, alibi_slopes (with use_alibi_sqrt), output_scale (fp8 output), kv_quant_mode NONE,
     FP8_PER_TENSOR, INT8_PER_TOKEN_HEAD and FP8_PER_TOKEN_HEAD; INT4_PER_TOKEN_HEAD at head sizes
-    64 and 128 (decode's and prefix_prefill's kv_format "int4_rht": q rotated before the kernel,
-    the output after; no softcap/ALiBi, no output_scale). Decode rows only (see the module
+    64 and 128 (decode's and prefix_prefill's kv_format "int4_rht": q and the output rotated in
+    decode's split kernel, around prefix_prefill's; no softcap/ALiBi, no output_scale). Decode rows only (see the module
     docstring): one aotc decode call (per-token-head modes: at head sizes 64 and 128).
     Prefill rows on INT8_PER_TOKEN_HEAD / FP8_PER_TOKEN_HEAD caches: prefix_prefill's kv_align 4
     binaries on vLLM's record at head sizes 40..128 (FP8 there only; INT8 elsewhere on its GENERIC

@@ -38,7 +38,9 @@ selects how a tile is dequantized:
   5 (PER_TOKEN): int4_zp, vLLM's INT4_PER_TOKEN_HEAD codes: unsigned nibbles (2i low, 2i+1 high)
      and one fp32 word a token and KV head, the scale with the zero point in its 4 low mantissa
      bits; value = (nibble - zp) * scale. _attend_chunked's int4 loop with the zero point folded
-     into the score and output corrections. The values are rotated: the op rotates q and the output.
+     into the score and output corrections. The values are rotated: RHT binaries (vLLM's int4_rht)
+     rotate q and their partial outputs themselves (_rht_query, _rht_output); the others read the
+     codes as they are (the op's int4_zp).
   3 with PER_TOKEN: fp8 e4m3 with one fp32 scale a token and KV head (vLLM's FP8_PER_TOKEN_HEAD):
      K's scales multiply the scores, V's the probabilities, as the int8 per-token loop does.
 SCORE_MOD binaries apply softcap and ALiBi (kernels/common/score_mod.py, runtime values) to the
@@ -219,8 +221,10 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, ROW_SCALES: tl.constexpr, CHUNK_SCALES: tl.constexpr,
     CHANNEL_SCALES: tl.constexpr, SCORE_MOD: tl.constexpr, KV_ALIGN: tl.constexpr, PDL: tl.constexpr,
-    PTX: tl.constexpr,
+    PTX: tl.constexpr, RHT: tl.constexpr,
 ):
+    # RHT (int4_zp only, which takes no SCORE_MOD): Alibi holds the rotation's signs, [2, HEAD_DIM]
+    # fp32 (the query's s / 2^e, the output's s / b; loader/ops/decode_rht.signs).
     # PDL (sm90+): launched as a programmatic dependent launch, this grid is scheduled while the
     # kernel before it on the stream drains; griddepcontrol.wait returns once that kernel has
     # completed and its writes are visible, and nothing is read before it; triggering the merge
@@ -242,10 +246,10 @@ def decode_split_kernel(
     last = seq_len - 1  # the query's position: ALiBi's key positions are relative to it
     if (KV_KIND == 1 or KV_KIND == 2 or KV_KIND == 5) and (PER_TOKEN or CHUNK_SCALES or CHANNEL_SCALES):
         m_i, l_i = _attend_chunked(
-            Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+            Q, K, V, KS, VS, PartO, Alibi, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
             page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
             stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
-            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES, SCORE_MOD, KV_ALIGN, PTX)
+            HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_H, KV_KIND, PER_TOKEN, CHANNEL_SCALES, SCORE_MOD, KV_ALIGN, PTX, RHT)
     elif KV_KIND == 1 or KV_KIND == 2:
         m_i, l_i = _attend_int(
             Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
@@ -367,13 +371,68 @@ def _code_dots(q, x, INT4: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
+def _hadamard(N: tl.constexpr, DT: tl.constexpr):
+    # H_N [N, N] as DT (Sylvester, unnormalized): entry (i, j) = (-1)^popcount(i & j), N <= 32.
+    i = tl.arange(0, N)
+    x = i[:, None] & i[None, :]
+    x = x ^ (x >> 4)
+    x = x ^ (x >> 2)
+    x = x ^ (x >> 1)
+    return (1 - 2 * (x & 1)).to(DT)
+
+
+@triton.jit
+def _dot_h(x, h):
+    # x [M, N] fp32 times h [N, N] bf16 (entries +-1, exact) near fp32's precision: x as a hi + lo
+    # pair of bf16 (16 of fp32's 24 mantissa bits, fp32's range), two exact-product dots.
+    hi = x.to(h.dtype)
+    lo = (x - hi.to(tl.float32)).to(h.dtype)
+    return tl.dot(lo, h, tl.dot(hi, h))
+
+
+@triton.jit
+def _butterfly(a0, a1, a2, a3):
+    # The 4-point Hadamard over the parts: b_p = sum_r (-1)^popcount(r & p) a_r.
+    s01, d01, s23, d23 = a0 + a1, a0 - a1, a2 + a3, a2 - a3
+    return s01 + s23, d01 + d23, s01 - s23, d01 - d23
+
+
+@triton.jit
+def _rht_query(q_cols, qm, Rot, cols, CW: tl.constexpr):
+    # vLLM's rotation R = diag(s) H_D (kernels/common/int4_rht.py, one block at head dims 64 and 128)
+    # of the query, q' = q R / 2^e, as the int4 parts (channels 4w + p) the code dots take, fp16.
+    # H_D = H_CW (x) H_4 over channels 4w + p (Sylvester), so part p of q' is (the 4-point Hadamard
+    # of q s over each word's channels, part p) @ H_CW: four [BLOCK_H, CW] x [CW, CW] dots. That
+    # butterfly rounded to fp16 and q' rounded to fp16: the dots read q' in fp16 (a bf16 q within
+    # fp16's range, as for the other int4 loops), so one more fp16 rounding, not a hi/lo pair.
+    a = ()
+    for r in tl.static_range(4):
+        s = tl.load(Rot + 4 * cols + r)  # s / 2^e
+        a = a + (tl.load(q_cols + r, mask=qm, other=0.0).to(tl.float32) * s[None, :],)
+    u0, u1, u2, u3 = _butterfly(a[0], a[1], a[2], a[3])
+    h = _hadamard(CW, tl.float16)
+    return (_dot_h(u0, h).to(tl.float16), _dot_h(u1, h).to(tl.float16), _dot_h(u2, h).to(tl.float16),
+            _dot_h(u3, h).to(tl.float16))
+
+
+@triton.jit
+def _rht_output(o, Rot, cols, CW: tl.constexpr):
+    # The partial output's inverse rotation, out = o' R^T / b = s * (o' H_D) / b, part by part as
+    # _rht_query (H_D symmetric); Rot: s / b. fp32 in and out.
+    v0, v1, v2, v3 = _butterfly(o[0], o[1], o[2], o[3])
+    h = _hadamard(CW, tl.bfloat16)
+    return (_dot_h(v0, h) * tl.load(Rot + 4 * cols)[None, :], _dot_h(v1, h) * tl.load(Rot + 4 * cols + 1)[None, :],
+            _dot_h(v2, h) * tl.load(Rot + 4 * cols + 2)[None, :], _dot_h(v3, h) * tl.load(Rot + 4 * cols + 3)[None, :])
+
+
+@triton.jit
 def _attend_chunked(
-    Q, K, V, KS, VS, PartO, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
+    Q, K, V, KS, VS, PartO, Rot, q_rows, slot_ids, table_row, lo, hi, kvh64, h_mask, m_i, l_i, qk_scale,
     page_shift, quant_shift, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, last, softcap, slopes, alibi_mode,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     KV_KIND: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL: tl.constexpr, SCORE_MOD: tl.constexpr,
-    KV_ALIGN: tl.constexpr, PTX: tl.constexpr,
+    KV_ALIGN: tl.constexpr, PTX: tl.constexpr, RHT: tl.constexpr,
 ):
     # int8/int4 caches whose scale is constant over chunks of words: one scale a token (PER_TOKEN:
     # one chunk, the whole head, int8 or int4), or int8 groups of 64+ channels (CHUNK_WORDS words a
@@ -423,6 +482,8 @@ def _attend_chunked(
         if INT4:
             q2 = tl.load(q_cols + 2, mask=qm, other=0.0).to(tl.float16)
             q3 = tl.load(q_cols + 3, mask=qm, other=0.0).to(tl.float16)
+            if RHT:  # the query's parts again, rotated: q' = q R / 2^e (one chunk: the whole head)
+                q0, q1, q2, q3 = _rht_query(q_cols, qm, Rot, cols, CW)
             qs = qs + ((q0, q1, q2, q3),)
             s02 = tl.sum(q0.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
             s13 = tl.sum(q1.to(tl.float32), 1) + tl.sum(q3.to(tl.float32), 1)
@@ -532,6 +593,7 @@ def _attend_chunked(
         cols = c * CW + offs_w
         om = (h_mask & (hi > lo))[:, None] & (cols < HEAD_DIM // PARTS)[None, :]
         o_cols = PartO + slot_ids[:, None] * HEAD_DIM + PARTS * cols[None, :]
+        parts = ()
         for i in tl.static_range(PARTS):
             # int4 parts 1, 3 summed 16 x code (_i4x4_codes16)
             scale = inv_l * 0.0625 if INT4 and i % 2 == 1 else inv_l
@@ -541,7 +603,14 @@ def _attend_chunked(
             if CHANNEL:
                 vc = tl.load(vs_row + PARTS * cols + i, mask=cols < HEAD_DIM // PARTS, other=0.0)
                 o = o * vc[None, :]
-            tl.store(o_cols + i, o, mask=om)
+            parts = parts + (o,)
+        if RHT:
+            # Each split's partial rotated back before it is stored, not in the merge: the rotation is
+            # linear (the merge's weighted sum is unchanged) and mixes every channel of the head, which
+            # the merge's 32-channel programs do not hold.
+            parts = _rht_output(parts, Rot + HEAD_DIM, cols, CW)
+        for i in tl.static_range(PARTS):
+            tl.store(o_cols + i, parts[i], mask=om)
     return m_i, l_i
 
 

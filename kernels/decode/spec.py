@@ -2,7 +2,8 @@
 
 Split kernel axes: `q` (fp16, bf16), `kv` (the cache format: the query's own dtype, int8, int4,
 fp8_e4m3, fp8_e5m2, and int4_zp: vLLM's INT4_PER_TOKEN_HEAD codes, "token" scales in fp32 words
-holding the zero point, head dims 64 and 128, see ZP_FORMATS), `scale` (fp16, bf16, fp32 for
+holding the zero point, head dims 64 and 128, see ZP_FORMATS; int4_rht: the same codes with the
+rotation they were stored under undone in the kernel), `scale` (fp16, bf16, fp32 for
 int8/int4; fp32 otherwise: fp8's per-head scale, or an unused placeholder for fp16/bf16 caches),
 `head_dim` (64, 96, 128, 256), `scales` (int8/int4: "token" for one scale a token, group ==
 head_dim, and "chunk" for int8 groups of 64 at head_dim 128, which share a loop in the kernel that
@@ -31,12 +32,13 @@ from ..common.formats import MAX_QUANT_GROUP, MIN_QUANT_GROUP, ptx_constexprs  #
 from ..variants import Arg, KernelSpec, LaunchConfig
 
 Q_DTYPES = ("fp16", "bf16")
-KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2", "int4_zp")
+KV_FORMATS = ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2", "int4_zp", "int4_rht")
 INT_FORMATS = ("int8", "int4")
 # vLLM's INT4_PER_TOKEN_HEAD codes (kernels/common/int4_rht.py): unsigned nibbles, one fp32 scale
-# word a token and KV head holding the zero point in its 4 low mantissa bits. The kernel reads the
-# stored (rotated) values; the op rotates q before and the output after (loader/ops/decode_rht.py).
-ZP_FORMATS = ("int4_zp",)
+# word a token and KV head holding the zero point in its 4 low mantissa bits. "int4_zp" reads the
+# stored (rotated) values as they are; "int4_rht" rotates q and each split's partial output in the
+# split kernel (its RHT constexpr; the signs: loader/ops/decode_rht.signs).
+ZP_FORMATS = ("int4_zp", "int4_rht")
 SCALE_DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (64, 96, 128, 256)
 PER_TOKEN_HEAD_DIMS = (64, 128)  # a group of head_dim channels: a power of two <= MAX_QUANT_GROUP
@@ -48,9 +50,10 @@ CHUNK_CHANNELS = 64
 CHUNK_HEAD_DIMS = (128,)
 WIDE_GROUP_HEAD_DIMS = (128, 256)  # head dims with a "group" variant (groups of 32+ that are not one a token)
 
-KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "int4_zp": 5}
+KV_KIND = {"fp16": 0, "bf16": 0, "int8": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "int4_zp": 5, "int4_rht": 5}
 CACHE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "int4",
-               "fp8_e4m3": "int8", "fp8_e5m2": "int8", "int4_zp": "int4"}
+               "fp8_e4m3": "int8", "fp8_e5m2": "int8", "int4_zp": "int4",
+               "int4_rht": "int4"}
 
 BLOCK_H = 16  # query heads of one KV group per program: the M of the QK^T tensor-core dot
 # Splits a request at most: what the merge reads and an explicit num_splits may ask for. The
@@ -310,7 +313,7 @@ def split_constexprs(axes) -> dict:
             "KV_KIND": KV_KIND[str(axes["kv"])], "PER_TOKEN": int(axes["scales"] == "token"),
             "ROW_SCALES": int(axes["scales"] == "small_group"), "CHUNK_SCALES": int(axes["scales"] == "chunk"),
             "CHANNEL_SCALES": int(axes["scales"] == "channel"), "SCORE_MOD": int(axes.get("score", "plain") == "mod"),
-            "KV_ALIGN": int(axes.get("kv_align", 16))}
+            "KV_ALIGN": int(axes.get("kv_align", 16)), "RHT": int(axes["kv"] == "int4_rht")}
 
 
 def split_variants():
@@ -341,8 +344,8 @@ def vllm_variants(q: str):
     """The variants vLLM's unified_attention needs beyond the others, for one query dtype: scores
     with softcap/ALiBi over fp16/bf16/fp8 caches (4 head dims x 3 formats), and its per-token-head
     int8 / fp8 e4m3 caches with fp32 scales at kv_align 4 and 8, plain and "mod" (2 head dims x 2 x
-    2 x 2), and its INT4_PER_TOKEN_HEAD codes ("int4_zp": head dim 64's narrow tile, 128's narrow
-    and wide): 31 a query dtype."""
+    2 x 2), and its INT4_PER_TOKEN_HEAD codes ("int4_zp" and "int4_rht": head dim 64's narrow tile,
+    128's narrow and wide): 34 a query dtype."""
     for kv in (q, "fp8_e4m3", "fp8_e5m2"):
         for hd in HEAD_DIMS:
             yield split_axes(q, kv, "fp32", hd, score="mod")
@@ -364,8 +367,12 @@ def split_launch(axes, arch: int) -> LaunchConfig:
     # 4 warps lead every format; per-group scales capped at 168 registers fit three programs an SM
     # instead of two (BENCHMARKS.md, Kernel choices: split launch).
     pdl = arch >= 90  # a programmatic dependent launch on sm90+ (kernel.py: the PDL constexpr)
+    # int4_rht: capped at int4_zp's register counts (sm90), so its in-kernel rotations (before and
+    # after the loop) cost no programs an SM
+    rht = axes["kv"] == "int4_rht"
     if axes["tile"] == "narrow":  # 2 warps, 64-token tiles, 3 stages (see NARROW_PROGRAMS_PER_SM)
-        return LaunchConfig(num_warps=2, num_stages=3, launch_pdl=pdl)
+        cap = {64: 168, 128: 184}[int(axes["head_dim"])] if rht else 0
+        return LaunchConfig(num_warps=2, num_stages=3, maxnreg=cap, launch_pdl=pdl)
     grouped = axes["scales"] in ("group", "small_group")
     cap = 168 if grouped and int(axes["head_dim"]) <= 128 else 0
     # int8 per-token: 2 stages keep it at 168 registers, three programs an SM. int4 per-group: 3 stages
@@ -385,7 +392,7 @@ def split_launch(axes, arch: int) -> LaunchConfig:
             cap = 168
         else:
             stages, cap = 2, 168
-    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=cap, launch_pdl=pdl)
+    return LaunchConfig(num_warps=4, num_stages=stages, maxnreg=168 if rht else cap, launch_pdl=pdl)
 
 
 SPLIT = KernelSpec(
@@ -395,7 +402,7 @@ SPLIT = KernelSpec(
     function="decode_split_kernel",
     args=SPLIT_ARGS,
     constexpr_names=("HEAD_DIM", "BLOCK_D", "BLOCK_N", "BLOCK_H", "KV_KIND", "PER_TOKEN", "ROW_SCALES", "CHUNK_SCALES",
-                     "CHANNEL_SCALES", "SCORE_MOD", "KV_ALIGN", "PDL", "PTX"),
+                     "CHANNEL_SCALES", "SCORE_MOD", "KV_ALIGN", "PDL", "PTX", "RHT"),
     constexprs=split_constexprs,
     variants=split_variants,
     launch=split_launch,

@@ -51,7 +51,7 @@ def _check_score_mod(alibi_slopes, alibi_sqrt, softcap, q_heads, kv, head_dim, d
         raise ValueError("alibi_sqrt=True needs alibi_slopes")
     mode = 0 if alibi_slopes is None else 2 if alibi_sqrt else 1
     if (mode or softcap) and kv.fmt in S.ZP_FORMATS:
-        raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} (int4_rht) cache are not implemented")
+        raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} cache are not implemented")
     if (mode or softcap) and kv.fmt in S.INT_FORMATS and not (kv.fmt == "int8" and kv.group == head_dim
                                                                  and not kv.channel):
         raise NotImplementedError(f"softcap / alibi_slopes with an {kv.fmt} cache is implemented for int8 with one "
@@ -137,7 +137,13 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
         ks_strides, vs_strides = (0, 0, kv.ks_head_stride), (0, 0, kv.vs_head_stride)
     else:
         ks_strides = vs_strides = (0, 0, 0)
-    split_ints = [d.sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
+    rot, sm_scale = None, d.sm_scale
+    if kv.fmt == "int4_rht":  # the split kernel rotates q and its partials (decode_rht.signs)
+        from .decode_rht import signs
+
+        rot, gain = signs(head_dim, q.device)
+        sm_scale = d.sm_scale / gain
+    split_ints = [sm_scale, d.window, int(d.req_idx is not None), kv.k.shape[1].bit_length() - 1, table.shape[1],
                   table.stride(0), q_heads, group, kv.group.bit_length() - 1, q.stride(0), q.stride(1), *kv.k.stride()[:3],
                   *kv.v.stride()[:3], *ks_strides, *vs_strides, d.softcap, d.alibi_mode]
     score = "mod" if d.softcap or d.alibi_mode else "plain"
@@ -165,7 +171,8 @@ def _make_plan(d: _Decode, out: torch.Tensor) -> SplitMerge:
     return SplitMerge((S.SPLIT, split_axes, S.split_grid(batch, kv_heads, group, splits), split_ints),
                       (S.MERGE, merge_axes, S.merge_grid(batch, q_heads, merge_axes),
                        merge_ints), n_o, n_lse, q.device, kv.fmt, fp8, byte_view,
-                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS + S.ZP_FORMATS)))
+                      {4: 3, 8: 7}.get(split_axes.get("kv_align"), int(kv.fmt in S.INT_FORMATS + S.ZP_FORMATS)),
+                      rot)
 
 
 def _kv_align(kv, per_token: bool, score: str, head_dim: int) -> int:
@@ -291,7 +298,7 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
                or 128: Dc = D // 2 uint8/int8 (unsigned nibbles, channel 2i low), k_scale/v_scale the
                cache's shape with last dim 1, fp32 scale words (zero point in the 4 low mantissa
                bits; vLLM's k_scale_cache[..., None]), any strides; the stored values are rotated
-               and decode rotates q before the kernel and the output after (decode_rht.py).
+               and the split kernel rotates q and its partial outputs (decode_rht.signs).
                "int4_zp": the same codes read without the rotation (the kernel's format).
       sm_scale float, default 1/sqrt(D). window int: attend to the last `window` tokens only.
       sinks    [H] fp32 logits joined to each head's softmax denominator (no value).
@@ -328,13 +335,6 @@ def decode(q, k_cache, v_cache, table, seq_lens, *, req_idx=None, k_scale=None, 
     are not checked: NaN in, NaN out (a non-finite q row, or a k/v row it attends to, gives that
     head NaN in out and lse; other heads are unaffected).
     """
-    if kv_format == "int4_rht":
-        from .decode_rht import decode_rht
-
-        return decode_rht(q, k_cache, v_cache, table, seq_lens, req_idx=req_idx, k_scale=k_scale, v_scale=v_scale,
-                          sm_scale=sm_scale, window=window, sinks=sinks, out=out, num_splits=num_splits,
-                          return_lse=return_lse, lse=lse, scale_layout=scale_layout, alibi_slopes=alibi_slopes,
-                          alibi_sqrt=alibi_sqrt, softcap=softcap, validate=validate)
     matched = False
     if not validate and not _compiling():
         for e in _recent.entries:  # one C call matches every argument; pointers read once

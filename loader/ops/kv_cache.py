@@ -20,6 +20,7 @@ STORAGE = {  # dtypes a cache of each format may have (fp8 also as its raw bytes
     "fp8_e4m3": (torch.float8_e4m3fn, torch.int8, torch.uint8),
     "fp8_e5m2": (torch.float8_e5m2, torch.int8, torch.uint8),
     "int4_zp": (torch.uint8, torch.int8),
+    "int4_rht": (torch.uint8, torch.int8),
 }
 rules.I32_MAX = 2 ** 31 - 1
 

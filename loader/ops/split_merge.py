@@ -5,7 +5,8 @@ Both kernel families take the same arguments (split: q, k, v, k_scale, v_scale, 
 lengths, partial out, partial lse, then decode's ALiBi slopes (a split spec with an `Alibi`
 argument), then ints; merge: partial out, partial lse, sinks, out, lse, then ints), so one
 `SplitMerge` holds what a call's metadata fixes (variants, grids, ints,
-workspace sizes, the two prepared `launch.Launch`es) and launches it three ways:
+workspace sizes, the two prepared `launch.Launch`es; `rot`, what the `Alibi` slot holds for a call
+without slopes: decode's int4_rht signs) and launches it three ways:
 - `launch(...)`: an eager call, on the current stream with the stream's workspace, the two launches
   held together under the stream's lock; the prepared launches where the binaries are built, else
   `run_kernel` (the JIT fallback, the CPU interpreter, another current device);
@@ -60,13 +61,15 @@ class SplitMerge:
 
     __slots__ = ("split_spec", "split_axes", "split_grid", "split_ints", "merge_spec", "merge_axes", "merge_grid",
                  "merge_ints", "n_o", "n_lse", "device", "fmt", "fp8", "byte_view", "halfword", "residues",
-                 "fast_split", "fast_merge", "apart", "alibi", "eager_made")
+                 "fast_split", "fast_merge", "apart", "alibi", "rot", "eager_made")
 
     def __init__(self, split, merge, n_o: int, n_lse: int, device, fmt: str, fp8: bool, byte_view: bool,
-                 halfword: int):
-        """split, merge: (spec, axes, grid, ints) of each kernel."""
+                 halfword: int, rot=None):
+        """split, merge: (spec, axes, grid, ints) of each kernel. rot: a tensor the split kernel's
+        `Alibi` slot holds when a call passes no slopes (decode's int4_rht signs), else None."""
         self.split_spec, self.split_axes, self.split_grid, self.split_ints = split
         self.alibi = "Alibi" in self.split_spec.arg_index
+        self.rot = rot
         self.merge_spec, self.merge_axes, self.merge_grid, self.merge_ints = merge
         self.n_o, self.n_lse, self.device, self.fmt = n_o, n_lse, device, fmt
         self.fp8, self.byte_view, self.halfword = fp8, byte_view, halfword
@@ -108,7 +111,11 @@ class SplitMerge:
     def split_args(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o, part_lse, alibi=None) -> list:
         """The split kernel's arguments as run_kernel takes them (tensors, then the ints)."""
         return split_args(self.fp8, self.byte_view, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, part_o,
-                          part_lse, self.split_ints, (alibi if alibi is not None else part_lse) if self.alibi else None)
+                          part_lse, self.split_ints, self._alibi(alibi, part_lse) if self.alibi else None)
+
+    def _alibi(self, alibi, part_lse):
+        """What the `Alibi` slot holds: the call's slopes, else rot, else a pointer never read."""
+        return alibi if alibi is not None else self.rot if self.rot is not None else part_lse
 
     def launch(self, q, k, v, k_scale, v_scale, table, req_idx, seq_lens, sinks, out, lse=None, alibi=None) -> None:
         """One eager call (k, v: the paged [pages, page_size, heads, d] views)."""
@@ -154,7 +161,8 @@ class SplitMerge:
             pointers = (q.data_ptr(), kp, vp, ks, vs, table.data_ptr(), lens if req_idx is None else req_idx.data_ptr(),
                         lens, part_o, part_lse)
             if self.alibi:
-                pointers += (part_lse if alibi is None else alibi.data_ptr(),)
+                a = self._alibi(alibi, part_lse)
+                pointers += (a if isinstance(a, int) else a.data_ptr(),)
             self.fast_split(pointers, stream)
             self.fast_merge((part_o, part_lse, part_lse if sinks is None else sinks.data_ptr(), out.data_ptr(),
                              part_lse if lse is None else lse.data_ptr()), stream)
@@ -187,8 +195,9 @@ class Eager(steady.Steady):
     a stream whose workspace is not yet big enough (the full path grows it)."""
 
     ARGS = ("q", "k", "v", "table", "seq_lens", "req_idx", "k_scale", "v_scale", "sinks", "out", "lse", "alibi")
-    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "split_pack", "split_buffer", "merge_pack",
-                 "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned", "merge_misaligned", "ws")
+    __slots__ = ("plan", "one", "mask", "k_res", "v_res", "alibi", "rot", "split_pack", "split_buffer",
+                 "merge_pack", "merge_buffer", "packing", "split_go", "merge_go", "split_misaligned",
+                 "merge_misaligned", "ws")
 
     def __init__(self, match, plan: SplitMerge, apart):
         super().__init__(match, apart, None, plan.device.index)
@@ -196,6 +205,7 @@ class Eager(steady.Steady):
         self.one = one(plan.device).data_ptr()  # fp8 without scales reads 1.0; fp16/bf16 read no scale
         self.mask, self.k_res, self.v_res = plan.residues
         self.alibi = plan.alibi
+        self.rot = None if plan.rot is None else plan.rot.data_ptr()  # the Alibi slot without slopes (SplitMerge.rot)
         split, merge = plan.fast_split, plan.fast_merge
         self.split_pack, self.split_buffer, self.merge_pack, self.merge_buffer = \
             split.pack, split.buffer, merge.pack, merge.buffer
@@ -229,7 +239,7 @@ class Eager(steady.Steady):
             ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
         return (out.data_ptr(), None if lse is None else lse.data_ptr(), q.data_ptr(), kp, vp, table.data_ptr(), lp,
                 lp if req_idx is None else req_idx.data_ptr(), ksp, vsp, None if sinks is None else sinks.data_ptr(),
-                None if alibi is None else alibi.data_ptr())
+                self.rot if alibi is None else alibi.data_ptr())
 
     def go(self, p, stream) -> bool:
         ws = self.ws
@@ -287,8 +297,8 @@ class Bound:
         lens = seq_lens.data_ptr()
         fixed = {5: table.data_ptr(), 6: lens if req_idx is None else req_idx.data_ptr(), 7: lens, 8: part_o,
                  9: part_lse}
-        if sm.alibi:
-            fixed[10] = part_lse  # ALiBi slopes, never read: a plan runs no score modifiers
+        if sm.alibi:  # a plan runs no score modifiers: int4_rht's signs, or a pointer never read
+            fixed[10] = part_lse if sm.rot is None else sm.rot.data_ptr()
         split.fix(fixed)
         split.per_call(0, 5)
         merge.fix({0: part_o, 1: part_lse, 2: part_lse if sinks is None else sinks.data_ptr(), 4: part_lse})

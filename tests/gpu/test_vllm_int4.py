@@ -2,7 +2,9 @@
 "int4_rht"; compat.vllm's unified_attention): against the float32 references over the dequantized,
 unrotated cache (decode at batch 32 and lengths around tiles up to 4K + 1; a mixed prefill batch
 with contexts up to 4K), written by aotc's writers (kernels/common/int4_rht.py, and
-compat.vllm.reshape_and_cache_int4), AOT == JIT bit for bit (decode's two tiles, prefill), and,
+compat.vllm.reshape_and_cache_int4), AOT == JIT bit for bit (decode's two tiles, prefill), decode's
+DecodePlan, eager steady state and CUDA graph bit-equal to a checked call (the rotation's signs on
+every launch path), and,
 when vLLM's files are at hand (AOTC_VLLM_PEER: its sdist
 or an extracted folder; skipped otherwise), against vLLM's own writer and reader on the same
 buffers. Tolerance: 2e-2 absolute and relative (bf16/fp16 output, as the CPU tests), 3e-2 for vLLM's
@@ -62,6 +64,32 @@ def test_aot_equals_jit(head_dim, lens, jit_only):  # noqa: F811
         return loader.decode(q, kc, vc, table, seq_lens, k_scale=ks, v_scale=vs, kv_format="int4_rht", out=out)
 
     assert torch.equal(aot(run), jit_only(run))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_plan_steady_state_and_graph_equal_the_call(head_dim):
+    """The rotation's signs reach every launch path: DecodePlan's packed launch, an unvalidated
+    eager call's steady state and a CUDA graph of it, each bit-equal to a validated call."""
+    q, k, v, table, lens = _problem(head_dim, torch.bfloat16, seed=21)
+    kc, vc, ks, vs, _, _ = int4_cache(k, v, inline=True)
+    kw = dict(k_scale=ks, v_scale=vs, kv_format="int4_rht")
+    want = aot(lambda: loader.decode(q, kc, vc, table, lens, **kw))
+    out = torch.full_like(q, float("nan"))
+    for _ in range(3):  # the later calls take the steady state
+        out.fill_(float("nan"))
+        aot(lambda: loader.decode(q, kc, vc, table, lens, out=out, validate=False, **kw))
+        assert torch.equal(out, want)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, **kw)
+    out.fill_(float("nan"))
+    aot(lambda: plan.run(q, kc, vc, out, ks, vs))
+    assert torch.equal(out, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loader.decode(q, kc, vc, table, lens, out=out, validate=False, **kw)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ a call of decode's new variants, beside the AOT build's compile of the same keys
 of the int8 per-channel split, the merge kernel that writes the LSE and a bf16 "mod" split
 (softcap/ALiBi); GENERIC calls (every specializable argument off 16, as vLLM's inline-scale cache
 is: rows 4-byte aligned) of the kv_align 4 and 8 int8 and fp8 per-token splits; int4_zp (vLLM's
-INT4_PER_TOKEN_HEAD codes) aligned (narrow tile) and GENERIC (wide tile). Prints pairs, one a line."""
+INT4_PER_TOKEN_HEAD codes) aligned (narrow tile) and GENERIC (wide tile), and int4_rht (the same with
+its rotations in the kernel) likewise. Prints pairs, one a line."""
 import hashlib
 import os
 import sys
@@ -22,8 +23,8 @@ def aligned(n, dtype):
     return t[off:off + n]
 
 
-def split_args(cache=torch.int8):
-    q, k, v = aligned(4096, torch.bfloat16), aligned(65536, cache), aligned(65536, cache)
+def split_args(cache=torch.int8, q_dtype=torch.bfloat16):
+    q, k, v = aligned(4096, q_dtype), aligned(65536, cache), aligned(65536, cache)
     ks, vs = aligned(256, torch.float32), aligned(256, torch.float32)
     ints = [aligned(64, torch.int32) for _ in range(3)]
     part_o, part_lse, alibi = aligned(8192, torch.float32), aligned(512, torch.float32), aligned(32, torch.float32)
@@ -65,6 +66,8 @@ if __name__ == "__main__":
     fp8_a8 = S.split_axes("bf16", "fp8_e4m3", "fp32", 128, per_token=True, score="mod", kv_align=8)
     zp_narrow = dict(S.split_axes("bf16", "int4_zp", "fp32", 128, per_token=True), tile="narrow")
     zp_wide = dict(S.split_axes("fp16", "int4_zp", "fp32", 128, per_token=True), tile="wide")
+    rht_narrow = dict(S.split_axes("fp16", "int4_rht", "fp32", 64, per_token=True), tile="narrow")
+    rht_wide = dict(S.split_axes("bf16", "int4_rht", "fp32", 128, per_token=True), tile="wide")
     for spec, axes, args, level in ((S.SPLIT, split, split_args(), "aligned"), (S.MERGE, merge, merge_args(), "aligned"),
                                     (S.SPLIT, mod, split_args(torch.bfloat16), "aligned"),
                                     (S.SPLIT, int8_a4, vllm_split_args(torch.int8), "generic"),
@@ -72,6 +75,8 @@ if __name__ == "__main__":
                                     (S.SPLIT, int8_a8, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, fp8_a8, vllm_split_args(torch.int8), "generic"),
                                     (S.SPLIT, zp_narrow, split_args(), "aligned"),
-                                    (S.SPLIT, zp_wide, vllm_split_args(torch.int8, torch.float16), "generic")):
+                                    (S.SPLIT, zp_wide, vllm_split_args(torch.int8, torch.float16), "generic"),
+                                    (S.SPLIT, rht_narrow, split_args(torch.int8, torch.float16), "aligned"),
+                                    (S.SPLIT, rht_wide, vllm_split_args(torch.int8), "generic")):
         aot = compile_variant(spec, VariantKey.make(spec.name, axes, level), arch)
         print(hashlib.sha256(aot.cubin).hexdigest(), jit_sha(spec.name, axes, args, arch))

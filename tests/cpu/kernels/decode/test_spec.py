@@ -26,35 +26,37 @@ def test_variant_count_and_keys():
     # dtypes); int4 one scale a token at head_dim 128 comes in both tiles (q dtype x 3 scale dtypes);
     # int8 with fp32 scales per KV head and channel ("channel") at every head dim (q dtype x 4)
     # plus vLLM's (spec.vllm_variants): q dtype x (3 formats x 4 head dims with "mod" + int8 / fp8
-    # e4m3 per token x 2 head dims x plain/mod at kv_align 4 and 8 + int4_zp, vLLM's INT4_PER_TOKEN_HEAD:
-    # head dim 64's narrow tile and 128's narrow and wide)
+    # e4m3 per token x 2 head dims x plain/mod at kv_align 4 and 8 + int4_zp and int4_rht, vLLM's
+    # INT4_PER_TOKEN_HEAD read as stored and rotated back: head dim 64's narrow tile and 128's narrow and wide)
     assert len(split) == 2 * (1 + 3 + 3 + 2) * 4 + 2 * 2 * 3 * 2 + 2 * 2 * 3 * 2 + 2 * 3 + 2 * 3 + 2 * 4 \
-        + 2 * (3 * 4 + 2 * 2 * 2 * 2 + 3) == 202
+        + 2 * (3 * 4 + 2 * 2 * 2 * 2 + 2 * 3) == 208
     assert sum(a["scales"] == "channel" for a in split) == 8
     assert len(merge) == 2 * 4 * 5  # out dtype x head_dim x split tile (4, 16, 64, 256, the loop)
     keys = S.SPLIT.keys() + S.MERGE.keys()
-    assert len(set(keys)) == len(keys) == 2 * (202 + 40)
+    assert len(set(keys)) == len(keys) == 2 * (208 + 40)
     for k in keys:
         assert VariantKey.parse(str(k)) == k
 
 
-def test_int4_zp_variants():
-    zp = [a for a in S.SPLIT.variants() if a["kv"] == "int4_zp"]
+@pytest.mark.parametrize("kv", ["int4_zp", "int4_rht"])
+def test_int4_zp_variants(kv):
+    zp = [a for a in S.SPLIT.variants() if a["kv"] == kv]
     assert sorted((a["q"], a["head_dim"], a["tile"]) for a in zp) == sorted(
         (q, hd, t) for q in ("fp16", "bf16") for hd, t in ((64, "narrow"), (128, "narrow"), (128, "wide")))
     assert all(a["scales"] == "token" and a["scale"] == "fp32" and a["cache"] == "int4" and "kv_align" not in a
                for a in zp)
     assert S.split_constexprs(zp[0])["KV_KIND"] == 5
+    assert all(S.split_constexprs(a)["RHT"] == (kv == "int4_rht") for a in zp)
     with pytest.raises(ValueError, match="one scale a token"):
-        S.split_axes("bf16", "int4_zp", "fp32", 128)
+        S.split_axes("bf16", kv, "fp32", 128)
     with pytest.raises(ValueError, match="head_dim"):
-        S.split_axes("bf16", "int4_zp", "fp32", 96, per_token=True)
+        S.split_axes("bf16", kv, "fp32", 96, per_token=True)
     with pytest.raises(ValueError, match="fp32"):
-        S.split_axes("bf16", "int4_zp", "fp16", 128, per_token=True)
+        S.split_axes("bf16", kv, "fp16", 128, per_token=True)
     with pytest.raises(ValueError, match="mod"):
-        S.split_axes("bf16", "int4_zp", "fp32", 128, per_token=True, score="mod")
+        S.split_axes("bf16", kv, "fp32", 128, per_token=True, score="mod")
     with pytest.raises(ValueError, match="kv_align"):
-        S.split_axes("bf16", "int4_zp", "fp32", 128, per_token=True, kv_align=4)
+        S.split_axes("bf16", kv, "fp32", 128, per_token=True, kv_align=4)
 
 
 def test_merge_tile_is_the_smallest_that_holds_the_splits():
@@ -162,6 +164,8 @@ def test_register_cap_is_for_wide_per_group_int_variants_up_to_head_dim_128_grou
         grouped = axes["scales"] in ("group", "small_group") and axes["head_dim"] <= 128
         group_256 = (axes["scales"], axes["head_dim"]) == ("group", 256)
         want = 168 if (grouped and axes["tile"] == "wide") or group_256 or (axes.get("kv_align"), axes["kv"]) == (8, "fp8_e4m3") else 0
+        if axes["kv"] == "int4_rht":  # int4_zp's register counts: narrow 184 at head_dim 128, else 168
+            want = 184 if (axes["tile"], axes["head_dim"]) == ("narrow", 128) else 168
         assert cfg.maxnreg == want, axes
         if axes["head_dim"] == 256 and axes["scales"] != "none":  # int4 "group": 3 stages there
             assert cfg.num_stages == (3 if (axes["kv"], axes["scales"]) == ("int4", "group") else 2), axes
@@ -172,7 +176,8 @@ def test_tiles_declared_per_format_and_head_dim():
     narrow = {(a["kv"], a["head_dim"], a["scales"]) for a in variants if a["tile"] == "narrow"}
     wide = {(a["kv"], a["head_dim"], a["scales"]) for a in variants if a["tile"] == "wide"}
     assert narrow == {("int4", 64, "token"), ("int4", 64, "small_group"), ("int4", 128, "token"),
-                      ("int4_zp", 64, "token"), ("int4_zp", 128, "token")}
+                      ("int4_zp", 64, "token"), ("int4_zp", 128, "token"), ("int4_rht", 64, "token"),
+                      ("int4_rht", 128, "token")}
     assert ("int4", 128, "token") in wide and not any(kv == "int4" and hd == 64 for kv, hd, _ in wide)
     for a in variants:
         cfg, c = S.split_launch(a, 90), S.split_constexprs(a)

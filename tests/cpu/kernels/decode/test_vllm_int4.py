@@ -124,9 +124,70 @@ def test_bad_input_raises_before_launch(change, error, match, monkeypatch):
         raise AssertionError("launched")
 
     monkeypatch.setattr(split_merge.SplitMerge, "launch", no_launch)
-    monkeypatch.setattr(decode_rht, "rotations", no_launch)
+    monkeypatch.setattr(decode_rht, "signs", no_launch)
     args = _bad()
     args.update(change(args))
     q, kc, vc, table, lens = (args.pop(n) for n in ("q", "k_cache", "v_cache", "table", "seq_lens"))
     with pytest.raises(error, match=match):
         loader.decode(q, kc, vc, table, lens, **args)
+
+
+@pytest.mark.parametrize("head_dim,tile", [(64, "narrow"), (128, "narrow"), (128, "wide")])
+def test_int4_rht_split_partials_are_unrotated(head_dim, tile):
+    """The RHT split kernel alone, workspace NaN-poisoned: split s's partial output is the attention
+    over its own chunk of the real (unrotated) values, its lse base 2, and an empty split writes
+    lse = -inf and leaves its partial NaN. Lengths around the tile: 1, block-1, block, block+1, long."""
+    import math
+
+    from aotc.kernels.decode import kernel, spec as S
+    from aotc.kernels.decode.reference import gather_tokens
+    from aotc.loader.ops.decode_rht import signs
+
+    block = S.block_n(head_dim, tile)
+    lens = [0, 1, block - 1, block, block + 1, 3 * block + 5]
+    q, k, v, table, seq_lens = problem(lens, head_dim, torch.float16, kv_heads=1, group=2, page_size=16, seed=7)
+    kc, vc, ks, vs, k_real, v_real = int4_cache(k, v)
+    batch, q_heads, _ = q.shape
+    splits = 3
+    part_o = torch.full((batch, q_heads, splits, head_dim), float("nan"))
+    part_lse = torch.full((batch, q_heads, splits), float("nan"))
+    rot, gain = signs(head_dim, q.device)
+    axes = dict(S.split_axes("fp16", "int4_rht", "fp32", head_dim, per_token=True), tile=tile)
+    kb, vb = kc.view(torch.int8), vc.view(torch.int8)
+    args = [q, kb, vb, ks, vs, table, seq_lens, seq_lens, part_o, part_lse, rot,
+            1 / math.sqrt(head_dim) / gain, 0, 0, 4, table.shape[1], table.stride(0), q_heads, 2,
+            head_dim.bit_length() - 1, q.stride(0), q.stride(1), *kb.stride()[:3], *vb.stride()[:3],
+            *ks.stride()[:3], *vs.stride()[:3], 0.0, 0]
+    kernel.decode_split_kernel[S.split_grid(batch, 1, 2, splits)](*args, **S.SPLIT.compile_constexprs(axes, 90))
+    for b, n in enumerate(lens):
+        chunk = -(-(-(-n // splits)) // block) * block
+        kt = gather_tokens(k_real, table[b], n).float()
+        vt = gather_tokens(v_real, table[b], n).float()
+        for s in range(splits):
+            lo, hi = s * chunk, min((s + 1) * chunk, n)
+            for h in range(q_heads):
+                if lo >= hi:
+                    assert part_lse[b, h, s] == float("-inf")
+                    assert part_o[b, h, s].isnan().all(), "an empty split wrote a partial"
+                    continue
+                scores = kt[lo:hi, 0] @ q[b, h].float() / math.sqrt(head_dim)
+                torch.testing.assert_close(part_lse[b, h, s], torch.logsumexp(scores, 0) / math.log(2),
+                                           atol=2e-2, rtol=1e-3)
+                torch.testing.assert_close(part_o[b, h, s], torch.softmax(scores, 0) @ vt[lo:hi, 0], **TOL)
+
+
+def test_int4_rht_plan_and_steady_state_match_the_first_call():
+    """DecodePlan serves int4_rht (the signs packed once), and an unvalidated eager call's steady
+    state passes them too: both equal the first call's output bit for bit."""
+    q, k, v, table, lens = problem([70, 3], 128, torch.bfloat16, seed=11)
+    kc, vc, ks, vs, k_real, v_real = int4_cache(k, v)
+    want = loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int4_rht")
+    torch.testing.assert_close(want.float(), R.decode_reference(q, k_real, v_real, table, lens), **TOL)
+    for _ in range(2):  # the second unvalidated call takes the steady state where one is made
+        out = torch.full_like(q, float("nan"))
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int4_rht", out=out, validate=False)
+        assert torch.equal(out, want)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, kv_format="int4_rht")
+    out = torch.full_like(q, float("nan"))
+    plan.run(q, kc, vc, out, ks, vs)
+    assert torch.equal(out, want)

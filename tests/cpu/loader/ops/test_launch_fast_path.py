@@ -222,6 +222,27 @@ def test_eager_decode_never_serves_a_stale_plan(rec):
     assert len(rec.launches) == n
 
 
+def test_int4_rht_packs_the_rotation_signs_on_every_fast_path(rec):
+    """int4_rht's split kernel reads the rotation's signs through the Alibi slot: the prepared eager
+    launch, the eager steady state and DecodePlan.run each pack the cached signs there."""
+    from aotc.kernels.decode import spec as S
+    from aotc.loader.ops.decode_rht import signs
+    from tests.cpu.kernels.decode.test_vllm_int4 import int4_cache, problem
+
+    q, k, v, table, lens = problem([5, 70], 64, torch.bfloat16, seed=62)
+    kc, vc, ks, vs, _, _ = int4_cache(k, v)
+    out = torch.empty_like(q)
+    rot = signs(64, q.device)[0]
+    slot = S.SPLIT.arg_index["Alibi"]
+    for _ in range(3):  # the prepared launch, then the steady state
+        loader.decode(q, kc, vc, table, lens, k_scale=ks, v_scale=vs, kv_format="int4_rht", out=out, validate=False)
+    plan = loader.DecodePlan(table, lens, q=q, k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs, out=out,
+                             kv_format="int4_rht")
+    plan.run(q, kc, vc, out, ks, vs)
+    splits = [launch for launch in rec.launches if launch[0] == "decode_split"]
+    assert len(splits) == 4 and all(launch[3][slot] == rot.data_ptr() for launch in splits)
+
+
 # -- MLA -----------------------------------------------------------------------------------------
 def _mla_case():
     g = torch.Generator().manual_seed(63)

@@ -324,7 +324,6 @@ def main():
     if args.check:
         return
     props = torch.cuda.get_device_properties(0)
-    rows = []
     for batch, ctx in SHAPES:
         q, kv, table, lens = problem(batch, ctx)
         copy_us = batch * ctx * D_QK * 2 / 3.02e6  # the latent cache once at ~3020 GB/s (H100 copy)
@@ -340,11 +339,10 @@ def main():
                        "bound_eighths": eighths,
                        "pct_copy": round(100 * copy_us / r["event_us"], 1),
                        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}}
-                rows.append(row)
                 print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+                if args.out:  # a row at a time: a run cut short keeps what it measured
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,13 @@ def _smid(x):
 
 
 @triton.jit
-def _advance(ctr, cur, nxt, left, n_tiles, CHUNK):
+def _advance(ctr, cur, nxt, left, n_tiles, CHUNK, base):
     # the tile after `cur`: the next of its chunk, else the chunk claimed ahead (and claim another)
     adv = left == 1
     want = adv & (nxt < n_tiles)
     claim = tl.atomic_add(ctr, CHUNK, mask=want, sem="relaxed")
     ncur = tl.where(adv, nxt, cur + 1)
-    nxt = tl.where(want, claim, nxt)
+    nxt = tl.where(want, base + claim, nxt)
     left = tl.where(adv, CHUNK, left - 1)
     return ncur, nxt, left
 
@@ -64,7 +64,7 @@ def _advance(ctr, cur, nxt, left, n_tiles, CHUNK):
 def claim_split(Q, K, Table, SeqLens, Counters, PartO, PartLse, Times, sm_scale, page_shift, max_pages,
                 stride_table, chunk_tiles, eighths, stride_qb, stride_qh, stride_kp, stride_kt,
                 D_V: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_H: tl.constexpr, TIMED: tl.constexpr):
+                BLOCK_H: tl.constexpr, HYBRID: tl.constexpr, TIMED: tl.constexpr):
     b = tl.program_id(1)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
@@ -72,13 +72,21 @@ def claim_split(Q, K, Table, SeqLens, Counters, PartO, PartLse, Times, sm_scale,
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     ctr = Counters + b
     CHUNK = chunk_tiles
-    cur = tl.atomic_add(ctr, CHUNK, sem="relaxed")
-    nxt = tl.atomic_add(ctr, CHUNK, mask=cur + CHUNK < n_tiles, sem="relaxed")
-    nxt = tl.where(cur + CHUNK < n_tiles, nxt, n_tiles)
-    got = cur < n_tiles
-    left = CHUNK + 0 * cur
-    fair = tl.cdiv(n_tiles, num_splits)
-    bound = tl.minimum(fair * eighths // 8, n_tiles)
+    if HYBRID:
+        # a static contiguous share of eighths/8 of the tiles first, the rest claimed after it
+        bound = (n_tiles * eighths // 8) // num_splits
+        base = num_splits * bound
+        cur = split * bound
+        nxt = n_tiles
+        left = 0 * cur
+    else:
+        base = 0
+        cur = tl.atomic_add(ctr, CHUNK, sem="relaxed")
+        nxt = tl.atomic_add(ctr, CHUNK, mask=cur + CHUNK < n_tiles, sem="relaxed")
+        nxt = tl.where(cur + CHUNK < n_tiles, nxt, n_tiles)
+        left = CHUNK + 0 * cur
+        fair = tl.cdiv(n_tiles, num_splits)
+        bound = tl.minimum(fair * eighths // 8, n_tiles)
 
     heads = tl.arange(0, BLOCK_H)
     table_row = Table + b.to(tl.int64) * stride_table
@@ -103,7 +111,10 @@ def claim_split(Q, K, Table, SeqLens, Counters, PartO, PartLse, Times, sm_scale,
         page = page_next.to(tl.int64)
         live = t0 < seq_len
         taken += live.to(tl.int32)
-        cur, nxt, left = _advance(ctr, cur, nxt, left, n_tiles, CHUNK)
+        if HYBRID:
+            cur = cur + 1
+        else:
+            cur, nxt, left = _advance(ctr, cur, nxt, left, n_tiles, CHUNK, base)
         offs_ahead = cur * BLOCK_N + offs_n
         page_next = tl.load(table_row + (offs_ahead >> page_shift), mask=offs_ahead < seq_len, other=0)
         slot = (offs_t & ((1 << page_shift) - 1)).to(tl.int64)
@@ -121,7 +132,12 @@ def claim_split(Q, K, Table, SeqLens, Counters, PartO, PartLse, Times, sm_scale,
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), ka)
-    # what the bound left: one tile a trip, not pipelined (the claims as above)
+    if HYBRID:
+        cur = base + tl.atomic_add(ctr, CHUNK, sem="relaxed")
+        nxt = tl.atomic_add(ctr, CHUNK, mask=cur + CHUNK < n_tiles, sem="relaxed")
+        nxt = tl.where(cur + CHUNK < n_tiles, base + nxt, n_tiles)
+        left = CHUNK + 0 * cur
+    # what the bound left (HYBRID: the claimed rest): one tile a trip, not pipelined
     while cur < n_tiles:
         offs_t = cur * BLOCK_N + offs_n
         t_mask = offs_t < seq_len
@@ -140,7 +156,8 @@ def claim_split(Q, K, Table, SeqLens, Counters, PartO, PartLse, Times, sm_scale,
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         acc = acc * alpha[:, None] + tl.dot(p.to(DT), ka)
-        cur, nxt, left = _advance(ctr, cur, nxt, left, n_tiles, CHUNK)
+        cur, nxt, left = _advance(ctr, cur, nxt, left, n_tiles, CHUNK, base)
+    got = taken > 0
     if TIMED:
         t_end = _globaltimer(tl.sum(l_i, 0).to(tl.int32, bitcast=True))
     slot_ids = (b * BLOCK_H + heads).to(tl.int64) * num_splits + split
@@ -202,7 +219,7 @@ class Call:
                 q, kv, table, lens, self.counters, self.part_o, self.part_lse, self.times, SM_SCALE, 6,
                 table.shape[1], table.stride(0), self.chunk, self.eighths, q.stride(0), q.stride(1),
                 kv.stride(0), kv.stride(1), D_V=D_V, BLOCK_A=512, BLOCK_B=64, BLOCK_N=32, BLOCK_H=16,
-                TIMED=int(self.timed), num_warps=4, num_stages=3)
+                HYBRID=int(self.kind == "hybrid"), TIMED=int(self.timed), num_warps=4, num_stages=3)
         run_kernel(self.merge, self.ma, self.mgrid,
                    [self.part_o, self.part_lse, self.part_lse, self.out, self.part_lse, 0, 0, H, self.splits,
                     self.out.stride(0), self.out.stride(1), 0])
@@ -319,8 +336,12 @@ def main():
     ap.add_argument("--check", action="store_true", help="only the check against the float32 reference")
     ap.add_argument("--out", default=None, help="rows (JSON lines)")
     ap.add_argument("--commit", default="")
+    ap.add_argument("--diag", action="store_true",
+                    help="large chunks (a claim every 8-128 tiles) and the hybrid, fewer split counts")
     args = ap.parse_args()
-    check((("static", 0, 8), ("claim", 1, 8), ("claim", 2, 8), ("claim", 4, 8), ("claim", 2, 6), ("claim", 2, 10)))
+    if not args.diag:
+        check((("static", 0, 8), ("claim", 1, 8), ("claim", 2, 8), ("claim", 4, 8), ("claim", 2, 6), ("claim", 2, 10),
+               ("hybrid", 1, 7), ("hybrid", 2, 6)))
     if args.check:
         return
     props = torch.cuda.get_device_properties(0)
@@ -328,11 +349,18 @@ def main():
         q, kv, table, lens = problem(batch, ctx)
         copy_us = batch * ctx * D_QK * 2 / 3.02e6  # the latent cache once at ~3020 GB/s (H100 copy)
         split_counts = (4, 8, 16) if batch > 1 else (64, 128)
+        if args.diag:
+            split_counts = {(32, 4096): (4, 8), (32, 32768): (8,), (128, 4096): (4,), (1, 32768): (128,)}[batch, ctx]
         for splits in split_counts:
-            for kind, chunk, eighths in CONFIGS:
+            configs = CONFIGS
+            if args.diag:  # one claim every 8..128 tiles (down to one a program), and the hybrid
+                fair = -(-ctx // 32) // splits
+                configs = (("static", 0, 8),) + tuple(("claim", c, 8) for c in (8, 32, 128) if c <= fair) + \
+                    (("hybrid", 1, 7), ("hybrid", 1, 6), ("hybrid", 2, 7))
+            for kind, chunk, eighths in configs:
                 c = Call(q, kv, table, lens, splits, kind, chunk, eighths)
                 r = timed(c)
-                if kind == "claim":
+                if kind != "static":
                     r.update(loop_ends(Call(q, kv, table, lens, splits, kind, chunk, eighths, timed=True)))
                 row = {"bench": "mla_claim", "commit": args.commit, "device": props.name, "heads": H,
                        "batch": batch, "context": ctx, "splits": splits, "kind": kind, "chunk": chunk,

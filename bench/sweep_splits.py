@@ -7,7 +7,9 @@ before each call: harness.device_time).
 
 --mla: bf16 latent cache [pages, 64, 1, 576] (bench_mla.problem) at 16 and 128 heads.
 --decode: 32 query / 8 KV heads, D 128, page 16, bf16 / int8 one scale a token / int4 groups of 8
-(bench_decode.make), batch 1 at 8K and 32K. --stages: MLA's 16-head split kernel at 2-4 stages
+(bench_decode.make), batch 1 at 8K and 32K; --decode-large: int8 and int4 at batch 32 and 128 x 8K,
+one to several waves of programs (whether more, shorter programs even out SMs that read at
+different speeds: bench/mla_timeline.py). --stages: MLA's 16-head split kernel at 2-4 stages
 through the JIT (bench_mla.sweep) at the counts in STAGE_SHAPES. --regs: the same kernel under
 register caps (REGS), each at the split count its occupancy gets.
 """
@@ -32,6 +34,7 @@ MLA = {  # (heads, batch, context) -> split counts tried beside the rule's
     (128, 32, 4096): (1, 2, 3, 4),
 }
 DECODE = {(1, 8192): (32, 64, 96, 128, 192, 256), (1, 32768): (48, 64, 96, 128, 192, 256)}
+DECODE_LARGE = {(32, 8192): (1, 2, 3, 4, 6, 8, 12, 16), (128, 8192): (1, 2, 3, 4, 6, 8)}
 FORMATS = (("bf16", 0), ("int8", 128), ("int4", 8))
 STAGES = ((16, 32, 4, 2), (16, 32, 4, 3), (16, 32, 4, 4))
 STAGE_SHAPES = {(16, 1, 32768): 132, (16, 32, 4096): 24}
@@ -75,9 +78,9 @@ def mla(rows, copy_bw):
         torch.cuda.empty_cache()
 
 
-def decode(rows, copy_bw):
-    for fmt, group in FORMATS:
-        for (batch, ctx), counts in DECODE.items():
+def decode(rows, copy_bw, shapes=DECODE, formats=FORMATS):
+    for fmt, group in formats:
+        for (batch, ctx), counts in shapes.items():
             args, kw, nbytes = make(fmt, batch, ctx, 32, 8, 128, 16, group=group or 64)
             out = torch.empty_like(args[0])
             shape = f"b{batch} ctx{ctx} h32/8 d128 page16"
@@ -100,12 +103,13 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--mla", action="store_true")
     ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--decode-large", action="store_true")
     ap.add_argument("--stages", action="store_true")
     ap.add_argument("--regs", action="store_true")
     ap.add_argument("--rule-only", action="store_true", help="only the default rule's count (an older checkout)")
     a = ap.parse_args()
     if a.rule_only:
-        for table in (MLA, DECODE):
+        for table in (MLA, DECODE, DECODE_LARGE):
             for k in table:
                 table[k] = ()
     rows = Rows(a.out)
@@ -116,6 +120,8 @@ def main():
         mla(rows, copy_bw)
     if a.decode:
         decode(rows, copy_bw)
+    if a.decode_large:
+        decode(rows, copy_bw, DECODE_LARGE, FORMATS[1:])
     if a.stages:
         shapes = tuple(STAGE_SHAPES)
         sweep(rows, copy_bw, shapes, STAGES, lambda h, b, c: STAGE_SHAPES[(h, b, c)])

@@ -10,7 +10,7 @@ Axes (constexpr in the kernel):
   rows    strided (runtime row stride, K and V masked) or packed (V-major only: K the tile, rows
           K apart, V a multiple of BV; the tile's offsets are immediates off one base, no mask:
           PACKED 1; rows_form picks it)
-  tokens  any (the token loop) or one (packed only: a one-token step without the loop, ONE 1;
+  tokens  any (the token loop) or one (packed only: a one-token step without the loop, NT 1;
           the loop's registers cost a one-token step 1-2 points at the cap a longer one wants),
           or long (GDN at K = 128, T >= LONG_FROM: the packed V-major loop with its rows split,
           KS 2, at cap 80; K-major at cap 72: fewer instructions or more programs a token, which
@@ -82,7 +82,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE", "KS")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "NT", "KS")
 
 
 def block_k(k: int) -> int:
@@ -177,7 +177,7 @@ def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
             "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
-            "ONE": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
+            "NT": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
 
 
 def variants():

@@ -38,8 +38,9 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
     K-major GDN steps of one token (binary_gate).
   Packed tiles hold fewer registers (no row offsets, masks or token loop): _CAP_PACKED gives
   each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
-  SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
-  (BENCHMARKS.md, session 35), so it keeps 72.
+  SM, fla's count). The packed loop keeps 72: at 64, spilling one value, T = 4 gained, T = 2 and
+  8 lost (BENCHMARKS.md, session 35); since the tile-first order it fits 64 without spills but
+  runs its row reductions one after another, not yet timed (bench --sweep's cap-64 row).
 num_stages 1: q/k/v are a few hundred bytes a token against the state tile (fla's num_stages=3
 compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot).
 bench/bench_gated_delta.py --sweep times the "any" and "long" loops at T 2..8 through the JIT.

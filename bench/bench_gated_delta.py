@@ -18,7 +18,8 @@ q/k/v/g/beta bytes (under 0.5% of the state's here) are not counted.
 the JIT, in rounds (base, this tree, fla): for margins under 1%.
 
 --sweep: the decode kernel at other tiles, forms and register caps on fla's work, JIT-compiled from
-the same source and timed the same way, for choosing spec.block_v / spec.k_split / spec.max_registers.
+the same source and timed the same way, beside fla's, for choosing spec.block_v / spec.k_split /
+spec.max_registers / spec.LONG_FROM; --sweep-only runs just that, at --sweep-t, in --reps rounds.
 
 Timing (harness.device_time): CUDA events around each call, the L2 emptied before every call;
 beside it the call's kernels summed by torch.profiler (harness.kernel_time, L2 warm).
@@ -49,11 +50,14 @@ DECODE_SHAPES = [  # (B, T, H, HV, K, V)
     (256, 8, 16, 32, 128, 128),
 ]
 # --sweep, GDN gate, per layout: (constexpr overrides of the call's own binary, num_warps, maxnreg; 0: none),
-# on fla's work (dense h0 -> ht) at B 256 x T in SWEEP_T: the "any" and the "long" token loop of each layout
+# on fla's work (dense h0 -> ht) at B 256 x T in --sweep-t: the "any" and the "long" token loop of each layout
 # (V-major: packed rows in one part a thread at cap 72, or two (KS 2) at 80; K-major: cap 80 or 72), for
-# choosing spec.LONG_FROM.
+# choosing spec.LONG_FROM; V-major also the "any" loop at cap 64 and the token count fixed at compile time
+# (NT "T": the call's T; no loop at T = 2) at 64 and 72, both spill-free on sm90, bf16 (32 programs an SM
+# at 64 where 28).
 SWEEP_T = tuple(range(2, 9))
-SWEEP = {"vmajor": [({"KS": 1}, 1, 72), ({"KS": 2}, 1, 80)],
+SWEEP = {"vmajor": [({"KS": 1}, 1, 72), ({"KS": 2}, 1, 80), ({"KS": 1}, 1, 64), ({"KS": 1, "NT": "T"}, 1, 64),
+                    ({"KS": 1, "NT": "T"}, 1, 72)],
          "kmajor": [({"BV": 8, "PER_K": 0}, 1, 80), ({"BV": 8, "PER_K": 0}, 1, 72)]}
 # the op's dense form and final_state (older trees: none; their rows are left out)
 DENSE = "final_state" in inspect.signature(loader.gated_delta_decode).parameters
@@ -175,48 +179,59 @@ def bench_decode(rows, copy_bw, a):
     for why in sorted(notes):
         print(f"note: {why}; its columns are NaN (issue 19's H100 figures for fla 0.6.0: 97.7% V-first, 81% K-first)")
     if a.sweep:
-        sweep_decode(rows, copy_bw)
+        sweep_decode(rows, copy_bw, tuple(int(t) for t in a.sweep_t.split(",")))
 
 
-def sweep_decode(rows, copy_bw):
+def sweep_decode(rows, copy_bw, sweep_t=SWEEP_T, layouts=gd_spec.LAYOUTS, reps=1):
     """The decode kernel (GDN gate) at other tiles, forms and register caps, through the JIT, on fla's
-    work (the op's dense call: state_indices None, final_state), its own binary's constexprs overridden."""
-    for T in SWEEP_T:
+    work (the op's dense call: state_indices None, final_state), its own binary's constexprs overridden,
+    and fla's kernel on the same inputs, in `reps` rounds of every form (margins under 1%)."""
+    for T in sweep_t:
         B, _, H, HV, K, V = DECODE_SHAPES[0]
         nbytes = 2 * B * HV * V * K * 4
         shape = f"B{B} T{T} H{H} HV{HV} K{K} V{V}"
         print(f"\n-- sweep: {shape}, GDN, JIT, dense h0 -> ht: % of copy (L2 emptied), kernel us (L2 warm) --")
-        for layout in gd_spec.LAYOUTS:
-            (q, k, v, g, beta, state, idx), kw = decode_inputs(B, T, H, HV, K, V, layout)
+        for layout in layouts:
+            args, kw = decode_inputs(B, T, H, HV, K, V, layout)
+            q, k, v, g, beta, state, idx = args
             h0 = state[idx.long()]
             ht = torch.empty_like(h0)
             out = torch.empty(B, T, HV, V, device="cuda", dtype=torch.bfloat16)
             axes, _grid, kargs = gd_op.launch_plan(q, k, v, g, beta, h0, None, out, final_state=ht, **kw)
             cfg = gd_spec.launch(axes, 90)
             own = gd_spec.constexprs(axes)
+            calls = {}
             for over, warps, cap in SWEEP[layout]:
-                cx = dict(own, **over)
+                cx = dict(own, **{n: T if x == "T" else x for n, x in over.items()})
                 grid = gd_spec.grid(B, HV, V, cx["BV"])
 
-                def fn():
+                def fn(cx=cx, grid=grid, warps=warps, cap=cap):
                     gated_delta_decode_kernel[grid](*kargs, **cx, num_warps=warps, num_stages=1,
                                                     **({"maxnreg": cap} if cap else {}))
-                try:
-                    t = device_time(fn)
-                    kt = kernel_time(fn)
-                except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
-                    print(f"{layout:7s} {over} warps {warps} cap {cap}: failed ({type(e).__name__}: {str(e)[:80]})")
-                    continue
                 mine = cx == own and (warps, cap) == (cfg.num_warps, cfg.maxnreg) and axes["gate"] == "gdn"
-                form = ",".join(f"{n}{cx[n]}" for n in ("BV", "PACKED", "ONE", "PER_K", "KS") if n in cx)
-                print(f"{layout:7s} {form:24s} warps {warps} cap {cap:3d}: {t * 1e6:8.1f} us "
-                      f"{100 * nbytes / t / copy_bw:6.1f}%  kernel {kt * 1e6:7.1f} us"
-                      + ("  (spec default)" if mine else ""), flush=True)
-                variant = f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}"
-                pct = 100 * nbytes / t / copy_bw
-                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "pct_of_copy", pct)
-                rows.add("gated_delta_decode_sweep", variant, "jit_dense", shape, "kernel_us", kt * 1e6)
-            del q, k, v, g, beta, state, idx, h0, ht, out, kargs
+                form = ",".join(f"{n}{cx[n]}" for n in ("BV", "PACKED", "NT", "PER_K", "KS") if n in cx)
+                name = f"{form:24s} warps {warps} cap {cap:3d}" + ("  (spec default)" if mine else "")
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
+                    print(f"{layout:7s} {name}: failed ({type(e).__name__}: {str(e)[:80]})")
+                    continue
+                calls[name] = (fn, f"bf16,k{K},{layout},gdn,{form},w{warps},r{cap}", "jit_dense")
+            fla, why = fla_decode(args, layout)
+            if fla:
+                calls[f"{'fla fused_recurrent':24s}"] = (fla, f"bf16,k{K},{layout},gdn,fla", "fla_fused_recurrent")
+            else:
+                print(f"note: {why}")
+            for rep in range(reps):
+                for name, (fn, variant, prov) in calls.items():
+                    t, kt = device_time(fn, rep_ms=100), kernel_time(fn, iters=50)
+                    pct = 100 * nbytes / t / copy_bw
+                    print(f"{layout:7s} r{rep} {name}: {t * 1e6:8.1f} us {pct:6.1f}%  kernel {kt * 1e6:7.1f} us",
+                          flush=True)
+                    provider = prov if reps == 1 else f"{prov}_r{rep}"
+                    rows.add("gated_delta_decode_sweep", variant, provider, shape, "pct_of_copy", pct)
+                    rows.add("gated_delta_decode_sweep", variant, provider, shape, "kernel_us", kt * 1e6)
+            del args, kw, q, k, v, g, beta, state, idx, h0, ht, out, kargs, calls
             torch.cuda.empty_cache()
 
 
@@ -224,6 +239,14 @@ def sweep_decode(rows, copy_bw):
 # are closest to fla's: (B, T, form)
 AB_CASES = [(256, 1, "dense"), (64, 1, "dense"), (256, 2, "dense"), (256, 4, "dense"), (256, 8, "dense"),
             (256, 1, "pool"), (256, 2, "pool")]
+
+
+def _named_for(kern, cx):
+    """cx under `kern`'s constexpr names: a tree before NT calls the one-token flag ONE."""
+    if "NT" in cx and "NT" not in kern.arg_names and "ONE" in kern.arg_names:
+        cx = dict(cx)
+        cx["ONE"] = cx.pop("NT")
+    return cx
 
 
 def ab_decode(rows, copy_bw, base: str, reps: int):
@@ -254,7 +277,8 @@ def ab_decode(rows, copy_bw, base: str, reps: int):
         axes, grid, kargs = plan
         cfg, cx = gd_spec.launch(axes, 90), gd_spec.constexprs(axes)
         opts = dict(num_warps=cfg.num_warps, num_stages=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-        calls = {name: (lambda kern=kern: kern[grid](*kargs, **cx, **opts)) for name, kern in kernels.items()}
+        calls = {name: (lambda kern=kern: kern[grid](*kargs, **_named_for(kern, cx), **opts))
+                 for name, kern in kernels.items()}
         if form == "dense":
             fn, why = fla_decode(args, "vmajor")
             if fn:
@@ -285,7 +309,10 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="decode: also time other tiles through the JIT")
     ap.add_argument("--ab", metavar="DIR", default=None,
                     help="only time this tree's decode kernel against DIR's (another checkout), and fla's")
-    ap.add_argument("--reps", type=int, default=3, help="--ab: rounds")
+    ap.add_argument("--reps", type=int, default=3, help="--ab and --sweep-only: rounds")
+    ap.add_argument("--sweep-only", action="store_true", help="only the decode sweep (--sweep-t, --layout, --reps)")
+    ap.add_argument("--sweep-t", default=",".join(map(str, SWEEP_T)), help="--sweep: token counts, e.g. 2,3,4")
+    ap.add_argument("--layout", choices=gd_spec.LAYOUTS, default=None, help="--sweep-only: one layout")
     a = ap.parse_args()
     rows = Rows(a.out)
     copy_bw = copy_bandwidth()
@@ -293,6 +320,10 @@ def main():
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
     if a.ab:
         ab_decode(rows, copy_bw, a.ab, a.reps)
+        return
+    if a.sweep_only:
+        sweep_decode(rows, copy_bw, tuple(int(t) for t in a.sweep_t.split(",")),
+                     (a.layout,) if a.layout else gd_spec.LAYOUTS, a.reps)
         return
     for name, section in SECTIONS.items():
         if a.only in (None, name):

@@ -22,8 +22,8 @@ a few hundred bytes of q/k/v), so the layout of the tile is what matters:
 The other state strides (slot, head, the non-unit row stride) are runtime ints, except in the
 packed V-major tile (PACKED): K is the tile, rows are K apart and V a multiple of BV, so the
 tile's offsets are constants off one base and nothing along K or V is masked (fewer registers:
-the one-token GDN step at K = 128 fits 64, 32 programs an SM). ONE: a packed binary for one
-token, without the token loop (T is not read).
+the one-token GDN step at K = 128 fits 64, 32 programs an SM). NT: the token count fixed at
+compile time (T is not read; 1: a packed binary for one token, without the token loop), 0: T tokens.
 
 KS: the parts of a state row one thread holds (2 in the packed GDN "long" loop at K = 128). The tile
 is then [BV, KS, BK // KS] and every K vector [KS, BK // KS], loaded in that shape so the parts sit
@@ -116,7 +116,7 @@ def gated_delta_decode_kernel(
     stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh, stride_dh, stride_dk,
     g_code, beta_code, alog_code, dt_code, fused, qk_l2norm,
     BK: tl.constexpr, BV: tl.constexpr, KMAJOR: tl.constexpr, PER_K: tl.constexpr, PACKED: tl.constexpr,
-    ONE: tl.constexpr, KS: tl.constexpr,
+    NT: tl.constexpr, KS: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -184,7 +184,7 @@ def gated_delta_decode_kernel(
 
     h, o = _token_step(h, g, a_log, dt_h, beta, q, k, v, decay, dt, scale, fused, qk_l2norm, PER_K, KS)
     tl.store(o_row + offs_v, tl.where(valid, o, 0.0).to(Out.dtype.element_ty), mask=v_mask)
-    for t in range(1, 1 if ONE else T):
+    for t in range(1, NT if NT else T):
         g, a_log, dt_h, beta, q, k, v = _token_inputs(
             Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, t, hv,
             offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,

@@ -10,7 +10,7 @@ Axes (constexpr in the kernel):
   rows    strided (runtime row stride, K and V masked) or packed (V-major only: K the tile, rows
           K apart, V a multiple of BV; the tile's offsets are immediates off one base, no mask:
           PACKED 1; rows_form picks it)
-  tokens  any (the token loop) or one (packed only: a one-token step without the loop, ONE 1;
+  tokens  any (the token loop) or one (packed only: a one-token step without the loop, NT 1;
           the loop's registers cost a one-token step 1-2 points at the cap a longer one wants),
           or long (GDN at K = 128, T >= LONG_FROM: the packed V-major loop with its rows split,
           KS 2, at cap 80; K-major at cap 72: fewer instructions or more programs a token, which
@@ -38,8 +38,9 @@ reduction inside the warp (a 4-warp tile adds cross-warp reductions, barriers an
     K-major GDN steps of one token (binary_gate).
   Packed tiles hold fewer registers (no row offsets, masks or token loop): _CAP_PACKED gives
   each its smallest spill-free cap; the one-token GDN step at K = 128 fits 64 (32 programs an
-  SM, fla's count). The packed loop at 64 spills one value: T = 4 gained, T = 2 and 8 lost
-  (BENCHMARKS.md, session 35), so it keeps 72.
+  SM, fla's count). The packed loop keeps 72: at 64, spilling one value, T = 4 gained, T = 2 and
+  8 lost (BENCHMARKS.md, session 35); since the tile-first order it fits 64 without spills but
+  runs its row reductions one after another, not yet timed (bench --sweep's cap-64 row).
 num_stages 1: q/k/v are a few hundred bytes a token against the state tile (fla's num_stages=3
 compiles to the same sm90 binary as 1: Triton pipelines no load of a loop without a dot).
 bench/bench_gated_delta.py --sweep times the "any" and "long" loops at T 2..8 through the JIT.
@@ -82,7 +83,7 @@ ARGS = (
     + tuple(Arg(n, "i32") for n in _GATE_INTS)
 )
 
-CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "ONE", "KS")
+CONSTEXPRS = ("BK", "BV", "KMAJOR", "PER_K", "PACKED", "NT", "KS")
 
 
 def block_k(k: int) -> int:
@@ -177,7 +178,7 @@ def constexprs(axes) -> dict:
     k = int(axes["k_dim"])
     return {"BK": k, "BV": block_v(k, axes["layout"], axes["gate"]), "KMAJOR": int(axes["layout"] == "kmajor"),
             "PER_K": int(axes["gate"] == "kda"), "PACKED": int(axes["rows"] == "packed"),
-            "ONE": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
+            "NT": int(axes["tokens"] == "one"), "KS": k_split(k, axes["gate"], axes["rows"], axes["tokens"])}
 
 
 def variants():

@@ -220,3 +220,31 @@ def test_kmajor_long_token_loop(T, fused):
     axes, _, _ = launch_plan(*[args[n] for n in ORDER], out, **kw)
     assert axes["tokens"] == ("long" if T >= spec.LONG_FROM["kmajor"] else "any")
     check_case(gated_delta_decode, args, kw)
+
+
+@pytest.mark.parametrize("T,fused", [(2, False), (3, True)])
+def test_token_count_fixed_at_compile_time(T, fused):
+    """NT = T (bench --sweep's two-token step): the kernel runs NT tokens without reading T (passed
+    as 1 here) and matches the reference, padded rows and the slots no row names included."""
+    from aotc.kernels.gated_delta import spec
+    from aotc.kernels.gated_delta.recurrent import gated_delta_decode_kernel
+    from aotc.loader.ops.gated_delta import launch_plan
+
+    args, kw = make_case(B=3, T=T, H=1, HV=2, K=128, V=64, fused=fused, pads=(1,), seed=110 + T)
+    pool = args["state"].clone()
+    out = torch.full((3, T, 2, 64), float("nan"), dtype=torch.bfloat16)
+    axes, grid, kargs = launch_plan(*[dict(args, state=pool)[n] for n in ORDER], out, **kw)
+    assert (axes["rows"], axes["tokens"]) == ("packed", "any")
+    kargs = list(kargs)
+    kargs[[a.name for a in spec.ARGS].index("T")] = 1
+    cx = dict(spec.constexprs(axes), NT=T)
+    gated_delta_decode_kernel[grid](*kargs, **cx, num_warps=spec.launch(axes, 90).num_warps, num_stages=1)
+    ref_out, ref_pool = reference(args, kw)
+    assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
+    idx = args["state_indices"].long()
+    named = idx[idx >= 0]
+    assert_close(pool[named], ref_pool[named], STATE_TOL, "state")
+    others = torch.ones(pool.shape[0], dtype=torch.bool)
+    others[named] = False
+    assert torch.equal(pool[others], args["state"][others]), "a slot no row names was written"
+    assert (out[1] == 0).all(), "the padded row's outputs are not zeros"

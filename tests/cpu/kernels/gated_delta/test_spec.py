@@ -51,10 +51,10 @@ def test_packed_rows_and_one_token_forms():
     assert spec.tokens_form("packed", 8, "vmajor", 128, "kda") == "any"
     assert spec.tokens_form("packed", 8, "vmajor", 64, "gdn") == "any"
     cx = spec.constexprs(spec.axes_for("bf16", 128, "vmajor", "gdn", "packed", "long"))
-    assert (cx["PACKED"], cx["ONE"], cx["KS"]) == (1, 0, 2)
+    assert (cx["PACKED"], cx["NT"], cx["KS"]) == (1, 0, 2)
     assert [spec.group_shift(g) for g in (1, 2, 3, 4, 6, 8, 64)] == [0, 1, -1, 2, -1, 3, 6]
     cx = spec.constexprs(spec.axes_for("bf16", 128, "vmajor", "gdn", "packed", "one"))
-    assert (cx["PACKED"], cx["ONE"]) == (1, 1)
+    assert (cx["PACKED"], cx["NT"]) == (1, 1)
 
 
 def test_block_k_rounds_head_sizes_up_to_a_built_tile():

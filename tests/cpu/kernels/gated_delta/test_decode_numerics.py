@@ -11,6 +11,16 @@ from aotc.loader.ops.gated_delta import gated_delta_decode
 
 from .cases import OUT_TOL, STATE_TOL, assert_close, check_case, make_case, reference, run
 
+
+def _slots(args):
+    """(the pool slots the rows name, a mask of the others)."""
+    idx = args["state_indices"].long()
+    named = idx[idx >= 0]
+    others = torch.ones(args["state"].shape[0], dtype=torch.bool)
+    others[named] = False
+    return named, others
+
+
 FORMS = list(itertools.product(("vmajor", "kmajor"), (False, True), (False, True), (False, True)))
 
 
@@ -149,11 +159,8 @@ def test_dense_states_and_final_state(layout, T):
     out = torch.full((3, T, 2, 64), float("nan"), dtype=torch.bfloat16)
     gated_delta_decode(*[args[n] if n != "state" else pool for n in ORDER], **kw, out=out, final_state=fin)
     assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
-    idx = args["state_indices"].long()
-    named = idx[idx >= 0]
+    named, others = _slots(args)
     assert_close(fin[named], ref_pool[named], STATE_TOL, "final_state")
-    others = torch.ones(pool.shape[0], dtype=torch.bool)
-    others[named] = False
     assert fin[others].isnan().all(), "final_state was written at a slot no row names"
     assert torch.equal(pool, args["state"]), "final_state given: the pool must be left as it was"
 
@@ -241,10 +248,7 @@ def test_token_count_fixed_at_compile_time(T, fused):
     gated_delta_decode_kernel[grid](*kargs, **cx, num_warps=spec.launch(axes, 90).num_warps, num_stages=1)
     ref_out, ref_pool = reference(args, kw)
     assert_close(out, ref_out, OUT_TOL[torch.bfloat16], "out")
-    idx = args["state_indices"].long()
-    named = idx[idx >= 0]
+    named, others = _slots(args)
     assert_close(pool[named], ref_pool[named], STATE_TOL, "state")
-    others = torch.ones(pool.shape[0], dtype=torch.bool)
-    others[named] = False
     assert torch.equal(pool[others], args["state"][others]), "a slot no row names was written"
     assert (out[1] == 0).all(), "the padded row's outputs are not zeros"

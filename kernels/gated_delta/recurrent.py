@@ -157,12 +157,9 @@ def gated_delta_decode_kernel(
             stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K)
         valid = (slot >= 0) & (slot < num_slots)
     else:
-        q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
-        k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
-        v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
-        o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
-        g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
-        beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+        q_row, k_row, v_row, o_row, g_row, beta_row = _row_offsets(
+            Q, K, V, Out, b, hv, hq, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+            stride_gb, stride_gh, stride_bb, stride_bh)
         # The slot's read, then token 0's inputs (they do not need the slot), then the state tile.
         slot = _slot(Idx, b, dense)
         g, a_log, dt_h, beta, q, k, v = _token_inputs(
@@ -210,18 +207,27 @@ def _load_tile(State, slot, hv, tile, stride_sn, stride_sh, valid):
 
 
 @triton.jit
-def _token0(Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
-            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
-            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
-    """Row b's q, k, v and out pointers and gate and beta offsets (token 0), and token 0's inputs
-    (_token_inputs)."""
+def _row_offsets(Q, K, V, Out, b, hv, hq, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                 stride_ob, stride_oh, stride_gb, stride_gh, stride_bb, stride_bh):
+    """Row b's q, k, v and out pointers (query head hq, value head hv) and gate and beta offsets."""
     q_row = Q + b.to(tl.int64) * stride_qb + hq * stride_qh
     k_row = K + b.to(tl.int64) * stride_kb + hq * stride_kh
     v_row = V + b.to(tl.int64) * stride_vb + hv * stride_vh
     o_row = Out + b.to(tl.int64) * stride_ob + hv * stride_oh
     g_row = b.to(tl.int64) * stride_gb + hv * stride_gh
     beta_row = b.to(tl.int64) * stride_bb + hv * stride_bh
+    return q_row, k_row, v_row, o_row, g_row, beta_row
+
+
+@triton.jit
+def _token0(Q, K, V, Out, G, Beta, A_log, Dt_bias, b, hv, hq, offs_k, k_mask, offs_v, v_mask,
+            stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ob, stride_oh, stride_gb, stride_gt, stride_gh, stride_gk, stride_bb, stride_bt, stride_bh,
+            stride_dh, g_code, beta_code, alog_code, dt_code, fused, PER_K: tl.constexpr):
+    """Row b's pointers and offsets (_row_offsets) and token 0's inputs (_token_inputs)."""
+    q_row, k_row, v_row, o_row, g_row, beta_row = _row_offsets(
+        Q, K, V, Out, b, hv, hq, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+        stride_gb, stride_gh, stride_bb, stride_bh)
     g, a_log, dt_h, beta, q, k, v = _token_inputs(
         Q, K, V, G, Beta, A_log, Dt_bias, q_row, k_row, v_row, g_row, beta_row, 0, hv,
         offs_k, k_mask, offs_v, v_mask, stride_qt, stride_kt, stride_vt, stride_gt, stride_gk, stride_bt,

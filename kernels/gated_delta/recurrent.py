@@ -125,10 +125,7 @@ def gated_delta_decode_kernel(
     # one-token steps spill with it)
     TILE_FIRST: tl.constexpr = PACKED and BK >= 128 and Q.dtype.element_ty != tl.float32
     if not TILE_FIRST:
-        if group_shift >= 0:
-            hq = hv >> group_shift
-        else:
-            hq = hv // group
+        hq = _query_head(hv, group, group_shift)
     offs_k = _k_offsets(BK, KS)
     offs_v = i_v * BV + tl.arange(0, BV)
     if PACKED:  # constant masks: Triton drops them from every load and store
